@@ -1,0 +1,526 @@
+//! Per-sandbox control groups on cgroup v1 (one directory per controller) and v2 (one directory).
+//!
+//! Everything here goes through plain file operations under a detected mount point, so the
+//! logic is unit-tested against a fake tree in a temporary directory.
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::spec::Limits;
+
+/// Controllers a v1 sandbox cgroup is created in. Memory and pids are required; the others
+/// are used when mounted (cpuacct measures CPU time even for processes killed unreaped).
+const V1_CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
+const CPU_PERIOD_US: u64 = 100_000;
+
+/// How the host's cgroup hierarchy is laid out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Layout {
+    /// Legacy hierarchy: each controller mounted on its own (controller, mount point).
+    V1(Vec<(String, PathBuf)>),
+    /// Unified hierarchy mounted at this path with the needed controllers available.
+    V2(PathBuf),
+}
+
+impl Layout {
+    /// Detects the layout from `/proc/self/mountinfo`; `None` when neither v2 with the memory
+    /// and pids controllers nor v1 memory and pids hierarchies are mounted.
+    pub fn detect() -> Option<Layout> {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
+        Self::from_mountinfo(&mountinfo, |p| fs::read_to_string(p).ok())
+    }
+
+    fn from_mountinfo(mountinfo: &str, read: impl Fn(&Path) -> Option<String>) -> Option<Layout> {
+        let mut v1 = Vec::new();
+        let mut v2 = None;
+        for line in mountinfo.lines() {
+            // Fields: id parent major:minor root mount-point options [optional...] - fstype source super-options
+            let Some((left, right)) = line.split_once(" - ") else {
+                continue;
+            };
+            let mount_point = left.split(' ').nth(4).map(unescape_mountinfo);
+            let mut right = right.split(' ');
+            let (fstype, super_opts) = (right.next(), right.nth(1));
+            match (fstype, mount_point) {
+                (Some("cgroup2"), Some(mp)) => v2 = v2.or(Some(mp)),
+                (Some("cgroup"), Some(mp)) => {
+                    for opt in super_opts.unwrap_or("").split(',') {
+                        if V1_CONTROLLERS.contains(&opt) {
+                            v1.push((opt.to_string(), mp.clone()));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(mount) = v2 {
+            let controllers = read(&mount.join("cgroup.controllers")).unwrap_or_default();
+            let has = |c: &str| controllers.split_whitespace().any(|x| x == c);
+            if has("memory") && has("pids") {
+                return Some(Layout::V2(mount));
+            }
+        }
+        let has_v1 = |c: &str| v1.iter().any(|(name, _)| name == c);
+        (has_v1("memory") && has_v1("pids")).then_some(Layout::V1(v1))
+    }
+
+    pub fn version(&self) -> u8 {
+        match self {
+            Layout::V1(_) => 1,
+            Layout::V2(_) => 2,
+        }
+    }
+
+    /// Controllers this layout offers to sandboxes.
+    pub fn controllers(&self) -> Vec<String> {
+        match self {
+            Layout::V1(list) => list.iter().map(|(c, _)| c.clone()).collect(),
+            Layout::V2(mount) => fs::read_to_string(mount.join("cgroup.controllers"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter(|c| ["memory", "pids", "cpu"].contains(c))
+                .map(str::to_string)
+                .collect(),
+        }
+    }
+
+    /// The directory (v2) or directories (v1) under which sandbox cgroups are created,
+    /// creating and configuring them if needed.
+    fn parents(&self, euid_is_root: bool) -> io::Result<Vec<(Vec<String>, PathBuf)>> {
+        match self {
+            Layout::V1(list) => {
+                let mut parents: Vec<(Vec<String>, PathBuf)> = Vec::new();
+                for (c, mount) in list {
+                    let dir = mount.join("corral");
+                    match parents.iter_mut().find(|(_, d)| *d == dir) {
+                        Some((controllers, _)) => controllers.push(c.clone()),
+                        None => {
+                            ensure_dir(&dir)?;
+                            parents.push((vec![c.clone()], dir));
+                        }
+                    }
+                }
+                Ok(parents)
+            }
+            Layout::V2(mount) => {
+                let base = if euid_is_root {
+                    mount.clone()
+                } else {
+                    delegated_v2_base(mount)?
+                };
+                let dir = base.join("corral");
+                if euid_is_root {
+                    enable_v2_controllers(&base)?;
+                }
+                ensure_dir(&dir)?;
+                enable_v2_controllers(&dir)?;
+                Ok(vec![(vec!["unified".to_string()], dir)])
+            }
+        }
+    }
+}
+
+fn unescape_mountinfo(s: &str) -> PathBuf {
+    PathBuf::from(
+        s.replace("\\040", " ")
+            .replace("\\011", "\t")
+            .replace("\\134", "\\"),
+    )
+}
+
+fn ensure_dir(dir: &Path) -> io::Result<()> {
+    match fs::create_dir(dir) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        other => other,
+    }
+}
+
+fn enable_v2_controllers(dir: &Path) -> io::Result<()> {
+    let available = fs::read_to_string(dir.join("cgroup.controllers"))?;
+    let wanted: Vec<String> = ["memory", "pids", "cpu"]
+        .iter()
+        .filter(|c| available.split_whitespace().any(|a| a == **c))
+        .map(|c| format!("+{c}"))
+        .collect();
+    let enabled = fs::read_to_string(dir.join("cgroup.subtree_control"))?;
+    if wanted
+        .iter()
+        .all(|w| enabled.split_whitespace().any(|e| e == &w[1..]))
+    {
+        return Ok(());
+    }
+    fs::write(dir.join("cgroup.subtree_control"), wanted.join(" "))
+}
+
+/// Rootless on v2: the nearest ancestor of our own cgroup that we may write and that already
+/// delegates memory and pids to its children (systemd's `user@UID.service`).
+fn delegated_v2_base(mount: &Path) -> io::Result<PathBuf> {
+    let own = fs::read_to_string("/proc/self/cgroup")?;
+    let rel = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no cgroup v2 membership"))?;
+    let mut dir = mount.join(rel.trim_start_matches('/'));
+    while dir.starts_with(mount) && dir != mount {
+        let subtree = fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
+        let delegates = ["memory", "pids"]
+            .iter()
+            .all(|c| subtree.split_whitespace().any(|s| s == *c));
+        if delegates && nix::unistd::access(&dir, nix::unistd::AccessFlags::W_OK).is_ok() {
+            return Ok(dir);
+        }
+        dir.pop();
+    }
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        "no writable cgroup v2 subtree is delegated to this user",
+    ))
+}
+
+/// One sandbox's cgroup (one directory per v1 controller, or one v2 directory).
+#[derive(Debug)]
+pub struct Cgroup {
+    version: u8,
+    /// (controllers mounted there, directory); for v2 the one controller is "unified".
+    dirs: Vec<(Vec<String>, PathBuf)>,
+}
+
+impl Cgroup {
+    /// Creates the cgroup `name` and writes the limits. On error nothing is left behind.
+    pub fn create(layout: &Layout, name: &str, limits: &Limits) -> io::Result<Cgroup> {
+        let parents = layout.parents(nix::unistd::geteuid().is_root())?;
+        let mut cgroup = Cgroup {
+            version: layout.version(),
+            dirs: Vec::new(),
+        };
+        for (controllers, parent) in parents {
+            let dir = parent.join(name);
+            if let Err(e) = fs::create_dir(&dir) {
+                cgroup.destroy();
+                return Err(e);
+            }
+            cgroup.dirs.push((controllers, dir));
+        }
+        if let Err(e) = cgroup.apply(limits) {
+            cgroup.destroy();
+            return Err(e);
+        }
+        Ok(cgroup)
+    }
+
+    fn dir(&self, controller: &str) -> Option<&Path> {
+        let key = if self.version == 2 {
+            "unified"
+        } else {
+            controller
+        };
+        self.dirs
+            .iter()
+            .find(|(c, _)| c.iter().any(|x| x == key))
+            .map(|(_, d)| d.as_path())
+    }
+
+    fn apply(&self, limits: &Limits) -> io::Result<()> {
+        let quota = (limits.cpus * CPU_PERIOD_US as f64).round() as u64;
+        let memory = limits.memory_bytes.to_string();
+        let pids = limits.pids.to_string();
+        if self.version == 2 {
+            let dir = self.dir("unified").expect("v2 cgroup has its directory");
+            write_file(&dir.join("memory.max"), &memory)?;
+            write_optional(&dir.join("memory.swap.max"), "0")?;
+            write_file(&dir.join("pids.max"), &pids)?;
+            write_optional(&dir.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))?;
+            return Ok(());
+        }
+        let mem = self.dir("memory").expect("v1 memory is required");
+        write_file(&mem.join("memory.limit_in_bytes"), &memory)?;
+        // Without swap accounting this file is absent; swappiness 0 keeps the group out of swap.
+        write_optional(&mem.join("memory.memsw.limit_in_bytes"), &memory)?;
+        write_optional(&mem.join("memory.swappiness"), "0")?;
+        let pid_dir = self.dir("pids").expect("v1 pids is required");
+        write_file(&pid_dir.join("pids.max"), &pids)?;
+        if let Some(cpu) = self.dir("cpu") {
+            write_file(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+            write_file(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// `cgroup.procs` of every directory, opened for writing: a child writes "0" to each to
+    /// join the cgroup before it drops privileges.
+    pub fn join_files(&self) -> io::Result<Vec<OwnedFd>> {
+        self.dirs
+            .iter()
+            .map(|(_, d)| {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(d.join("cgroup.procs"))
+                    .map(OwnedFd::from)
+            })
+            .collect()
+    }
+
+    /// How many times the kernel's OOM killer killed a process of this cgroup.
+    pub fn oom_kills(&self) -> u64 {
+        let (dir, file) = if self.version == 2 {
+            (self.dir("unified"), "memory.events")
+        } else {
+            (self.dir("memory"), "memory.oom_control")
+        };
+        dir.and_then(|d| fs::read_to_string(d.join(file)).ok())
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("oom_kill "))
+                    .and_then(|n| n.trim().parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
+    /// CPU time used by every process that ever ran in the cgroup.
+    pub fn cpu_time(&self) -> Option<Duration> {
+        if self.version == 2 {
+            let stat = fs::read_to_string(self.dir("unified")?.join("cpu.stat")).ok()?;
+            let usec = stat
+                .lines()
+                .find_map(|l| l.strip_prefix("usage_usec "))?
+                .trim()
+                .parse()
+                .ok()?;
+            return Some(Duration::from_micros(usec));
+        }
+        let nanos = fs::read_to_string(self.dir("cpuacct")?.join("cpuacct.usage")).ok()?;
+        Some(Duration::from_nanos(nanos.trim().parse().ok()?))
+    }
+
+    /// Peak memory use of the whole tree, where the kernel records it.
+    pub fn peak_memory(&self) -> Option<u64> {
+        let (dir, file) = if self.version == 2 {
+            (self.dir("unified")?, "memory.peak")
+        } else {
+            (self.dir("memory")?, "memory.max_usage_in_bytes")
+        };
+        fs::read_to_string(dir.join(file)).ok()?.trim().parse().ok()
+    }
+
+    fn procs(&self) -> Vec<i32> {
+        let dir = if self.version == 2 {
+            self.dir("unified")
+        } else {
+            self.dir("pids")
+        };
+        dir.and_then(|d| fs::read_to_string(d.join("cgroup.procs")).ok())
+            .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Kills every process in the cgroup. v2 uses `cgroup.kill` where the kernel has it;
+    /// otherwise the group is frozen first so nothing can fork while it is being killed.
+    pub fn kill_all(&self) {
+        if self.version == 2 {
+            let dir = self.dir("unified").expect("v2 cgroup has its directory");
+            if write_file(&dir.join("cgroup.kill"), "1").is_ok() {
+                return;
+            }
+            let _ = write_file(&dir.join("cgroup.freeze"), "1");
+            self.signal_all();
+            let _ = write_file(&dir.join("cgroup.freeze"), "0");
+            return;
+        }
+        let freezer = self.dir("freezer");
+        if let Some(f) = freezer {
+            let _ = write_file(&f.join("freezer.state"), "FROZEN");
+            let until = Instant::now() + Duration::from_millis(200);
+            while Instant::now() < until {
+                match fs::read_to_string(f.join("freezer.state")) {
+                    Ok(s) if s.trim() == "FROZEN" => break,
+                    Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+                    Err(_) => break,
+                }
+            }
+        }
+        self.signal_all();
+        if let Some(f) = freezer {
+            let _ = write_file(&f.join("freezer.state"), "THAWED");
+        }
+    }
+
+    fn signal_all(&self) {
+        for pid in self.procs() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+
+    /// Removes the cgroup directories, killing stragglers first. Waits (briefly) for exiting
+    /// processes to leave; a directory that still cannot be removed is reported on stderr.
+    pub fn destroy(&mut self) {
+        if !self.procs().is_empty() {
+            self.kill_all();
+        }
+        let until = Instant::now() + Duration::from_secs(2);
+        for (_, dir) in self.dirs.drain(..).rev() {
+            loop {
+                match fs::remove_dir(&dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(_) if Instant::now() < until => {
+                        std::thread::sleep(Duration::from_millis(2))
+                    }
+                    Err(e) => {
+                        eprintln!("corral: could not remove cgroup {}: {e}", dir.display());
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        self.destroy();
+    }
+}
+
+fn write_file(path: &Path, value: &str) -> io::Result<()> {
+    let mut f = fs::OpenOptions::new().write(true).open(path)?;
+    f.write_all(value.as_bytes()).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("writing {value:?} to {}: {e}", path.display()),
+        )
+    })
+}
+
+fn write_optional(path: &Path, value: &str) -> io::Result<()> {
+    match write_file(path, value) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const V1_MOUNTINFO: &str = "\
+35 25 0:30 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+36 35 0:31 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+37 35 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+38 35 0:33 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+39 35 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
+40 35 0:35 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn v1_hybrid_without_v2_controllers_is_v1() {
+        let layout = Layout::from_mountinfo(V1_MOUNTINFO, |_| Some(String::new())).unwrap();
+        let Layout::V1(list) = layout else {
+            panic!("expected v1")
+        };
+        let names: Vec<_> = list.iter().map(|(c, _)| c.as_str()).collect();
+        assert_eq!(names, ["cpu", "cpuacct", "memory", "pids", "freezer"]);
+        assert_eq!(list[0].1, list[1].1, "co-mounted controllers share a mount");
+        assert_eq!(list[2].1, PathBuf::from("/sys/fs/cgroup/memory"));
+    }
+
+    #[test]
+    fn v2_with_memory_and_pids_wins() {
+        let info = "30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
+        let layout =
+            Layout::from_mountinfo(info, |_| Some("cpuset cpu io memory pids".into())).unwrap();
+        assert_eq!(layout, Layout::V2(PathBuf::from("/sys/fs/cgroup")));
+        assert!(Layout::from_mountinfo(info, |_| Some("cpu io".into())).is_none());
+    }
+
+    #[test]
+    fn no_cgroups_is_none() {
+        let info = "22 1 8:1 / / rw - ext4 /dev/sda1 rw\n";
+        assert!(Layout::from_mountinfo(info, |_| None).is_none());
+    }
+
+    /// A fake v1 tree: the files the kernel would provide in each new directory are created
+    /// by the test, since a plain directory has none.
+    #[test]
+    fn v1_limits_are_written_to_each_controller() {
+        let root = tempfile::tempdir().unwrap();
+        let list: Vec<_> = ["memory", "pids", "cpu", "freezer"]
+            .iter()
+            .map(|c| (c.to_string(), root.path().join(c)))
+            .collect();
+        for (c, mount) in &list {
+            let dir = mount.join("corral/sbx");
+            fs::create_dir_all(&dir).unwrap();
+            let files: &[&str] = match c.as_str() {
+                "memory" => &["memory.limit_in_bytes", "memory.oom_control"],
+                "pids" => &["pids.max", "cgroup.procs"],
+                "cpu" => &["cpu.cfs_period_us", "cpu.cfs_quota_us"],
+                _ => &["freezer.state"],
+            };
+            for f in files {
+                fs::write(dir.join(f), "").unwrap();
+            }
+        }
+        let cg = Cgroup {
+            version: 1,
+            dirs: list
+                .iter()
+                .map(|(c, m)| (vec![c.clone()], m.join("corral/sbx")))
+                .collect(),
+        };
+        let limits = Limits {
+            memory_bytes: 64 << 20,
+            pids: 32,
+            cpus: 0.5,
+            ..Limits::default()
+        };
+        cg.apply(&limits).unwrap();
+        let read = |p: &str| fs::read_to_string(root.path().join(p)).unwrap();
+        assert_eq!(read("memory/corral/sbx/memory.limit_in_bytes"), "67108864");
+        assert_eq!(read("pids/corral/sbx/pids.max"), "32");
+        assert_eq!(read("cpu/corral/sbx/cpu.cfs_quota_us"), "50000");
+        fs::write(
+            root.path().join("memory/corral/sbx/memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n",
+        )
+        .unwrap();
+        assert_eq!(cg.oom_kills(), 3);
+        std::mem::forget(cg); // the fake files make rmdir fail; the tempdir cleans up
+    }
+
+    #[test]
+    fn v2_limits_go_to_one_directory() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("corral/sbx");
+        fs::create_dir_all(&dir).unwrap();
+        for f in ["memory.max", "pids.max", "cpu.max", "memory.events"] {
+            fs::write(dir.join(f), "").unwrap();
+        }
+        let cg = Cgroup {
+            version: 2,
+            dirs: vec![(vec!["unified".into()], dir.clone())],
+        };
+        cg.apply(&Limits::default()).unwrap();
+        assert_eq!(
+            fs::read_to_string(dir.join("memory.max")).unwrap(),
+            (512u64 << 20).to_string()
+        );
+        assert_eq!(
+            fs::read_to_string(dir.join("cpu.max")).unwrap(),
+            "100000 100000"
+        );
+        assert!(!dir.join("memory.swap.max").exists());
+        fs::write(
+            dir.join("memory.events"),
+            "low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n",
+        )
+        .unwrap();
+        assert_eq!(cg.oom_kills(), 1);
+        std::mem::forget(cg);
+    }
+}

@@ -1,0 +1,371 @@
+//! Code that runs in the forked processes: stage 1 (namespaces and id maps), init (pid 1 of
+//! the sandbox: builds the root, reaps, kills what is left) and the workload (drops every
+//! privilege, then execs the program).
+//!
+//! Everything a child needs is prepared by the host process before `fork` ([`ChildPlan`]),
+//! and every failure is reported over the report socket as `E<message>` before exiting.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{BorrowedFd, RawFd};
+use std::path::Path;
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::resource::{setrlimit, Resource};
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::{chdir, pivot_root, ForkResult, Gid, Pid, Uid};
+
+use crate::rootfs::{self, Op, NEW_ROOT, SANDBOX_GID, SANDBOX_UID};
+use crate::seccomp;
+use crate::sys;
+
+/// Messages on the report socket (child → host). One SEQPACKET message each.
+pub(crate) const MSG_INIT_PID: u8 = b'P';
+pub(crate) const MSG_ERROR: u8 = b'E';
+pub(crate) const MSG_READY: u8 = b'R';
+pub(crate) const MSG_EXIT: u8 = b'X';
+
+/// Everything the children need, prepared before `fork` so they only make system calls.
+pub(crate) struct ChildPlan {
+    pub ops: Vec<Op>,
+    /// Root mode: join these `cgroup.procs` files and switch to these host ids first.
+    pub cgroup_join: Vec<RawFd>,
+    pub switch_to: Option<(Uid, Gid)>,
+    pub report: RawFd,
+    pub go: RawFd,
+    pub stdout: RawFd,
+    pub stderr: RawFd,
+    pub root_size: u64,
+    pub exec_candidates: Vec<CString>,
+    pub argv: Vec<CString>,
+    pub envp: Vec<CString>,
+    pub rlimits: Vec<(Resource, u64)>,
+    pub landlock_required: bool,
+    pub workload_filters: &'static [seccompiler::BpfProgram],
+    pub init_filters: &'static [seccompiler::BpfProgram],
+}
+
+impl ChildPlan {
+    fn report(&self) -> BorrowedFd<'_> {
+        // SAFETY: the report socket stays open in every child until it exits or execs.
+        unsafe { BorrowedFd::borrow_raw(self.report) }
+    }
+
+    fn fail(&self, what: &str, err: impl std::fmt::Display) -> ! {
+        let msg = format!("{}{what}: {err}", MSG_ERROR as char);
+        let _ = sys::send_message(self.report(), msg.as_bytes(), None);
+        // SAFETY: _exit ends this child without running the parent's atexit handlers or
+        // flushing its copied stdio buffers.
+        unsafe { libc::_exit(126) }
+    }
+}
+
+/// Stage 1: a child of the host process.
+pub(crate) fn stage1(plan: &ChildPlan) -> ! {
+    let mut keep = vec![plan.report, plan.go, plan.stdout, plan.stderr];
+    keep.extend(&plan.cgroup_join);
+    sys::close_all_except(&keep);
+
+    for &fd in &plan.cgroup_join {
+        // SAFETY: `fd` is an open cgroup.procs file handed to us by the host process.
+        let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
+        if n != 1 {
+            plan.fail("joining the sandbox cgroup", io::Error::last_os_error());
+        }
+        // SAFETY: the descriptor is ours and not used again.
+        unsafe { libc::close(fd) };
+    }
+
+    if let Some((uid, gid)) = plan.switch_to {
+        if let Err(e) = nix::unistd::setgroups(&[])
+            .and_then(|_| nix::unistd::setresgid(gid, gid, gid))
+            .and_then(|_| nix::unistd::setresuid(uid, uid, uid))
+        {
+            plan.fail("switching to the unprivileged sandbox user", e);
+        }
+        // Changing credentials made us non-dumpable, which would make /proc/self/uid_map
+        // belong to root and unwritable for us.
+        // SAFETY: prctl with integer arguments only.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
+    }
+
+    let (host_uid, host_gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
+    let flags = CloneFlags::CLONE_NEWUSER
+        | CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWPID
+        | CloneFlags::CLONE_NEWNET
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWUTS
+        | CloneFlags::CLONE_NEWCGROUP;
+    if let Err(e) = unshare(flags) {
+        plan.fail(
+            "creating namespaces (user, mount, pid, net, ipc, uts, cgroup); check that user \
+             namespaces are enabled (sysctl user.max_user_namespaces > 0, \
+             kernel.unprivileged_userns_clone=1, no AppArmor userns restriction)",
+            e,
+        );
+    }
+    let maps = [
+        ("/proc/self/setgroups", "deny".to_string()),
+        (
+            "/proc/self/uid_map",
+            format!("{SANDBOX_UID} {} 1", host_uid.as_raw()),
+        ),
+        (
+            "/proc/self/gid_map",
+            format!("{SANDBOX_GID} {} 1", host_gid.as_raw()),
+        ),
+    ];
+    for (file, content) in maps {
+        if let Err(e) = std::fs::write(file, content) {
+            plan.fail(&format!("writing {file}"), e);
+        }
+    }
+
+    // SAFETY: stage 1 is single-threaded (it is a fresh fork).
+    match unsafe { sys::clone_parent() } {
+        Err(e) => plan.fail("starting the sandbox init", e),
+        Ok(0) => init(plan),
+        Ok(pid) => {
+            let mut msg = vec![MSG_INIT_PID];
+            msg.extend_from_slice(&pid.to_le_bytes());
+            let _ = sys::send_message(plan.report(), &msg, None);
+            // SAFETY: see `fail`.
+            unsafe { libc::_exit(0) }
+        }
+    }
+}
+
+/// Pid 1 of the sandbox.
+fn init(plan: &ChildPlan) -> ! {
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    let _ = nix::unistd::setsid();
+    if let Err(e) = build_root(plan) {
+        plan.fail("building the sandbox root filesystem", e);
+    }
+
+    let workspace = match nix::fcntl::open(
+        "/workspace",
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(e) => plan.fail("opening /workspace", e),
+    };
+    if let Err(e) = sys::send_message(plan.report(), &[MSG_READY], Some(workspace)) {
+        plan.fail("reporting readiness", e);
+    }
+    let _ = nix::unistd::close(workspace);
+
+    let mut go = [0u8; 1];
+    if !matches!(nix::unistd::read(plan.go, &mut go), Ok(1)) {
+        // The host gave up on this sandbox.
+        // SAFETY: see `fail`.
+        unsafe { libc::_exit(0) }
+    }
+
+    // SAFETY: init is single-threaded.
+    let workload_pid = match unsafe { nix::unistd::fork() } {
+        Err(e) => plan.fail("starting the workload", e),
+        Ok(ForkResult::Child) => workload(plan),
+        Ok(ForkResult::Parent { child }) => child,
+    };
+    for fd in [plan.go, plan.stdout, plan.stderr] {
+        let _ = nix::unistd::close(fd);
+    }
+    lock_down_init(plan);
+
+    let status = reap_until_empty(workload_pid);
+    let mut msg = vec![MSG_EXIT];
+    msg.extend_from_slice(&status.to_le_bytes());
+    let _ = sys::send_message(plan.report(), &msg, None);
+    // SAFETY: see `fail`.
+    unsafe { libc::_exit(0) }
+}
+
+fn build_root(plan: &ChildPlan) -> io::Result<()> {
+    let root = Path::new(NEW_ROOT);
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )?;
+    let data = format!("size={},mode=755,nr_inodes=4096", plan.root_size);
+    mount(
+        Some("tmpfs"),
+        root,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(data.as_str()),
+    )?;
+    rootfs::execute(&plan.ops, root)?;
+    nix::unistd::sethostname(rootfs::HOSTNAME)?;
+    sys::loopback_up().map_err(|e| io::Error::new(e.kind(), format!("loopback up: {e}")))?;
+    mount(
+        Some(root),
+        root,
+        None::<&str>,
+        MsFlags::MS_REMOUNT
+            | MsFlags::MS_BIND
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV,
+        None::<&str>,
+    )?;
+    chdir(root)?;
+    pivot_root(".", ".")?;
+    umount2(".", MntFlags::MNT_DETACH)?;
+    chdir("/workspace")?;
+    Ok(())
+}
+
+/// After the workload is started init needs no privilege: it only waits and kills.
+fn lock_down_init(plan: &ChildPlan) {
+    for set in [
+        caps::CapSet::Effective,
+        caps::CapSet::Permitted,
+        caps::CapSet::Inheritable,
+    ] {
+        let _ = caps::clear(None, set);
+    }
+    // SAFETY: prctl with integer arguments only.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    }
+    if let Err(e) = seccomp::install(plan.init_filters) {
+        plan.fail("installing the init seccomp filter", e);
+    }
+}
+
+/// Waits for the workload; once it has exited, kills everything else until nothing is left.
+/// Returns the workload's raw wait status.
+fn reap_until_empty(workload: Pid) -> i32 {
+    let mut workload_status = None;
+    loop {
+        let mut raw = 0;
+        // SAFETY: waitpid writes the status into a valid i32.
+        let pid = unsafe { libc::waitpid(-1, &mut raw, 0) };
+        if pid < 0 {
+            match io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => continue,
+                _ => break, // ECHILD: nothing left
+            }
+        }
+        if pid == workload.as_raw() {
+            workload_status = Some(raw);
+        }
+        if workload_status.is_some() {
+            // Daemons and stragglers die with the workload. Repeated after every reap so a
+            // process forked during a sweep is caught by the next one.
+            // SAFETY: kill(-1) from a namespace's init signals every other process in it.
+            unsafe { libc::kill(-1, libc::SIGKILL) };
+        }
+    }
+    workload_status.unwrap_or(0)
+}
+
+/// The workload process: drops everything, then becomes the program.
+fn workload(plan: &ChildPlan) -> ! {
+    if let Err(e) = redirect_stdio(plan) {
+        plan.fail("setting up standard streams", e);
+    }
+    sys::cloexec_from(3);
+    for &(resource, limit) in &plan.rlimits {
+        if let Err(e) = setrlimit(resource, limit, limit) {
+            plan.fail(&format!("setting {resource:?}"), e);
+        }
+    }
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        plan.fail("setting no_new_privs", io::Error::last_os_error());
+    }
+    if let Err(e) = crate::landlock_rules::restrict(plan.landlock_required) {
+        plan.fail("applying Landlock", e);
+    }
+    if let Err(e) = drop_capabilities() {
+        plan.fail("dropping capabilities", e);
+    }
+    let argv: Vec<*const libc::c_char> = plan
+        .argv
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let envp: Vec<*const libc::c_char> = plan
+        .envp
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    if let Err(e) = seccomp::install(plan.workload_filters) {
+        plan.fail("installing the seccomp filter", e);
+    }
+    let mut last = io::Error::from_raw_os_error(libc::ENOENT);
+    for path in &plan.exec_candidates {
+        // SAFETY: path, argv and envp are NUL-terminated arrays of valid C strings that
+        // outlive the call.
+        unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+        last = io::Error::last_os_error();
+        if last.raw_os_error() != Some(libc::ENOENT) {
+            break;
+        }
+    }
+    let program = plan.argv[0].to_string_lossy();
+    plan.fail(
+        &format!("executing {program} (is it installed in this image?)"),
+        last,
+    )
+}
+
+fn redirect_stdio(plan: &ChildPlan) -> io::Result<()> {
+    let null = nix::fcntl::open(
+        "/dev/null",
+        nix::fcntl::OFlag::O_RDONLY,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    for (from, to) in [(null, 0), (plan.stdout, 1), (plan.stderr, 2)] {
+        nix::unistd::dup2(from, to)?;
+    }
+    Ok(())
+}
+
+fn drop_capabilities() -> Result<(), caps::errors::CapsError> {
+    for cap in caps::all() {
+        caps::drop(None, caps::CapSet::Bounding, cap)?;
+    }
+    for set in [
+        caps::CapSet::Ambient,
+        caps::CapSet::Inheritable,
+        caps::CapSet::Effective,
+        caps::CapSet::Permitted,
+    ] {
+        caps::clear(None, set)?;
+    }
+    Ok(())
+}
+
+/// Decodes a raw wait status into (exit code, signal).
+pub(crate) fn decode_status(raw: i32) -> (Option<i32>, Option<i32>) {
+    match WaitStatus::from_raw(Pid::from_raw(1), raw) {
+        Ok(WaitStatus::Exited(_, code)) => (Some(code), None),
+        Ok(WaitStatus::Signaled(_, sig, _)) => (None, Some(sig as i32)),
+        _ => (None, None),
+    }
+}
+
+/// Reaps one of our own children (stage 1 or init), retrying on EINTR.
+pub(crate) fn reap(pid: Pid) -> Option<i32> {
+    loop {
+        match waitpid(pid, None) {
+            Ok(WaitStatus::Exited(_, code)) => return Some(code),
+            Ok(_) => return None,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return None,
+        }
+    }
+}

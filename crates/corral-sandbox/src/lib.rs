@@ -1,0 +1,27 @@
+//! Corral's isolation engine.
+//!
+//! [`Sandbox::create`] builds a disposable sandbox (DESIGN §8): new user, pid, mount, net,
+//! ipc, uts and cgroup namespaces; a read-only root assembled from an image; fresh `/proc`,
+//! minimal `/dev`, size-limited tmpfs `/tmp` and `/workspace`; cgroup (v1 or v2) or rlimit
+//! limits; and for the program itself no capabilities, `no_new_privs`, Landlock and a
+//! seccomp allow-list. [`Sandbox::wait`] runs it under a wall-clock limit; dropping the
+//! sandbox leaves nothing behind. This crate is synchronous and holds all of Corral's `unsafe`.
+
+mod cgroup;
+mod child;
+pub mod doctor;
+mod landlock_rules;
+pub mod result;
+pub mod rootfs;
+mod sandbox;
+pub mod seccomp;
+pub mod spec;
+mod sys;
+pub mod workspace;
+
+pub use result::{ExecutionResult, FileEntry, LanguageError, RichResult, Status};
+pub use sandbox::{
+    cgroup_layout, run, Capture, Outcome, Sandbox, SandboxError, Stream, ROOT_MODE_ID_BASE,
+};
+pub use spec::{InputFile, Limits, Policy, Rootfs, SandboxSpec};
+pub use workspace::{Workspace, WorkspaceError};

@@ -1,0 +1,100 @@
+//! The result object of DESIGN §3, shared by every interface.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Success,
+    Error,
+    Timeout,
+    MemoryLimit,
+    SandboxError,
+}
+
+impl Status {
+    /// The exit code `corral run` uses for this status when the program's own is not meaningful.
+    pub fn cli_exit_code(self, program_exit: Option<i32>) -> i32 {
+        match self {
+            Status::Timeout => 124,
+            Status::MemoryLimit => 137,
+            Status::SandboxError => 125,
+            Status::Success | Status::Error => program_exit.unwrap_or(1),
+        }
+    }
+}
+
+/// One rich result (a MIME bundle); keys are present only for the types that exist.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RichResult {
+    pub is_main_result: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub html: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub png: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub svg: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub json: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub markdown: Option<String>,
+}
+
+/// A language-level exception.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LanguageError {
+    pub name: String,
+    pub value: String,
+    pub traceback: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub path: String,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutionResult {
+    pub status: Status,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub results: Vec<RichResult>,
+    pub error: Option<LanguageError>,
+    pub files: Vec<FileEntry>,
+    pub execution_time_ms: u64,
+    pub cpu_time_ms: u64,
+    pub peak_memory_bytes: u64,
+    pub error_message: Option<String>,
+    /// Protections that were weaker than requested for this run (e.g. the rlimit fallback).
+    pub warnings: Vec<String>,
+}
+
+impl ExecutionResult {
+    /// A result for a sandbox that could not be built or run.
+    pub fn sandbox_error(message: impl Into<String>) -> Self {
+        ExecutionResult {
+            status: Status::SandboxError,
+            exit_code: None,
+            signal: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            results: Vec::new(),
+            error: None,
+            files: Vec::new(),
+            execution_time_ms: 0,
+            cpu_time_ms: 0,
+            peak_memory_bytes: 0,
+            error_message: Some(message.into()),
+            warnings: Vec::new(),
+        }
+    }
+}

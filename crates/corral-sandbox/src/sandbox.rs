@@ -1,0 +1,657 @@
+//! The host side of one sandbox: create it, release the program, collect its output and
+//! status within the limits, and tear everything down.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::resource::Resource;
+use nix::sys::signal::{kill, Signal};
+use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+use nix::unistd::{ForkResult, Gid, Pid, Uid};
+
+use crate::cgroup::{Cgroup, Layout};
+use crate::child::{self, ChildPlan, MSG_ERROR, MSG_EXIT, MSG_INIT_PID, MSG_READY};
+use crate::landlock_rules;
+use crate::result::{ExecutionResult, Status};
+use crate::rootfs::{self, Entry};
+use crate::seccomp::{self, Role};
+use crate::spec::{base_environment, SandboxSpec};
+use crate::workspace::Workspace;
+
+/// First host uid/gid given to sandboxes when Corral runs as root; each sandbox gets one of
+/// the next 65536, owning nothing on the host.
+pub const ROOT_MODE_ID_BASE: u32 = 1_000_000_000;
+const ROOT_MODE_ID_RANGE: u32 = 65_536;
+/// Room in the root tmpfs for the synthetic files and mount points, beyond the program file.
+const ROOT_TMPFS_SLACK: u64 = 4 << 20;
+/// How long to wait for pipes to close after the sandbox was killed.
+const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// A protection cannot be applied and the policy does not allow running without it.
+    #[error("refusing to run: {0}")]
+    Refused(String),
+    /// A step of building the sandbox failed; the message says which.
+    #[error("sandbox setup failed: {0}")]
+    Setup(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl SandboxError {
+    fn io(what: &'static str) -> impl FnOnce(nix::errno::Errno) -> SandboxError {
+        move |e| SandboxError::Io {
+            what,
+            source: e.into(),
+        }
+    }
+}
+
+/// Which output stream a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// How a sandbox ended.
+#[derive(Debug)]
+pub struct Outcome {
+    pub status: Status,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout: Capture,
+    pub stderr: Capture,
+    pub execution_time: Duration,
+    pub cpu_time: Duration,
+    pub peak_memory_bytes: u64,
+    pub error_message: Option<String>,
+}
+
+/// The first `limit` bytes of a stream, and whether more was dropped.
+#[derive(Debug, Default)]
+pub struct Capture {
+    pub bytes: Vec<u8>,
+    pub truncated: bool,
+    limit: usize,
+}
+
+impl Capture {
+    fn new(limit: usize) -> Self {
+        Capture {
+            bytes: Vec::new(),
+            truncated: false,
+            limit,
+        }
+    }
+
+    /// Keeps what fits and returns it (the part worth forwarding live).
+    fn push<'a>(&mut self, chunk: &'a [u8]) -> &'a [u8] {
+        let room = self.limit.saturating_sub(self.bytes.len());
+        if chunk.len() > room {
+            self.truncated = true;
+        }
+        let kept = &chunk[..chunk.len().min(room)];
+        self.bytes.extend_from_slice(kept);
+        kept
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes).into_owned()
+    }
+}
+
+/// The cgroup layout, detected once per process.
+pub fn cgroup_layout() -> Option<&'static Layout> {
+    static LAYOUT: OnceLock<Option<Layout>> = OnceLock::new();
+    LAYOUT.get_or_init(Layout::detect).as_ref()
+}
+
+fn next_root_mode_id() -> u32 {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let salt = std::process::id().wrapping_mul(2_654_435_761);
+    ROOT_MODE_ID_BASE
+        + salt.wrapping_add(COUNTER.fetch_add(1, Ordering::Relaxed)) % ROOT_MODE_ID_RANGE
+}
+
+fn unique_name() -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{}-{}-{nanos:x}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn cstrings(items: impl IntoIterator<Item = String>) -> Result<Vec<CString>, SandboxError> {
+    items
+        .into_iter()
+        .map(|s| {
+            CString::new(s).map_err(|_| {
+                SandboxError::Refused("argument or environment contains a NUL byte".into())
+            })
+        })
+        .collect()
+}
+
+/// A running (or ready to run) sandbox. Dropping it kills whatever is left and removes
+/// every trace of it.
+#[derive(Debug)]
+pub struct Sandbox {
+    name: String,
+    init: Pid,
+    reaped: bool,
+    cgroup: Option<Cgroup>,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    report: OwnedFd,
+    go: Option<OwnedFd>,
+    /// Set once init reports the sandbox ready.
+    workspace: Option<Workspace>,
+    warnings: Vec<String>,
+    limits: crate::spec::Limits,
+    started: Option<Instant>,
+}
+
+impl Sandbox {
+    /// Builds the sandbox up to the point where the program would start: namespaces, root
+    /// filesystem and cgroup exist, input files are in the workspace. Call [`Sandbox::wait`]
+    /// to start the program.
+    pub fn create(spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
+        let workload_filters = seccomp::filters(Role::Workload)
+            .map_err(|e| SandboxError::Refused(format!("seccomp: {e}")))?;
+        let init_filters = seccomp::filters(Role::Init)
+            .map_err(|e| SandboxError::Refused(format!("seccomp: {e}")))?;
+        let mut warnings = Vec::new();
+        let landlock_abi = landlock_rules::kernel_abi();
+        if landlock_abi == 0 {
+            if !spec.policy.allow_degraded {
+                return Err(SandboxError::Refused(
+                    "this kernel has no Landlock (needs Linux >= 5.13 booted with lsm=...,landlock); \
+                     pass --allow-degraded to run without this layer"
+                        .into(),
+                ));
+            }
+            warnings.push("Landlock is unavailable on this kernel: the filesystem is protected by mounts and permissions only".into());
+        }
+
+        let name = unique_name();
+        let root_mode = nix::unistd::geteuid().is_root();
+        let cgroup = match cgroup_layout() {
+            Some(layout) => Cgroup::create(layout, &name, &spec.limits).map_err(|e| e.to_string()),
+            None => Err(
+                "no cgroup v1 or v2 hierarchy with the memory and pids controllers is mounted"
+                    .into(),
+            ),
+        };
+        let cgroup = match cgroup {
+            Ok(cg) => Some(cg),
+            Err(reason) if spec.policy.strict => {
+                return Err(SandboxError::Refused(format!(
+                    "cannot create a cgroup ({reason}) and --strict forbids the rlimit fallback"
+                )))
+            }
+            Err(reason) => {
+                warnings.push(format!(
+                    "cgroups unavailable ({reason}): memory and process limits are enforced \
+                     with rlimits only (RLIMIT_DATA, RLIMIT_NPROC) and CPU only by the timeout"
+                ));
+                None
+            }
+        };
+
+        let limits = spec.limits;
+        let mut rlimits = vec![
+            (Resource::RLIMIT_CORE, 0),
+            (Resource::RLIMIT_NOFILE, 4096),
+            (Resource::RLIMIT_FSIZE, limits.disk_bytes),
+            (Resource::RLIMIT_MEMLOCK, 64 << 10),
+        ];
+        if cgroup.is_none() {
+            rlimits.push((Resource::RLIMIT_DATA, limits.memory_bytes));
+            rlimits.push((Resource::RLIMIT_NPROC, limits.pids));
+        }
+
+        let program = spec.program_file.as_ref();
+        let ops = rootfs::plan(
+            &spec.rootfs,
+            limits.disk_bytes,
+            program.map(|(n, c)| (n.as_str(), c.as_slice())),
+            Entry::of,
+        );
+        let root_size = ROOT_TMPFS_SLACK + program.map_or(0, |(_, c)| c.len() as u64);
+
+        let program_name = spec
+            .argv
+            .first()
+            .ok_or_else(|| SandboxError::Refused("empty command".into()))?;
+        let exec_candidates = if program_name.starts_with('/') {
+            vec![program_name.clone()]
+        } else {
+            ["/usr/local/bin", "/usr/bin", "/bin"]
+                .iter()
+                .map(|d| format!("{d}/{program_name}"))
+                .collect()
+        };
+        let mut env = base_environment(&limits);
+        for (k, v) in &spec.env {
+            if k.is_empty() || k.contains('=') {
+                return Err(SandboxError::Refused(format!(
+                    "invalid environment variable name {k:?}"
+                )));
+            }
+            env.retain(|(existing, _)| existing != k);
+            env.push((k.clone(), v.clone()));
+        }
+
+        let (stdout_r, stdout_w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(SandboxError::io("pipe"))?;
+        let (stderr_r, stderr_w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(SandboxError::io("pipe"))?;
+        let (go_r, go_w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(SandboxError::io("pipe"))?;
+        let (report, report_child) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(SandboxError::io("socketpair"))?;
+
+        let switch_to = root_mode.then(|| {
+            let id = next_root_mode_id();
+            (Uid::from_raw(id), Gid::from_raw(id))
+        });
+        let join_files = match &cgroup {
+            Some(cg) => cg.join_files().map_err(|source| SandboxError::Io {
+                what: "opening cgroup.procs",
+                source,
+            })?,
+            None => Vec::new(),
+        };
+        let plan = ChildPlan {
+            ops,
+            cgroup_join: join_files.iter().map(|f| f.as_raw_fd()).collect(),
+            switch_to,
+            report: report_child.as_raw_fd(),
+            go: go_r.as_raw_fd(),
+            stdout: stdout_w.as_raw_fd(),
+            stderr: stderr_w.as_raw_fd(),
+            root_size,
+            exec_candidates: cstrings(exec_candidates)?,
+            argv: cstrings(spec.argv.iter().cloned())?,
+            envp: cstrings(env.into_iter().map(|(k, v)| format!("{k}={v}")))?,
+            rlimits,
+            landlock_required: !spec.policy.allow_degraded,
+            workload_filters,
+            init_filters,
+        };
+
+        // SAFETY: the child only runs `child::stage1`, which uses data prepared above and
+        // system calls, and ends in _exit or exec. glibc's fork keeps malloc usable in the
+        // child even when other threads exist.
+        let stage1 = match unsafe { nix::unistd::fork() }.map_err(SandboxError::io("fork"))? {
+            ForkResult::Child => child::stage1(&plan),
+            ForkResult::Parent { child } => child,
+        };
+        drop((join_files, stdout_w, stderr_w, go_r, report_child));
+
+        let mut sandbox = Sandbox {
+            name,
+            init: Pid::from_raw(0),
+            reaped: true,
+            cgroup,
+            stdout: stdout_r,
+            stderr: stderr_r,
+            report,
+            go: Some(go_w),
+            workspace: None,
+            warnings,
+            limits,
+            started: None,
+        };
+
+        let mut buf = [0u8; 4096];
+        let handshake = (|| {
+            let (n, _) = sandbox.recv(&mut buf)?;
+            let stage1_code = child::reap(stage1);
+            match buf.get(..n) {
+                Some([MSG_INIT_PID, pid @ ..]) if pid.len() == 4 => {
+                    sandbox.init =
+                        Pid::from_raw(i32::from_le_bytes(pid.try_into().expect("4 bytes")));
+                    sandbox.reaped = false;
+                }
+                Some([MSG_ERROR, msg @ ..]) => {
+                    return Err(SandboxError::Setup(
+                        String::from_utf8_lossy(msg).into_owned(),
+                    ))
+                }
+                _ => {
+                    return Err(SandboxError::Setup(format!(
+                        "sandbox stage 1 exited ({stage1_code:?}) without starting init"
+                    )))
+                }
+            }
+            let (n, fd) = sandbox.recv(&mut buf)?;
+            match (buf.get(..n), fd) {
+                (Some([MSG_READY]), Some(fd)) => {
+                    sandbox.workspace = Some(Workspace::new(
+                        fd,
+                        switch_to.map(|(u, g)| (u.as_raw(), g.as_raw())),
+                    ));
+                    Ok(())
+                }
+                (Some([MSG_ERROR, msg @ ..]), _) => Err(SandboxError::Setup(
+                    String::from_utf8_lossy(msg).into_owned(),
+                )),
+                _ => Err(SandboxError::Setup(
+                    "sandbox init exited during setup".into(),
+                )),
+            }
+        })();
+        handshake?;
+
+        for input in &spec.input_files {
+            let mut source = &input.source;
+            sandbox
+                .workspace()
+                .write_file(&input.dest, &mut source)
+                .map_err(|e| SandboxError::Setup(format!("copying an input file: {e}")))?;
+        }
+        Ok(sandbox)
+    }
+
+    fn recv(&self, buf: &mut [u8]) -> Result<(usize, Option<OwnedFd>), SandboxError> {
+        crate::sys::recv_message(self.report.as_fd(), buf).map_err(|source| SandboxError::Io {
+            what: "reading the sandbox report",
+            source,
+        })
+    }
+
+    /// The sandbox's `/workspace`.
+    pub fn workspace(&self) -> &Workspace {
+        self.workspace.as_ref().expect("set when create returns")
+    }
+
+    /// Protections weaker than requested for this sandbox.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// A unique name (also the cgroup's).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Starts the program and waits for it to end (or for the timeout), passing output to
+    /// `on_output` as it arrives, up to the output limit.
+    pub fn wait(&mut self, on_output: &mut dyn FnMut(Stream, &[u8])) -> Outcome {
+        let started = Instant::now();
+        self.started = Some(started);
+        let deadline = started + self.limits.timeout;
+        let mut stdout = Capture::new(self.limits.output_bytes);
+        let mut stderr = Capture::new(self.limits.output_bytes);
+        if let Some(go) = self.go.take() {
+            if nix::unistd::write(&go, b"g").is_err() {
+                return self.failed(started, "the sandbox ended before the program started");
+            }
+        }
+        let mut open = [true, true, true]; // stdout, stderr, report
+        let mut exit_status = None;
+        let mut setup_error = None;
+        let mut timed_out = false;
+        let mut killed_at: Option<Instant> = None;
+        let mut buf = vec![0u8; 64 << 10];
+        while open.iter().any(|o| *o) {
+            let now = Instant::now();
+            let wait_until = match killed_at {
+                Some(t) => t + DRAIN_AFTER_KILL,
+                None => deadline,
+            };
+            if now >= wait_until {
+                if killed_at.is_some() {
+                    break;
+                }
+                timed_out = true;
+                self.kill();
+                killed_at = Some(now);
+                continue;
+            }
+            let timeout = PollTimeout::try_from(wait_until - now).unwrap_or(PollTimeout::MAX);
+            let mut fds = Vec::with_capacity(3);
+            let mut which = Vec::with_capacity(3);
+            for (i, fd) in [&self.stdout, &self.stderr, &self.report]
+                .into_iter()
+                .enumerate()
+            {
+                if open[i] {
+                    fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                    which.push(i);
+                }
+            }
+            match poll(&mut fds, timeout) {
+                Ok(0) => continue,
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => break,
+            }
+            let ready: Vec<usize> = fds
+                .iter()
+                .zip(&which)
+                .filter(|(fd, _)| fd.revents().is_some_and(|r| !r.is_empty()))
+                .map(|(_, &i)| i)
+                .collect();
+            for i in ready {
+                if i == 2 {
+                    match crate::sys::recv_message(self.report.as_fd(), &mut buf) {
+                        Ok((0, _)) | Err(_) => open[2] = false,
+                        Ok((n, _)) => match &buf[..n] {
+                            [MSG_EXIT, status @ ..] if status.len() == 4 => {
+                                exit_status =
+                                    Some(i32::from_le_bytes(status.try_into().expect("4 bytes")));
+                            }
+                            [MSG_ERROR, msg @ ..] => {
+                                setup_error = Some(String::from_utf8_lossy(msg).into_owned());
+                            }
+                            _ => {}
+                        },
+                    }
+                    continue;
+                }
+                let fd = if i == 0 { &self.stdout } else { &self.stderr };
+                match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
+                    Ok(0) | Err(_) => open[i] = false,
+                    Ok(n) => {
+                        let (capture, stream) = if i == 0 {
+                            (&mut stdout, Stream::Stdout)
+                        } else {
+                            (&mut stderr, Stream::Stderr)
+                        };
+                        let kept = capture.push(&buf[..n]);
+                        if !kept.is_empty() {
+                            on_output(stream, kept);
+                        }
+                    }
+                }
+            }
+        }
+        let execution_time = started.elapsed();
+        if !open[2] && exit_status.is_none() && !timed_out {
+            // init vanished without a report (e.g. killed by the OOM killer): make sure
+            // nothing else is left.
+            self.kill();
+        }
+        let usage = self.reap_init();
+        let oom = self.cgroup.as_ref().map_or(0, Cgroup::oom_kills) > 0;
+        let peak = self
+            .cgroup
+            .as_ref()
+            .and_then(Cgroup::peak_memory)
+            .unwrap_or(usage.map_or(0, |u| u.ru_maxrss.max(0) as u64 * 1024));
+        // rusage misses processes the kernel reaped itself (a killed tree): prefer the cgroup.
+        let cpu_time = self
+            .cgroup
+            .as_ref()
+            .and_then(Cgroup::cpu_time)
+            .unwrap_or_else(|| {
+                usage.map_or(Duration::ZERO, |u| {
+                    let tv =
+                        |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+                    tv(u.ru_utime) + tv(u.ru_stime)
+                })
+            });
+        let (exit_code, signal) = exit_status.map_or((None, None), child::decode_status);
+        let (status, message) = if let Some(msg) = setup_error {
+            (Status::SandboxError, Some(msg))
+        } else if timed_out {
+            (
+                Status::Timeout,
+                Some(format!(
+                    "the program ran longer than the {:.1} s time limit and was killed with all its processes",
+                    self.limits.timeout.as_secs_f64()
+                )),
+            )
+        } else if oom && exit_code != Some(0) {
+            (
+                Status::MemoryLimit,
+                Some(format!(
+                    "the program exceeded the {} MiB memory limit and was killed",
+                    self.limits.memory_bytes >> 20
+                )),
+            )
+        } else if exit_status.is_none() {
+            (
+                Status::SandboxError,
+                Some("the sandbox's init ended without reporting the program's status".into()),
+            )
+        } else if exit_code == Some(0) {
+            (Status::Success, None)
+        } else {
+            let how = match (exit_code, signal) {
+                (Some(code), _) => format!("exited with code {code}"),
+                (None, Some(sig)) => format!("was killed by signal {sig}"),
+                _ => "ended abnormally".into(),
+            };
+            (Status::Error, Some(format!("the program {how}")))
+        };
+        Outcome {
+            status,
+            exit_code,
+            signal,
+            stdout,
+            stderr,
+            execution_time,
+            cpu_time,
+            peak_memory_bytes: peak,
+            error_message: message,
+        }
+    }
+
+    fn failed(&mut self, started: Instant, message: &str) -> Outcome {
+        self.kill();
+        self.reap_init();
+        Outcome {
+            status: Status::SandboxError,
+            exit_code: None,
+            signal: None,
+            stdout: Capture::default(),
+            stderr: Capture::default(),
+            execution_time: started.elapsed(),
+            cpu_time: Duration::ZERO,
+            peak_memory_bytes: 0,
+            error_message: Some(message.into()),
+        }
+    }
+
+    /// Kills every process of the sandbox (init last: its death takes the pid namespace down).
+    pub fn kill(&mut self) {
+        if let Some(cg) = &self.cgroup {
+            cg.kill_all();
+        }
+        if !self.reaped {
+            let _ = kill(self.init, Signal::SIGKILL);
+        }
+    }
+
+    fn reap_init(&mut self) -> Option<libc::rusage> {
+        if self.reaped {
+            return None;
+        }
+        // SAFETY: rusage is plain old data; all-zero is valid.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        loop {
+            let mut status = 0;
+            // SAFETY: wait4 writes into the valid status and rusage we pass.
+            let rc = unsafe { libc::wait4(self.init.as_raw(), &mut status, 0, &mut usage) };
+            if rc == self.init.as_raw() {
+                self.reaped = true;
+                return Some(usage);
+            }
+            if rc < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            self.reaped = true;
+            return None;
+        }
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if !self.reaped {
+            self.kill();
+            self.reap_init();
+        }
+        // The cgroup's own Drop removes its directories.
+    }
+}
+
+/// Runs `spec` to completion: the one-shot path of `corral run` and `POST /v1/run`.
+/// Returns the result object and the workspace (for copying files out), which stays
+/// readable until dropped.
+pub fn run(
+    spec: &SandboxSpec,
+    on_output: &mut dyn FnMut(Stream, &[u8]),
+) -> (ExecutionResult, Option<Workspace>) {
+    let mut sandbox = match Sandbox::create(spec) {
+        Ok(s) => s,
+        Err(e) => return (ExecutionResult::sandbox_error(e.to_string()), None),
+    };
+    let outcome = sandbox.wait(on_output);
+    let warnings = sandbox.warnings.clone();
+    let files = sandbox.workspace().list().unwrap_or_default();
+    let result = ExecutionResult {
+        status: outcome.status,
+        exit_code: outcome.exit_code,
+        signal: outcome.signal,
+        stdout: outcome.stdout.text(),
+        stderr: outcome.stderr.text(),
+        stdout_truncated: outcome.stdout.truncated,
+        stderr_truncated: outcome.stderr.truncated,
+        results: Vec::new(),
+        error: None,
+        files,
+        execution_time_ms: outcome.execution_time.as_millis() as u64,
+        cpu_time_ms: outcome.cpu_time.as_millis() as u64,
+        peak_memory_bytes: outcome.peak_memory_bytes,
+        error_message: outcome.error_message,
+        warnings,
+    };
+    let workspace = sandbox.workspace.take();
+    drop(sandbox);
+    (result, workspace)
+}

@@ -1,0 +1,118 @@
+//! What a sandbox is asked to be: image, program, environment, limits and policy.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Resource limits of one sandbox (DESIGN §2 defaults).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    /// Wall-clock limit; the whole process tree is killed when it is reached.
+    pub timeout: Duration,
+    /// Memory limit in bytes (cgroup memory, no swap; RLIMIT_DATA in fallback mode).
+    pub memory_bytes: u64,
+    /// CPU quota in CPUs (cgroup cpu quota).
+    pub cpus: f64,
+    /// Maximum number of processes and threads (cgroup pids; RLIMIT_NPROC in fallback mode).
+    pub pids: u64,
+    /// Size of the `/workspace` tmpfs; `/tmp` gets its own tmpfs of the same size.
+    pub disk_bytes: u64,
+    /// Bytes of stdout and of stderr kept; the rest is drained and dropped.
+    pub output_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            timeout: Duration::from_secs(30),
+            memory_bytes: 512 << 20,
+            cpus: 1.0,
+            pids: 256,
+            disk_bytes: 256 << 20,
+            output_bytes: 1 << 20,
+        }
+    }
+}
+
+/// The root filesystem a sandbox runs in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rootfs {
+    /// The host's own `/usr`, `/lib*`, `/bin`, `/sbin`, bound read-only, with a synthetic `/etc`.
+    Host,
+    /// A complete root filesystem directory (a built image), bound read-only; `/etc` is
+    /// taken from the image with the identity files replaced by synthetic ones.
+    Directory(PathBuf),
+}
+
+/// Which weaker modes the caller accepts when a protection cannot be applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Policy {
+    /// Refuse to run when cgroups are unavailable instead of falling back to rlimits.
+    pub strict: bool,
+    /// Run without Landlock when the kernel lacks it (reported as a warning).
+    pub allow_degraded: bool,
+}
+
+/// A file copied into the workspace before the program starts.
+#[derive(Debug)]
+pub struct InputFile {
+    /// Opened by the caller, with the caller's own permissions.
+    pub source: File,
+    /// Relative path under `/workspace`.
+    pub dest: PathBuf,
+}
+
+/// Everything needed to start one sandbox.
+#[derive(Debug)]
+pub struct SandboxSpec {
+    pub rootfs: Rootfs,
+    /// Program and arguments; `argv[0]` is looked up in `/usr/local/bin`, `/usr/bin` and `/bin`
+    /// inside the sandbox unless it is an absolute path.
+    pub argv: Vec<String>,
+    /// Extra environment on top of the fixed safe set.
+    pub env: Vec<(String, String)>,
+    pub limits: Limits,
+    pub policy: Policy,
+    /// A file placed read-only at `/run/corral/<name>` (the program text of a one-shot run).
+    pub program_file: Option<(String, Vec<u8>)>,
+    pub input_files: Vec<InputFile>,
+}
+
+impl SandboxSpec {
+    pub fn new(argv: Vec<String>) -> Self {
+        SandboxSpec {
+            rootfs: Rootfs::Host,
+            argv,
+            env: Vec::new(),
+            limits: Limits::default(),
+            policy: Policy::default(),
+            program_file: None,
+            input_files: Vec::new(),
+        }
+    }
+}
+
+/// The environment every sandboxed program starts with: nothing from the host.
+pub fn base_environment(limits: &Limits) -> Vec<(String, String)> {
+    let threads = (limits.cpus.ceil() as u64).max(1).to_string();
+    [
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("HOME", "/workspace"),
+        ("USER", "sandbox"),
+        ("LOGNAME", "sandbox"),
+        ("SHELL", "/bin/bash"),
+        ("LANG", "C.UTF-8"),
+        ("TERM", "dumb"),
+        ("TMPDIR", "/tmp"),
+        ("PYTHONUNBUFFERED", "1"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("PYTHONPATH", "/workspace"),
+        ("MPLBACKEND", "Agg"),
+        ("MPLCONFIGDIR", "/tmp/.matplotlib"),
+        ("OPENBLAS_NUM_THREADS", threads.as_str()),
+        ("OMP_NUM_THREADS", threads.as_str()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}

@@ -1,0 +1,165 @@
+//! Thin wrappers for the few system calls the crates we use do not cover.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+use nix::mount::{mount, MsFlags};
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::statvfs::{statvfs, FsFlags};
+
+use crate::rootfs::cstring;
+
+/// Makes the mount at `path` and every mount below it read-only, nosuid and nodev.
+pub fn make_read_only(path: &Path) -> io::Result<()> {
+    let attr = libc::mount_attr {
+        attr_set: libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let c_path = cstring(path);
+    // SAFETY: `c_path` is a valid NUL-terminated string and `attr` a valid mount_attr whose
+    // size is passed; the kernel only reads both.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            c_path.as_ptr(),
+            libc::AT_RECURSIVE,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::ENOSYS) {
+        return Err(err);
+    }
+    // Kernels before 5.12: remount the top mount only, keeping the flags the kernel locks
+    // for mounts inherited from a more privileged namespace.
+    let locked = statvfs(path)?.flags();
+    let mut flags = MsFlags::MS_REMOUNT
+        | MsFlags::MS_BIND
+        | MsFlags::MS_RDONLY
+        | MsFlags::MS_NOSUID
+        | MsFlags::MS_NODEV;
+    for (fs_flag, ms_flag) in [
+        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+    ] {
+        if locked.contains(fs_flag) {
+            flags |= ms_flag;
+        }
+    }
+    mount(None::<&str>, path, None::<&str>, flags, None::<&str>).map_err(io::Error::from)
+}
+
+/// Forks the calling (single-threaded) process with `CLONE_PARENT`: the new process is a
+/// child of our parent, not of us. Returns 0 in the child and its pid in the caller.
+///
+/// # Safety
+/// The caller must be single-threaded (like `fork`, only the calling thread is copied).
+pub unsafe fn clone_parent() -> io::Result<libc::pid_t> {
+    // SAFETY: a raw clone with no new stack behaves like fork: the child continues on a copy
+    // of the caller's stack. The caller guarantees no other thread holds locks.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_PARENT as libc::c_long) | libc::SIGCHLD as libc::c_long,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    if pid < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(pid as libc::pid_t)
+    }
+}
+
+/// Brings the loopback interface of the current network namespace up.
+pub fn loopback_up() -> io::Result<()> {
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    req.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    // SAFETY: SIOCSIFFLAGS reads a valid ifreq that lives for the duration of the call.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Closes every descriptor >= 3 that is not in `keep`.
+pub fn close_all_except(keep: &[RawFd]) {
+    let mut keep: Vec<u32> = keep.iter().map(|&fd| fd as u32).collect();
+    keep.sort_unstable();
+    let mut next = 3u32;
+    for fd in keep.into_iter().filter(|&fd| fd >= 3) {
+        if fd > next {
+            close_range(next, fd - 1, 0);
+        }
+        next = fd + 1;
+    }
+    close_range(next, u32::MAX, 0);
+}
+
+/// Marks every descriptor from `first` on close-on-exec.
+pub fn cloexec_from(first: u32) {
+    close_range(first, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+}
+
+fn close_range(first: u32, last: u32, flags: libc::c_uint) {
+    // SAFETY: close_range only affects this process's descriptor table; callers pass ranges
+    // that contain no descriptor still in use by Rust objects they later touch.
+    unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) };
+}
+
+/// Sends one message, optionally carrying a descriptor.
+pub fn send_message(sock: BorrowedFd<'_>, bytes: &[u8], fd: Option<RawFd>) -> io::Result<()> {
+    let iov = [io::IoSlice::new(bytes)];
+    let fds = fd.map(|f| [f]);
+    let cmsgs: Vec<ControlMessage> = fds.iter().map(|f| ControlMessage::ScmRights(f)).collect();
+    sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL, None)?;
+    Ok(())
+}
+
+/// Receives one message of at most `buf.len()` bytes and the descriptor it carries, if any.
+/// `Ok((0, None))` means the peer closed the socket.
+pub fn recv_message(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let mut space = nix::cmsg_space!(RawFd);
+    let msg = recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )?;
+    let mut received = None;
+    for cmsg in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(fds) = cmsg {
+            for fd in fds {
+                // SAFETY: SCM_RIGHTS just installed `fd` in our table; we are its only owner.
+                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                received.get_or_insert(owned);
+            }
+        }
+    }
+    Ok((msg.bytes, received))
+}

@@ -1,0 +1,48 @@
+//! The `corral` command line: a thin layer over the `corral-sandbox` library.
+
+mod run;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "corral",
+    version,
+    about = "Run untrusted code in disposable, locked-down sandboxes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a program in a fresh sandbox and report its output and status.
+    Run(run::RunArgs),
+    /// Show which protection layers this host can apply, and which not.
+    Doctor,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Run(args) => run::main(args),
+        Command::Doctor => doctor(),
+    };
+    std::process::exit(code);
+}
+
+fn doctor() -> i32 {
+    let checks = corral_sandbox::doctor::run_checks();
+    let width = checks.iter().map(|c| c.layer.len()).max().unwrap_or(0);
+    for c in &checks {
+        let state = if c.active { "active " } else { "MISSING" };
+        println!("{:width$}  {state}  {}", c.layer, c.detail);
+    }
+    let isolation_ok = checks.iter().any(|c| c.layer == "isolation" && c.active);
+    if isolation_ok {
+        0
+    } else {
+        1
+    }
+}

@@ -1,0 +1,278 @@
+//! `corral run`: one program, one fresh sandbox (DESIGN §2).
+
+use std::fs::File;
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use corral_sandbox::{
+    ExecutionResult, InputFile, Limits, Policy, Rootfs, SandboxSpec, Status, Stream,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Language {
+    Python,
+    Javascript,
+    Bash,
+}
+
+impl Language {
+    fn from_path(path: &Path) -> Option<Language> {
+        match path.extension()?.to_str()? {
+            "py" => Some(Language::Python),
+            "js" | "mjs" | "cjs" => Some(Language::Javascript),
+            "sh" | "bash" => Some(Language::Bash),
+            _ => None,
+        }
+    }
+
+    fn interpreter(self) -> &'static str {
+        match self {
+            Language::Python => "python3",
+            Language::Javascript => "node",
+            Language::Bash => "bash",
+        }
+    }
+
+    fn default_file_name(self) -> &'static str {
+        match self {
+            Language::Python => "main.py",
+            Language::Javascript => "main.js",
+            Language::Bash => "main.sh",
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Program file to run; `-` (or nothing, with -c absent) reads the program from stdin.
+    file: Option<PathBuf>,
+    /// Program text.
+    #[arg(short = 'c', long = "code", conflicts_with = "file")]
+    code: Option<String>,
+    /// Language; default: from the file's extension, else python.
+    #[arg(long)]
+    lang: Option<Language>,
+    /// Image to run in.
+    #[arg(long, default_value = "host")]
+    image: String,
+    /// Wall-clock limit in seconds.
+    #[arg(long, default_value_t = 30.0)]
+    timeout: f64,
+    /// Memory limit (e.g. 512M, 1G).
+    #[arg(long, default_value = "512M", value_parser = parse_size)]
+    memory: u64,
+    /// CPU quota in CPUs.
+    #[arg(long, default_value_t = 1.0)]
+    cpus: f64,
+    /// Maximum number of processes and threads.
+    #[arg(long, default_value_t = 256)]
+    pids: u64,
+    /// Size of /workspace (and of /tmp).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    disk: u64,
+    /// Network: only `none` exists (a loopback interface of the sandbox's own).
+    #[arg(long, default_value = "none")]
+    net: String,
+    /// Environment variable for the program (repeatable).
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
+    env: Vec<(String, String)>,
+    /// Copy a host file into the workspace (repeatable); DEST is relative to /workspace.
+    #[arg(long = "file", value_name = "LOCAL[:DEST]")]
+    files: Vec<String>,
+    /// Copy the workspace's files back into DIR after the run (symlinks are never copied).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Print one JSON result object instead of streaming output.
+    #[arg(long)]
+    json: bool,
+    /// Refuse to run rather than fall back to rlimits when cgroups are unavailable.
+    #[arg(long)]
+    strict: bool,
+    /// Run even if the kernel lacks Landlock (reported as a warning).
+    #[arg(long)]
+    allow_degraded: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(s)
+        .map_err(|e| format!("{e} (use e.g. 512M or 1G)"))
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("expected K=V, got {s:?}")),
+    }
+}
+
+/// Turns the arguments into a sandbox spec (everything the user can get wrong is checked here).
+fn build_spec(args: &RunArgs) -> Result<SandboxSpec> {
+    if args.net != "none" {
+        bail!(
+            "--net {}: only `none` is supported (the sandbox has its own loopback only)",
+            args.net
+        );
+    }
+    let rootfs = match args.image.as_str() {
+        "host" => Rootfs::Host,
+        other => bail!("unknown image {other:?} (available: host)"),
+    };
+    if !(args.timeout > 0.0 && args.timeout.is_finite()) {
+        bail!("--timeout must be a positive number of seconds");
+    }
+    if !(args.cpus > 0.0 && args.cpus.is_finite()) {
+        bail!("--cpus must be positive");
+    }
+    if args.pids == 0 || args.memory < (4 << 20) || args.disk < (1 << 20) {
+        bail!("limits too small: need --pids >= 1, --memory >= 4M, --disk >= 1M");
+    }
+    let from_stdin =
+        args.code.is_none() && args.file.as_deref().is_none_or(|f| f == Path::new("-"));
+    let (code, file_name) = if let Some(code) = &args.code {
+        (code.clone().into_bytes(), None)
+    } else if from_stdin {
+        if std::io::stdin().is_terminal() {
+            bail!("no program given: pass FILE, -c CODE, or pipe the program into stdin");
+        }
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .context("reading the program from stdin")?;
+        (buf, None)
+    } else {
+        let path = args.file.as_ref().expect("not stdin");
+        let code = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        (code, Some(path))
+    };
+    let lang = args
+        .lang
+        .or_else(|| file_name.and_then(|p| Language::from_path(p)))
+        .unwrap_or(Language::Python);
+    let name = file_name
+        .and_then(|p| p.file_name())
+        .and_then(|n| n.to_str())
+        .filter(|n| {
+            !n.starts_with('.')
+                && n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        })
+        .unwrap_or(lang.default_file_name())
+        .to_string();
+    let program_path = format!("/run/corral/{name}");
+
+    let mut input_files = Vec::new();
+    for spec in &args.files {
+        let (local, dest) = match spec.split_once(':') {
+            Some((l, d)) => (PathBuf::from(l), PathBuf::from(d)),
+            None => {
+                let l = PathBuf::from(spec);
+                let base = l
+                    .file_name()
+                    .map(PathBuf::from)
+                    .with_context(|| format!("--file {spec}: no file name"))?;
+                (l, base)
+            }
+        };
+        let source = File::open(&local).with_context(|| format!("--file {}", local.display()))?;
+        if !source.metadata()?.is_file() {
+            bail!("--file {}: not a regular file", local.display());
+        }
+        corral_sandbox::workspace::checked_components(&dest)
+            .with_context(|| format!("--file {spec}"))?;
+        input_files.push(InputFile { source, dest });
+    }
+
+    let mut spec = SandboxSpec::new(vec![lang.interpreter().to_string(), program_path]);
+    spec.rootfs = rootfs;
+    spec.env = args.env.clone();
+    spec.limits = Limits {
+        timeout: Duration::from_secs_f64(args.timeout),
+        memory_bytes: args.memory,
+        cpus: args.cpus,
+        pids: args.pids,
+        disk_bytes: args.disk,
+        ..Limits::default()
+    };
+    spec.policy = Policy {
+        strict: args.strict,
+        allow_degraded: args.allow_degraded,
+    };
+    spec.program_file = Some((name, code));
+    spec.input_files = input_files;
+    Ok(spec)
+}
+
+pub fn main(args: RunArgs) -> i32 {
+    let spec = match build_spec(&args) {
+        Ok(spec) => spec,
+        Err(e) => return fail(&args, &format!("{e:#}")),
+    };
+    let live = !args.json;
+    let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
+    let (mut result, workspace) = corral_sandbox::run(&spec, &mut |stream, bytes| {
+        if live {
+            let _ = match stream {
+                Stream::Stdout => stdout.write_all(bytes).and_then(|_| stdout.flush()),
+                Stream::Stderr => stderr.write_all(bytes).and_then(|_| stderr.flush()),
+            };
+        }
+    });
+    if let (Some(dir), Some(ws)) = (&args.out, &workspace) {
+        match ws.copy_out(dir) {
+            Ok(files) if live => {
+                for f in files {
+                    eprintln!("corral: saved {}", dir.join(&f.path).display());
+                }
+            }
+            Ok(_) => {}
+            Err(e) => result
+                .warnings
+                .push(format!("copying files to {}: {e}", dir.display())),
+        }
+    }
+    drop(workspace);
+    report(&args, &result)
+}
+
+fn report(args: &RunArgs, result: &ExecutionResult) -> i32 {
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(result).expect("result serializes")
+        );
+        return if result.status == Status::SandboxError {
+            125
+        } else {
+            0
+        };
+    }
+    for w in &result.warnings {
+        eprintln!("corral: warning: {w}");
+    }
+    for (truncated, name) in [
+        (result.stdout_truncated, "stdout"),
+        (result.stderr_truncated, "stderr"),
+    ] {
+        if truncated {
+            eprintln!("corral: {name} was truncated at the output limit");
+        }
+    }
+    if result.status != Status::Success && result.status != Status::Error {
+        if let Some(msg) = &result.error_message {
+            eprintln!("corral: {msg}");
+        }
+    }
+    result
+        .status
+        .cli_exit_code(result.exit_code.or(result.signal.map(|s| 128 + s)))
+}
+
+/// A failure before any sandbox existed: still a result object in --json mode.
+fn fail(args: &RunArgs, message: &str) -> i32 {
+    report(args, &ExecutionResult::sandbox_error(message))
+}
