@@ -123,6 +123,60 @@ impl Layout {
     }
 }
 
+impl Layout {
+    /// Removes sandbox cgroups left behind by a Corral process that no longer exists (killed
+    /// with SIGKILL before its teardown ran). A cgroup is named `<owner pid>-...`; it is removed
+    /// only when that pid is gone and no process is left in it. Returns how many were removed.
+    pub fn sweep_stale(&self) -> usize {
+        let Ok(parents) = self.parents(nix::unistd::geteuid().is_root()) else {
+            return 0;
+        };
+        let mut names: Vec<String> = Vec::new();
+        for (_, parent) in &parents {
+            let Ok(entries) = fs::read_dir(parent) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                if entry.path().is_dir() {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if !names.contains(&name) {
+                        names.push(name);
+                    }
+                }
+            }
+        }
+        let mut removed = 0;
+        for name in names {
+            let owner_alive = name
+                .split('-')
+                .next()
+                .and_then(|p| p.parse::<i32>().ok())
+                .is_none_or(|pid| {
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+                        != Err(nix::errno::Errno::ESRCH)
+                });
+            if owner_alive {
+                continue;
+            }
+            let mut stale = Cgroup {
+                version: self.version(),
+                dirs: parents
+                    .iter()
+                    .map(|(c, p)| (c.clone(), p.join(&name)))
+                    .filter(|(_, d)| d.is_dir())
+                    .collect(),
+            };
+            if stale.procs().is_empty() {
+                stale.destroy();
+                removed += 1;
+            } else {
+                std::mem::forget(stale); // still in use by someone: leave it alone
+            }
+        }
+        removed
+    }
+}
+
 fn unescape_mountinfo(s: &str) -> PathBuf {
     PathBuf::from(
         s.replace("\\040", " ")

@@ -139,8 +139,16 @@ pub(crate) fn stage1(plan: &ChildPlan) -> ! {
 
 /// Pid 1 of the sandbox.
 fn init(plan: &ChildPlan) -> ! {
+    // Non-dumpable before any sandbox process exists: init's memory is a copy of the host
+    // process's (environment included) and must never be readable through /proc/1.
     // SAFETY: prctl with integer arguments only.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+    }
+    if let Err(e) = sys::scrub_args_and_environment() {
+        plan.fail("hiding the host command line", e);
+    }
     let _ = nix::unistd::setsid();
     if let Err(e) = build_root(plan) {
         plan.fail("building the sandbox root filesystem", e);
@@ -233,10 +241,7 @@ fn lock_down_init(plan: &ChildPlan) {
         let _ = caps::clear(None, set);
     }
     // SAFETY: prctl with integer arguments only.
-    unsafe {
-        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
-        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-    }
+    unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
     if let Err(e) = seccomp::install(plan.init_filters) {
         plan.fail("installing the init seccomp filter", e);
     }

@@ -52,7 +52,8 @@ const HOST_ETC_WHITELIST: [&str; 5] = [
 const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 
 /// `/proc` files hidden behind `/dev/null`: they describe the whole host, not the sandbox.
-const PROC_MASKED: [&str; 3] = ["timer_list", "sched_debug", "kcore"];
+/// (`keys` would list the caller's own keys in rootless mode.)
+const PROC_MASKED: [&str; 4] = ["timer_list", "sched_debug", "kcore", "keys"];
 
 pub const SANDBOX_UID: u32 = 1000;
 pub const SANDBOX_GID: u32 = 1000;
@@ -398,7 +399,7 @@ fn execute_one(op: &Op, root: &Path) -> io::Result<()> {
             &inside(root, target),
             Some("devpts"),
             MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-            Some("newinstance,ptmxmode=0666,mode=0620"),
+            Some("newinstance,ptmxmode=0666,mode=0620,max=64"),
         )
         .map_err(io::Error::from),
         Op::ReadOnlySelf(path) => {

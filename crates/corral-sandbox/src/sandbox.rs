@@ -111,10 +111,19 @@ impl Capture {
     }
 }
 
-/// The cgroup layout, detected once per process.
+/// The cgroup layout, detected once per process; the first call also removes cgroups that
+/// a killed Corral process left behind.
 pub fn cgroup_layout() -> Option<&'static Layout> {
     static LAYOUT: OnceLock<Option<Layout>> = OnceLock::new();
-    LAYOUT.get_or_init(Layout::detect).as_ref()
+    LAYOUT
+        .get_or_init(|| {
+            let layout = Layout::detect();
+            if let Some(l) = &layout {
+                l.sweep_stale();
+            }
+            layout
+        })
+        .as_ref()
 }
 
 fn next_root_mode_id() -> u32 {
@@ -220,6 +229,9 @@ impl Sandbox {
             (Resource::RLIMIT_NOFILE, 4096),
             (Resource::RLIMIT_FSIZE, limits.disk_bytes),
             (Resource::RLIMIT_MEMLOCK, 64 << 10),
+            (Resource::RLIMIT_MSGQUEUE, 64 << 10),
+            (Resource::RLIMIT_RTPRIO, 0),
+            (Resource::RLIMIT_SIGPENDING, 1024),
         ];
         if cgroup.is_none() {
             rlimits.push((Resource::RLIMIT_DATA, limits.memory_bytes));

@@ -163,3 +163,29 @@ pub fn recv_message(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, 
     }
     Ok((msg.bytes, received))
 }
+
+/// Overwrites this process's argument and environment strings with zeros, so that
+/// `/proc/<pid>/cmdline` and `environ` show nothing of the host process it was forked from.
+pub fn scrub_args_and_environment() -> io::Result<()> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // Fields after the command name (which may contain spaces) start at field 3.
+    let after_comm = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed /proc/self/stat"))?;
+    let fields: Vec<usize> = after_comm
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    // proc(5): arg_start, arg_end, env_start, env_end are fields 48..=51.
+    let field = |n: usize| fields.get(n - 3).copied().unwrap_or(0);
+    for (start, end) in [(field(48), field(49)), (field(50), field(51))] {
+        if start != 0 && end > start {
+            // SAFETY: [start, end) is this process's own argv/environ string area on its
+            // initial stack, mapped read-write. Nothing in init reads those strings after
+            // this point (lookups of an emptied environment simply find nothing).
+            unsafe { std::ptr::write_bytes(start as *mut u8, 0, end - start) };
+        }
+    }
+    Ok(())
+}

@@ -1,5 +1,6 @@
 //! The `corral` command line: a thin layer over the `corral-sandbox` library.
 
+mod bench;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +22,8 @@ enum Command {
     Run(run::RunArgs),
     /// Show which protection layers this host can apply, and which not.
     Doctor,
+    /// Measure the performance promises of docs/benchmarks.md against in-run baselines.
+    Bench(bench::BenchArgs),
 }
 
 fn main() {
@@ -28,6 +31,13 @@ fn main() {
     let code = match cli.command {
         Command::Run(args) => run::main(args),
         Command::Doctor => doctor(),
+        Command::Bench(args) => match bench::main(args) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("corral bench: {e:#}");
+                1
+            }
+        },
     };
     std::process::exit(code);
 }

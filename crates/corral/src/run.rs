@@ -226,7 +226,9 @@ pub fn main(args: RunArgs) -> i32 {
         match ws.copy_out(dir) {
             Ok(files) if live => {
                 for f in files {
-                    eprintln!("corral: saved {}", dir.join(&f.path).display());
+                    // Names come from the sandbox: escape them before they reach a terminal.
+                    let shown = dir.join(&f.path).display().to_string();
+                    eprintln!("corral: saved {}", shown.escape_debug());
                 }
             }
             Ok(_) => {}

@@ -1,0 +1,157 @@
+//! `corral bench`: the performance promises of DESIGN §9, each measured as a ratio against
+//! a baseline timed in the same run, with the runs interleaved so that machine noise hits
+//! every contender alike.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Timed runs per contender (after 3 warm-up runs each).
+    #[arg(long, default_value_t = 60)]
+    runs: usize,
+}
+
+/// Median and 95th percentile of a set of durations.
+#[derive(Debug, Clone, Copy)]
+pub struct Summary {
+    pub p50: Duration,
+    pub p95: Duration,
+}
+
+pub fn summarize(mut samples: Vec<Duration>) -> Summary {
+    assert!(!samples.is_empty(), "no samples");
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    Summary {
+        p50: at(0.50),
+        p95: at(0.95),
+    }
+}
+
+struct Contender {
+    name: &'static str,
+    command: Vec<String>,
+    samples: Vec<Duration>,
+}
+
+fn time_once(command: &[String]) -> Result<Duration> {
+    let start = Instant::now();
+    let out = Command::new(&command[0])
+        .args(&command[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .with_context(|| format!("running {}", command[0]))?;
+    let elapsed = start.elapsed();
+    if !out.status.success() || out.stdout != b"1\n" {
+        bail!(
+            "{:?} failed ({}): {}",
+            command,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(elapsed)
+}
+
+fn bwrap_command() -> Option<Vec<String>> {
+    let bwrap = ["/usr/bin/bwrap", "/usr/local/bin/bwrap"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())?;
+    // The same view of the host as Corral's host image: /usr read-only, fresh /proc, /dev, /tmp.
+    let mut cmd: Vec<String> = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr"]
+        .map(String::from)
+        .to_vec();
+    for dir in ["bin", "sbin", "lib", "lib64"] {
+        if let Ok(link) = std::fs::read_link(format!("/{dir}")) {
+            cmd.extend(["--symlink".into(), link.to_string_lossy().into_owned(), format!("/{dir}")]);
+        }
+    }
+    cmd.extend(
+        ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/usr/bin/python3", "-c", "print(1)"]
+            .map(String::from),
+    );
+    Some(cmd)
+}
+
+pub fn main(args: BenchArgs) -> Result<()> {
+    let me = std::env::current_exe()?.to_string_lossy().into_owned();
+    let mut contenders = vec![
+        Contender {
+            name: "python3 -c 'print(1)' (bare)",
+            command: ["/usr/bin/python3", "-c", "print(1)"].map(String::from).to_vec(),
+            samples: Vec::new(),
+        },
+        Contender {
+            name: "corral run -c 'print(1)' (host image)",
+            command: vec![me, "run".into(), "-c".into(), "print(1)".into()],
+            samples: Vec::new(),
+        },
+    ];
+    match bwrap_command() {
+        Some(command) => contenders.push(Contender {
+            name: "bwrap --unshare-all python3 -c 'print(1)'",
+            command,
+            samples: Vec::new(),
+        }),
+        None => eprintln!("bench: bubblewrap is not installed (apt-get install bubblewrap); its baseline is skipped"),
+    }
+    for c in &contenders {
+        for _ in 0..3 {
+            time_once(&c.command)?;
+        }
+    }
+    for _ in 0..args.runs {
+        for c in &mut contenders {
+            let t = time_once(&c.command)?;
+            c.samples.push(t);
+        }
+    }
+    println!("one-shot print(1), {} interleaved runs each", args.runs);
+    println!("{:46} {:>9} {:>9}", "contender", "p50 ms", "p95 ms");
+    let summaries: Vec<Summary> = contenders
+        .iter()
+        .map(|c| summarize(c.samples.clone()))
+        .collect();
+    for (c, s) in contenders.iter().zip(&summaries) {
+        println!(
+            "{:46} {:>9.2} {:>9.2}",
+            c.name,
+            s.p50.as_secs_f64() * 1e3,
+            s.p95.as_secs_f64() * 1e3
+        );
+    }
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    let (bare, corral) = (summaries[0], summaries[1]);
+    println!(
+        "corral / bare python:  p50 {:.3}x  p95 {:.3}x   (required <= 1.3x, goal <= 1.15x)",
+        ratio(corral.p50, bare.p50),
+        ratio(corral.p95, bare.p95)
+    );
+    if let Some(bwrap) = summaries.get(2) {
+        println!(
+            "corral / bwrap:        p50 {:.3}x  p95 {:.3}x   (required <= 1.0x)",
+            ratio(corral.p50, bwrap.p50),
+            ratio(corral.p95, bwrap.p95)
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_pick_the_right_samples() {
+        let samples: Vec<Duration> = (1..=100).rev().map(Duration::from_millis).collect();
+        let s = summarize(samples);
+        assert_eq!(s.p50, Duration::from_millis(51));
+        assert_eq!(s.p95, Duration::from_millis(95));
+    }
+}
