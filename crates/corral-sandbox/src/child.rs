@@ -42,8 +42,8 @@ pub(crate) struct ChildPlan {
     pub envp: Vec<CString>,
     pub rlimits: Vec<(Resource, u64)>,
     pub landlock_required: bool,
-    pub workload_filters: &'static [seccompiler::BpfProgram],
-    pub init_filters: &'static [seccompiler::BpfProgram],
+    pub workload_filters: &'static [&'static [seccomp::sock_filter]],
+    pub init_filters: &'static [&'static [seccomp::sock_filter]],
 }
 
 impl ChildPlan {

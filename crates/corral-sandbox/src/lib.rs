@@ -15,6 +15,8 @@ pub mod result;
 pub mod rootfs;
 mod sandbox;
 pub mod seccomp;
+#[cfg(test)]
+mod seccomp_profile;
 pub mod spec;
 mod sys;
 pub mod workspace;

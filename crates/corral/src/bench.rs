@@ -64,17 +64,38 @@ fn bwrap_command() -> Option<Vec<String>> {
         .into_iter()
         .find(|p| std::path::Path::new(p).exists())?;
     // The same view of the host as Corral's host image: /usr read-only, fresh /proc, /dev, /tmp.
-    let mut cmd: Vec<String> = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr"]
-        .map(String::from)
-        .to_vec();
+    let mut cmd: Vec<String> = [
+        bwrap,
+        "--unshare-all",
+        "--die-with-parent",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
+    .map(String::from)
+    .to_vec();
     for dir in ["bin", "sbin", "lib", "lib64"] {
         if let Ok(link) = std::fs::read_link(format!("/{dir}")) {
-            cmd.extend(["--symlink".into(), link.to_string_lossy().into_owned(), format!("/{dir}")]);
+            cmd.extend([
+                "--symlink".into(),
+                link.to_string_lossy().into_owned(),
+                format!("/{dir}"),
+            ]);
         }
     }
     cmd.extend(
-        ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/usr/bin/python3", "-c", "print(1)"]
-            .map(String::from),
+        [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+            "/usr/bin/python3",
+            "-c",
+            "print(1)",
+        ]
+        .map(String::from),
     );
     Some(cmd)
 }
@@ -84,7 +105,9 @@ pub fn main(args: BenchArgs) -> Result<()> {
     let mut contenders = vec![
         Contender {
             name: "python3 -c 'print(1)' (bare)",
-            command: ["/usr/bin/python3", "-c", "print(1)"].map(String::from).to_vec(),
+            command: ["/usr/bin/python3", "-c", "print(1)"]
+                .map(String::from)
+                .to_vec(),
             samples: Vec::new(),
         },
         Contender {

@@ -19,7 +19,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a program in a fresh sandbox and report its output and status.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Show which protection layers this host can apply, and which not.
     Doctor,
     /// Measure the performance promises of docs/benchmarks.md against in-run baselines.
@@ -29,7 +29,7 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
-        Command::Run(args) => run::main(args),
+        Command::Run(args) => run::main(*args),
         Command::Doctor => doctor(),
         Command::Bench(args) => match bench::main(args) {
             Ok(()) => 0,
