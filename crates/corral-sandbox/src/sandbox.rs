@@ -336,42 +336,40 @@ impl Sandbox {
         };
 
         let mut buf = [0u8; 4096];
+        // Stage 1 reports init's pid and init reports readiness; the two are different
+        // processes, so the messages may arrive in either order.
         let handshake = (|| {
-            let (n, _) = sandbox.recv(&mut buf)?;
-            let stage1_code = child::reap(stage1);
-            match buf.get(..n) {
-                Some([MSG_INIT_PID, pid @ ..]) if pid.len() == 4 => {
-                    sandbox.init =
-                        Pid::from_raw(i32::from_le_bytes(pid.try_into().expect("4 bytes")));
-                    sandbox.reaped = false;
-                }
-                Some([MSG_ERROR, msg @ ..]) => {
-                    return Err(SandboxError::Setup(
-                        String::from_utf8_lossy(msg).into_owned(),
-                    ))
-                }
-                _ => {
-                    return Err(SandboxError::Setup(format!(
-                        "sandbox stage 1 exited ({stage1_code:?}) without starting init"
-                    )))
+            let mut init_pid = None;
+            while init_pid.is_none() || sandbox.workspace.is_none() {
+                let (n, fd) = sandbox.recv(&mut buf)?;
+                match (buf.get(..n), fd) {
+                    (Some([MSG_INIT_PID, pid @ ..]), _) if pid.len() == 4 => {
+                        let pid = i32::from_le_bytes(pid.try_into().expect("4 bytes"));
+                        init_pid = Some(Pid::from_raw(pid));
+                        sandbox.init = Pid::from_raw(pid);
+                        sandbox.reaped = false;
+                        child::reap(stage1);
+                    }
+                    (Some([MSG_READY]), Some(fd)) => {
+                        let owner = switch_to.map(|(u, g)| (u.as_raw(), g.as_raw()));
+                        sandbox.workspace = Some(Workspace::new(fd, owner));
+                    }
+                    (Some([MSG_ERROR, msg @ ..]), _) => {
+                        return Err(SandboxError::Setup(
+                            String::from_utf8_lossy(msg).into_owned(),
+                        ))
+                    }
+                    _ => {
+                        if init_pid.is_none() {
+                            child::reap(stage1);
+                        }
+                        return Err(SandboxError::Setup(
+                            "the sandbox's setup processes exited without reporting".into(),
+                        ));
+                    }
                 }
             }
-            let (n, fd) = sandbox.recv(&mut buf)?;
-            match (buf.get(..n), fd) {
-                (Some([MSG_READY]), Some(fd)) => {
-                    sandbox.workspace = Some(Workspace::new(
-                        fd,
-                        switch_to.map(|(u, g)| (u.as_raw(), g.as_raw())),
-                    ));
-                    Ok(())
-                }
-                (Some([MSG_ERROR, msg @ ..]), _) => Err(SandboxError::Setup(
-                    String::from_utf8_lossy(msg).into_owned(),
-                )),
-                _ => Err(SandboxError::Setup(
-                    "sandbox init exited during setup".into(),
-                )),
-            }
+            Ok(())
         })();
         handshake?;
 
@@ -643,7 +641,11 @@ pub fn run(
     };
     let outcome = sandbox.wait(on_output);
     let warnings = sandbox.warnings.clone();
-    let files = sandbox.workspace().list().unwrap_or_default();
+    let mut warnings = warnings;
+    let files = sandbox.workspace().list().unwrap_or_else(|e| {
+        warnings.push(format!("listing the workspace failed: {e}"));
+        Vec::new()
+    });
     let result = ExecutionResult {
         status: outcome.status,
         exit_code: outcome.exit_code,

@@ -46,8 +46,33 @@ impl WorkspaceError {
 #[derive(Debug)]
 pub struct Workspace {
     root: OwnedFd,
-    /// Host ids the sandbox user maps to; files the host writes are given to them.
+    /// Root mode: the host ids the sandbox user maps to. Every operation inside the workspace
+    /// runs with these as the thread's filesystem ids, so the host touches the workspace with
+    /// exactly the sandbox's own permissions (a second layer behind openat2), and what it
+    /// creates belongs to the sandbox (the tmpfs rejects owners its user namespace cannot map).
     owner: Option<(u32, u32)>,
+}
+
+/// While alive, the calling thread's filesystem uid and gid are the sandbox's.
+struct AsSandboxUser(Option<(nix::unistd::Uid, nix::unistd::Gid)>);
+
+impl AsSandboxUser {
+    fn new(owner: Option<(u32, u32)>) -> Self {
+        AsSandboxUser(owner.map(|(uid, gid)| {
+            let old_gid = nix::unistd::setfsgid(gid.into());
+            let old_uid = nix::unistd::setfsuid(uid.into());
+            (old_uid, old_gid)
+        }))
+    }
+}
+
+impl Drop for AsSandboxUser {
+    fn drop(&mut self) {
+        if let Some((uid, gid)) = self.0 {
+            nix::unistd::setfsuid(uid);
+            nix::unistd::setfsgid(gid);
+        }
+    }
 }
 
 fn resolve() -> ResolveFlag {
@@ -58,8 +83,14 @@ fn resolve() -> ResolveFlag {
 }
 
 fn open_beneath(dir: RawFd, path: &Path, flags: OFlag, mode: Mode) -> nix::Result<OwnedFd> {
+    // openat2 rejects O_NOCTTY next to O_PATH (an O_PATH descriptor never opens the file).
+    let extra = if flags.contains(OFlag::O_PATH) {
+        OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW
+    } else {
+        OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW | OFlag::O_NOCTTY
+    };
     let how = OpenHow::new()
-        .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW | OFlag::O_NOCTTY)
+        .flags(flags | extra)
         .mode(mode)
         .resolve(resolve());
     let fd = openat2(dir, path, how)?;
@@ -104,8 +135,7 @@ impl Workspace {
                     *part,
                     Mode::from_bits_truncate(0o755),
                 ) {
-                    Ok(()) => self.chown(dir.as_raw_fd(), Some(Path::new(part))),
-                    Err(nix::errno::Errno::EEXIST) => {}
+                    Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
                     Err(e) => return Err(e),
                 }
             }
@@ -119,22 +149,11 @@ impl Workspace {
         Ok(dir)
     }
 
-    fn chown(&self, dir: RawFd, name: Option<&Path>) {
-        if let Some((uid, gid)) = self.owner {
-            let _ = nix::unistd::fchownat(
-                Some(dir),
-                name.unwrap_or(Path::new("")),
-                Some(uid.into()),
-                Some(gid.into()),
-                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-            );
-        }
-    }
-
     /// Writes `data` to `path`, creating parent directories; an existing file is replaced,
     /// anything else at that path is an error.
     pub fn write_file(&self, path: &Path, data: &mut dyn Read) -> Result<u64, WorkspaceError> {
         let parts = checked_components(path)?;
+        let _as_sandbox = AsSandboxUser::new(self.owner);
         let (name, parents) = parts.split_last().expect("checked non-empty");
         let dir = self
             .open_dir(parents, true)
@@ -152,13 +171,13 @@ impl Workspace {
         }
         let mut file = File::from(fd);
         file.set_len(0).map_err(|e| WorkspaceError::io(path, e))?;
-        self.chown(file.as_raw_fd(), None);
         io::copy(data, &mut file).map_err(|e| WorkspaceError::io(path, e))
     }
 
     /// Opens the regular file at `path` for reading.
     pub fn open_file(&self, path: &Path) -> Result<File, WorkspaceError> {
         let parts = checked_components(path)?;
+        let _as_sandbox = AsSandboxUser::new(self.owner);
         let (name, parents) = parts.split_last().expect("checked non-empty");
         let dir = self
             .open_dir(parents, false)
@@ -180,6 +199,7 @@ impl Workspace {
     /// Every regular file below the workspace (symlinks and special files are skipped), in
     /// sorted order.
     pub fn list(&self) -> Result<Vec<FileEntry>, WorkspaceError> {
+        let _as_sandbox = AsSandboxUser::new(self.owner);
         let root = self
             .open_dir(&[], false)
             .map_err(|e| WorkspaceError::io(Path::new("."), e))?;

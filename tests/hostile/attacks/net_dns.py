@@ -1,0 +1,25 @@
+# DNS: a raw query to a resolver the test runs on the host's loopback, the
+# system resolver, and well-known public resolvers.
+port = int(env('PORT'))
+mark = env('MARK')
+q = struct.pack('>HHHHHH', 0x1234, 0x0100, 1, 0, 0, 0)
+for label in (mark, 'example', 'com'):
+    q += bytes([len(label)]) + label.encode()
+q += b'\0' + struct.pack('>HH', 1, 1)
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.settimeout(1)
+u.connect(('127.0.0.1', port))
+u.send(q)
+attempt('dns-udp-reply', lambda: u.recv(512))
+def tcp_dns(addr):
+    t = socket.socket()
+    t.settimeout(2)
+    t.connect(addr)
+    t.sendall(struct.pack('>H', len(q)) + q)
+    return t.recv(512)
+attempt('dns-tcp', lambda: tcp_dns(('127.0.0.1', port)))
+attempt('dns-public-8888', lambda: tcp_dns(('8.8.8.8', 53)))
+attempt('dns-public-1111', lambda: tcp_dns(('1.1.1.1', 53)))
+attempt('getaddrinfo', lambda: socket.getaddrinfo(mark + '.example.com', 80))
+attempt('getaddrinfo-public', lambda: socket.getaddrinfo('example.com', 443))
+print('DONE')

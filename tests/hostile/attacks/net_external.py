@@ -1,0 +1,20 @@
+# Reach the host through its non-loopback address, and the internet.
+ip = env('HOST_IP')
+port = int(env('PORT'))
+mark = env('MARK')
+def connect(addr):
+    s = socket.socket()
+    s.settimeout(3)
+    s.connect(addr)
+    s.sendall(mark.encode())
+attempt('tcp-host-ip', lambda: connect((ip, port)))
+attempt('tcp-internet', lambda: connect(('1.1.1.1', 80)))
+attempt('tcp-metadata', lambda: connect(('169.254.169.254', 80)))
+def connect6(addr):
+    s = socket.socket(socket.AF_INET6)
+    s.settimeout(3)
+    s.connect(addr)
+attempt('tcp6-internet', lambda: connect6(('2606:4700:4700::1111', 80, 0, 0)))
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+attempt('udp-host-ip', lambda: u.sendto(mark.encode(), (ip, port)))
+print('DONE')

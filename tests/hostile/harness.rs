@@ -1,0 +1,452 @@
+//! Runs attack programs through the real `corral run --json` and reads the
+//! result object. Every attack prints the line protocol documented in
+//! `attacks/prelude.py`; the helpers here assert on it so that a test can
+//! never pass just because the program did not run.
+
+use serde_json::Value;
+use std::collections::hash_map::RandomState;
+use std::ffi::OsString;
+use std::hash::{BuildHasher, Hasher};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Python helpers prepended to every Python attack.
+pub const PRELUDE: &str = include_str!("attacks/prelude.py");
+
+/// The documented per-stream output cap.
+pub const OUTPUT_CAP: usize = 1 << 20;
+
+/// The corral binary: `CORRAL_BIN` (rootless pass) or the one cargo built.
+pub fn corral_bin() -> PathBuf {
+    std::env::var_os("CORRAL_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_corral")))
+}
+
+/// Tests that compare global host state (cgroup dirs, mount table, process
+/// counts) before and after a run take the lock exclusively so no other
+/// sandbox is alive meanwhile; every other test takes it shared.
+static SERIAL: RwLock<()> = RwLock::new(());
+
+pub fn shared() -> RwLockReadGuard<'static, ()> {
+    SERIAL.read().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn exclusive() -> RwLockWriteGuard<'static, ()> {
+    SERIAL.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A unique lowercase alphanumeric marker: safe in argv, file names, env.
+pub fn marker(tag: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(N.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    h.write_u128(nanos);
+    let a = h.finish();
+    let mut h2 = RandomState::new().build_hasher();
+    h2.write_u64(a);
+    format!("hx{tag}{a:016x}{:08x}", h2.finish() as u32)
+}
+
+/// One `corral run` invocation under construction.
+pub struct Run {
+    lang: &'static str,
+    code: String,
+    args: Vec<OsString>,
+    host_env: Vec<(String, String)>,
+    timeout_secs: u64,
+    json: bool,
+}
+
+impl Run {
+    pub fn python(attack: &str) -> Self {
+        Self::new("python", format!("{PRELUDE}\n{attack}"))
+    }
+
+    pub fn javascript(attack: &str) -> Self {
+        Self::new("javascript", attack.to_string())
+    }
+
+    pub fn bash(attack: &str) -> Self {
+        Self::new("bash", attack.to_string())
+    }
+
+    fn new(lang: &'static str, code: String) -> Self {
+        Run {
+            lang,
+            code,
+            args: Vec::new(),
+            host_env: Vec::new(),
+            // Small default so a hung sandbox cannot stall the suite.
+            timeout_secs: 15,
+            json: true,
+        }
+    }
+
+    /// `--env K=V`: a parameter for the attack program.
+    pub fn env(mut self, key: &str, value: impl AsRef<str>) -> Self {
+        self.args.push("--env".into());
+        self.args.push(format!("{key}={}", value.as_ref()).into());
+        self
+    }
+
+    pub fn arg(mut self, a: impl Into<OsString>) -> Self {
+        self.args.push(a.into());
+        self
+    }
+
+    pub fn timeout(mut self, secs: u64) -> Self {
+        self.timeout_secs = secs;
+        self
+    }
+
+    pub fn memory(self, size: &str) -> Self {
+        self.arg("--memory").arg(size)
+    }
+
+    pub fn pids(self, n: u32) -> Self {
+        self.arg("--pids").arg(n.to_string())
+    }
+
+    pub fn disk(self, size: &str) -> Self {
+        self.arg("--disk").arg(size)
+    }
+
+    /// `--file LOCAL:DEST`.
+    pub fn file(self, local: &Path, dest: &str) -> Self {
+        let mut spec = local.as_os_str().to_owned();
+        spec.push(":");
+        spec.push(dest);
+        self.arg("--file").arg(spec)
+    }
+
+    pub fn out(self, dir: &Path) -> Self {
+        self.arg("--out").arg(dir)
+    }
+
+    /// An environment variable of the corral process itself (host side).
+    pub fn host_env(mut self, key: &str, value: &str) -> Self {
+        self.host_env.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// Run without `--json` (to check exit codes).
+    pub fn without_json(mut self) -> Self {
+        self.json = false;
+        self
+    }
+
+    pub fn spawn(self) -> Running {
+        let mut cmd = Command::new(corral_bin());
+        cmd.arg("run")
+            .arg("-c")
+            .arg(&self.code)
+            .arg("--lang")
+            .arg(self.lang)
+            .arg("--timeout")
+            .arg(self.timeout_secs.to_string());
+        if self.json {
+            cmd.arg("--json");
+        }
+        cmd.args(&self.args)
+            .envs(self.host_env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", corral_bin().display()));
+        let out = drain(child.stdout.take().expect("stdout"));
+        let err = drain(child.stderr.take().expect("stderr"));
+        Running {
+            child: Some(child),
+            out: Some(out),
+            err: Some(err),
+            started: Instant::now(),
+            // Generous: corral itself must enforce --timeout; this only
+            // keeps a broken engine from hanging the suite forever.
+            deadline: Duration::from_secs(self.timeout_secs + 45),
+            json: self.json,
+        }
+    }
+
+    pub fn run(self) -> Outcome {
+        self.spawn().wait()
+    }
+}
+
+fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
+    thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = r.read_to_end(&mut buf);
+        buf
+    })
+}
+
+/// A corral process that is still running. Dropping it kills it.
+pub struct Running {
+    child: Option<Child>,
+    out: Option<JoinHandle<Vec<u8>>>,
+    err: Option<JoinHandle<Vec<u8>>>,
+    started: Instant,
+    deadline: Duration,
+    json: bool,
+}
+
+impl Running {
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("child").id()
+    }
+
+    /// True once corral has exited (does not reap the output).
+    pub fn has_exited(&mut self) -> bool {
+        matches!(self.child.as_mut().expect("child").try_wait(), Ok(Some(_)))
+    }
+
+    pub fn wait(mut self) -> Outcome {
+        let mut child = self.child.take().expect("child");
+        let exit = loop {
+            if let Some(st) = child.try_wait().expect("try_wait") {
+                break st;
+            }
+            if self.started.elapsed() > self.deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "corral did not return within {:?} (it must enforce --timeout itself)",
+                    self.deadline
+                );
+            }
+            thread::sleep(Duration::from_millis(10));
+        };
+        let wall = self.started.elapsed();
+        let out = self.out.take().expect("out").join().unwrap_or_default();
+        let err = self.err.take().expect("err").join().unwrap_or_default();
+        let raw_stdout = String::from_utf8_lossy(&out).into_owned();
+        let raw_stderr = String::from_utf8_lossy(&err).into_owned();
+        let json = if self.json {
+            serde_json::from_str::<Value>(raw_stdout.trim()).ok()
+        } else {
+            None
+        };
+        let o = Outcome {
+            exit,
+            raw_stdout,
+            raw_stderr,
+            json,
+            wall,
+        };
+        // HOSTILE_VERBOSE=1 shows every run, to audit passing tests.
+        if std::env::var_os("HOSTILE_VERBOSE").is_some() {
+            eprintln!("{}", o.dump());
+        }
+        o
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// What one `corral run` produced.
+pub struct Outcome {
+    pub exit: ExitStatus,
+    pub raw_stdout: String,
+    pub raw_stderr: String,
+    pub json: Option<Value>,
+    pub wall: Duration,
+}
+
+fn clip(s: &str, n: usize) -> &str {
+    if s.len() <= n {
+        return s;
+    }
+    let mut end = n;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+impl Outcome {
+    /// A readable summary for assertion messages.
+    pub fn dump(&self) -> String {
+        match &self.json {
+            Some(j) => format!(
+                "corral exit={:?} wall={:?}\nstatus={} exit_code={} signal={} error_message={} warnings={}\n--- program stdout ---\n{}\n--- program stderr ---\n{}\n--- corral stderr ---\n{}",
+                self.exit.code(),
+                self.wall,
+                j["status"],
+                j["exit_code"],
+                j["signal"],
+                j["error_message"],
+                j["warnings"],
+                clip(self.stdout(), 6000),
+                clip(self.stderr(), 3000),
+                clip(&self.raw_stderr, 2000),
+            ),
+            None => format!(
+                "corral exit={:?} wall={:?} (no JSON result)\n--- corral stdout ---\n{}\n--- corral stderr ---\n{}",
+                self.exit.code(),
+                self.wall,
+                clip(&self.raw_stdout, 6000),
+                clip(&self.raw_stderr, 3000),
+            ),
+        }
+    }
+
+    pub fn j(&self) -> &Value {
+        self.json
+            .as_ref()
+            .unwrap_or_else(|| panic!("corral printed no JSON result object\n{}", self.dump()))
+    }
+
+    pub fn status(&self) -> &str {
+        self.j()["status"].as_str().unwrap_or("<missing>")
+    }
+
+    pub fn stdout(&self) -> &str {
+        self.j()["stdout"].as_str().unwrap_or("")
+    }
+
+    pub fn stderr(&self) -> &str {
+        self.j()["stderr"].as_str().unwrap_or("")
+    }
+
+    pub fn warnings(&self) -> Vec<String> {
+        self.j()["warnings"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|w| w.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// cgroups were unavailable: memory/pids are enforced by rlimits only.
+    pub fn rlimit_mode(&self) -> bool {
+        self.warnings()
+            .iter()
+            .any(|w| w.to_lowercase().contains("rlimit"))
+    }
+
+    pub fn execution_time_ms(&self) -> u64 {
+        self.j()["execution_time_ms"].as_u64().unwrap_or(u64::MAX)
+    }
+
+    pub fn lines(&self) -> impl Iterator<Item = &str> {
+        self.stdout().lines()
+    }
+
+    pub fn has_line(&self, line: &str) -> bool {
+        self.lines().any(|l| l == line)
+    }
+
+    /// The rest of every stdout line starting with `KEY `.
+    pub fn values(&self, key: &str) -> Vec<&str> {
+        let prefix = format!("{key} ");
+        self.lines()
+            .filter_map(|l| l.strip_prefix(prefix.as_str()))
+            .collect()
+    }
+
+    /// The first value for `KEY`, or a failure showing the output.
+    pub fn value(&self, key: &str) -> &str {
+        self.values(key)
+            .first()
+            .copied()
+            .unwrap_or_else(|| panic!("no `{key} ...` line in the program output\n{}", self.dump()))
+    }
+
+    /// The program ran inside a sandbox (not a sandbox_error, marker seen).
+    pub fn assert_started(&self) {
+        assert!(
+            self.exit.success(),
+            "corral itself failed (with --json it must exit 0)\n{}",
+            self.dump()
+        );
+        assert_ne!(
+            self.status(),
+            "sandbox_error",
+            "sandbox could not be built\n{}",
+            self.dump()
+        );
+        assert!(
+            self.stdout().starts_with("START\n") || self.has_line("START"),
+            "attack program did not start\n{}",
+            self.dump()
+        );
+    }
+
+    /// Ran to the end and exited 0.
+    pub fn assert_completed(&self) {
+        self.assert_started();
+        assert!(
+            self.has_line("DONE"),
+            "attack program did not reach its end\n{}",
+            self.dump()
+        );
+        assert_eq!(self.status(), "success", "{}", self.dump());
+    }
+
+    /// No attempt succeeded and nothing leaked.
+    pub fn assert_no_escape(&self) {
+        let bad: Vec<&str> = self
+            .lines()
+            .filter(|l| l.starts_with("ALLOWED ") || l.starts_with("LEAK "))
+            .collect();
+        assert!(bad.is_empty(), "SANDBOX HOLE: {bad:#?}\n{}", self.dump());
+    }
+
+    /// `BLOCKED <what> <errno>` was printed with one of the expected errnos.
+    pub fn assert_blocked(&self, what: &str, errnos: &[&str]) {
+        let prefix = format!("BLOCKED {what} ");
+        let got: Vec<&str> = self
+            .lines()
+            .filter_map(|l| l.strip_prefix(prefix.as_str()))
+            .collect();
+        assert!(
+            !got.is_empty(),
+            "no `BLOCKED {what}` line (attempt not made, or it SUCCEEDED)\n{}",
+            self.dump()
+        );
+        for e in &got {
+            assert!(
+                errnos.contains(e),
+                "`{what}` failed with {e}, expected one of {errnos:?}\n{}",
+                self.dump()
+            );
+        }
+    }
+
+    /// A secret appears nowhere in what corral returned.
+    pub fn assert_absent(&self, secret: &str) {
+        assert!(
+            !self.raw_stdout.contains(secret) && !self.raw_stderr.contains(secret),
+            "SANDBOX HOLE: secret {secret} leaked into the result\n{}",
+            self.dump()
+        );
+    }
+}
+
+/// errno sets used across tests.
+pub const EPERM: &[&str] = &["EPERM"];
+pub const NO_FILE: &[&str] = &["ENOENT"];
+pub const NO_FILE_OR_ACCESS: &[&str] = &["ENOENT", "EACCES"];
+pub const READ_ONLY: &[&str] = &["EROFS", "EACCES", "EPERM"];

@@ -1,0 +1,208 @@
+//! Process isolation and lifetime: own pid namespace, whole-tree kill on
+//! exit and on timeout, pids limit.
+
+use crate::harness::*;
+use crate::host::*;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[test]
+fn host_processes_invisible() {
+    let _g = shared();
+    let host_pid = std::process::id();
+    let o = Run::python(include_str!("attacks/proc_visibility.py"))
+        .env("HOST_PID", host_pid.to_string())
+        .run();
+    o.assert_completed();
+    o.assert_no_escape();
+    let n: usize = o.value("PIDS").parse().unwrap();
+    assert!((1..=6).contains(&n), "{n} processes visible\n{}", o.dump());
+    let me = std::env::current_exe().unwrap();
+    let me = me.file_name().unwrap().to_string_lossy();
+    for p in o.values("PROC") {
+        for host_only in [me.as_ref(), "cargo", "systemd", "sshd", "corral-test"] {
+            assert!(
+                !p.contains(host_only),
+                "host process visible: {p}\n{}",
+                o.dump()
+            );
+        }
+    }
+    if host_pid > 64 {
+        o.assert_blocked("hostpid-proc", NO_FILE);
+        o.assert_blocked("hostpid-kill0", &["ESRCH"]);
+    }
+    let alive: usize = o.value("KILL0-ALIVE").parse().unwrap();
+    assert!(alive <= 6, "{alive} pids answer kill(0)\n{}", o.dump());
+}
+
+#[test]
+fn kill_minus_one_spares_host_processes() {
+    let _g = shared();
+    // A host process of the same user (rootless: same uid the sandbox maps
+    // to), the most exposed victim.
+    let mut sleeper = Command::new("sleep").arg("300").spawn().unwrap();
+    let o = Run::python(include_str!("attacks/kill_all.py"))
+        .env("HOST_SLEEP_PID", sleeper.id().to_string())
+        .run();
+    let alive = sleeper.try_wait().unwrap().is_none();
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    o.assert_completed();
+    o.assert_no_escape();
+    o.assert_blocked("kill-host-sleep", &["ESRCH"]);
+    // kill(-1) worked inside: the sandbox's own sleeper died of SIGKILL.
+    assert_eq!(o.value("INNER-SIGNAL"), "9", "{}", o.dump());
+    assert!(alive, "SANDBOX HOLE: kill -9 -1 killed a host process");
+}
+
+#[test]
+fn setsid_daemons_do_not_survive() {
+    let _g = exclusive();
+    let before = Snapshot::take();
+    let mark = marker("daemon");
+    let o = Run::python(include_str!("attacks/daemon.py"))
+        .env("MARK", &mark)
+        .run();
+    o.assert_completed();
+    // Non-vacuous: the daemons were running when the program ended.
+    let n: u32 = o.value("DAEMONS").parse().unwrap();
+    assert!(n >= 2, "daemons did not start\n{}", o.dump());
+    assert_no_procs(&mark);
+    before.assert_nothing_left();
+}
+
+#[test]
+fn fork_loop_stops_at_pids_limit() {
+    let _g = exclusive();
+    let before = Snapshot::take();
+    let mark = marker("forks");
+    let o = Run::python(include_str!("attacks/fork_count.py"))
+        .env("MARK", &mark)
+        .pids(64)
+        .timeout(20)
+        .run();
+    o.assert_completed();
+    o.assert_no_escape();
+    o.assert_blocked("fork-limit", &["EAGAIN"]);
+    let n: u32 = o.value("FORKED").parse().unwrap();
+    assert!(
+        (5..64).contains(&n),
+        "forked {n} with --pids 64\n{}",
+        o.dump()
+    );
+    assert_host_can_fork();
+    assert_no_procs(&mark);
+    before.assert_nothing_left();
+}
+
+#[test]
+fn exponential_fork_bomb_is_contained() {
+    let _g = exclusive();
+    let before = Snapshot::take();
+    let mark = marker("bomb");
+    let needle = format!("bomb-{mark}");
+    let mut run = Run::python(include_str!("attacks/fork_bomb.py"))
+        .env("MARK", &mark)
+        .pids(64)
+        .timeout(3)
+        .spawn();
+    // Count the bomb's processes from the host while it runs.
+    let mut peak = 0;
+    let start = Instant::now();
+    while !run.has_exited() && start.elapsed() < Duration::from_secs(30) {
+        peak = peak.max(procs_with(&needle).len());
+        assert_host_can_fork();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = run.wait();
+    assert!(o.exit.success(), "{}", o.dump());
+    assert!(
+        ["timeout", "error", "success"].contains(&o.status()),
+        "{}",
+        o.dump()
+    );
+    assert!(
+        o.wall < Duration::from_secs(15),
+        "bomb ran {:?}\n{}",
+        o.wall,
+        o.dump()
+    );
+    assert!(
+        peak >= 2,
+        "the bomb never forked (peak {peak})\n{}",
+        o.dump()
+    );
+    assert!(
+        peak <= 64,
+        "SANDBOX HOLE: {peak} bomb processes with --pids 64"
+    );
+    assert_host_can_fork();
+    assert_no_procs(&mark);
+    before.assert_nothing_left();
+}
+
+#[test]
+fn infinite_loop_times_out_and_tree_is_killed() {
+    let _g = exclusive();
+    let before = Snapshot::take();
+    let mark = marker("spin");
+    let mut run = Run::python(include_str!("attacks/infinite_loop.py"))
+        .env("MARK", &mark)
+        .timeout(2)
+        .spawn();
+    // While it runs, its cgroup exists (root mode): the after-check below
+    // is then known to look in the right place.
+    let mut saw_cgroup = false;
+    while !run.has_exited() {
+        saw_cgroup |= corral_cgroups().difference(&before.cgroups).count() > 0;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = run.wait();
+    assert!(o.exit.success(), "{}", o.dump());
+    if !o.rlimit_mode() {
+        assert!(
+            saw_cgroup,
+            "no cgroup under /sys/fs/cgroup/*/corral/ during the run"
+        );
+    }
+    assert_eq!(o.status(), "timeout", "{}", o.dump());
+    assert!(o.has_line("SPINNING"), "program never ran\n{}", o.dump());
+    let ms = o.execution_time_ms();
+    assert!(
+        (1500..4000).contains(&ms),
+        "execution_time_ms={ms}\n{}",
+        o.dump()
+    );
+    assert!(o.wall < Duration::from_secs(10), "took {:?}", o.wall);
+    assert!(o.j()["error_message"].is_string(), "{}", o.dump());
+    assert_no_procs(&mark);
+    before.assert_nothing_left();
+}
+
+#[test]
+fn timeout_exit_code_without_json_is_124() {
+    let _g = shared();
+    let start = Instant::now();
+    let o = Run::python("while True:\n    pass\n")
+        .timeout(1)
+        .without_json()
+        .run();
+    assert_eq!(o.exit.code(), Some(124), "{}", o.dump());
+    assert!(start.elapsed() < Duration::from_secs(8));
+}
+
+#[test]
+fn timeout_survives_signals_to_init_and_sigstop() {
+    let _g = shared();
+    let mark = marker("freeze");
+    let o = Run::python(include_str!("attacks/freeze_supervisor.py"))
+        .env("MARK", &mark)
+        .timeout(2)
+        .run();
+    assert!(o.exit.success(), "{}", o.dump());
+    assert!(o.has_line("FREEZING"), "program never ran\n{}", o.dump());
+    assert_eq!(o.status(), "timeout", "{}", o.dump());
+    assert!(o.wall < Duration::from_secs(10), "took {:?}", o.wall);
+    assert_no_procs(&mark);
+}
