@@ -131,20 +131,19 @@ impl Layout {
         let Ok(parents) = self.parents(nix::unistd::geteuid().is_root()) else {
             return 0;
         };
-        let mut names: Vec<String> = Vec::new();
-        for (_, parent) in &parents {
-            let Ok(entries) = fs::read_dir(parent) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                if entry.path().is_dir() {
-                    let name = entry.file_name().to_string_lossy().into_owned();
-                    if !names.contains(&name) {
-                        names.push(name);
-                    }
-                }
-            }
-        }
+        // Every sandbox cgroup exists under each parent, so one listing names them all.
+        let Some((_, first)) = parents.first() else {
+            return 0;
+        };
+        let names: Vec<String> = fs::read_dir(first)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter(|e| e.path().is_dir())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
         let mut removed = 0;
         for name in names {
             let owner_alive = name
@@ -303,15 +302,25 @@ impl Cgroup {
         Ok(())
     }
 
-    /// `cgroup.procs` of every directory, opened for writing: a child writes "0" to each to
-    /// join the cgroup before it drops privileges.
+    /// The membership file of every directory, opened for writing: a single-threaded child
+    /// writes "0" to each to join the cgroup before it drops privileges.
+    ///
+    /// On v1 this is `tasks`, not `cgroup.procs`: a thread moving *itself* through `tasks`
+    /// skips the global `cgroup_threadgroup_rwsem`, whose write lock waits for an RCU grace
+    /// period (5-25 ms measured here, against 0.3 ms). For a single-threaded process, moving
+    /// its only thread moves the process.
     pub fn join_files(&self) -> io::Result<Vec<OwnedFd>> {
+        let file = if self.version == 2 {
+            "cgroup.procs"
+        } else {
+            "tasks"
+        };
         self.dirs
             .iter()
             .map(|(_, d)| {
                 fs::OpenOptions::new()
                     .write(true)
-                    .open(d.join("cgroup.procs"))
+                    .open(d.join(file))
                     .map(OwnedFd::from)
             })
             .collect()

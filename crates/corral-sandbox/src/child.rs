@@ -68,7 +68,7 @@ pub(crate) fn stage1(plan: &ChildPlan) -> ! {
     sys::close_all_except(&keep);
 
     for &fd in &plan.cgroup_join {
-        // SAFETY: `fd` is an open cgroup.procs file handed to us by the host process.
+        // SAFETY: `fd` is an open cgroup membership file handed to us by the host process.
         let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
         if n != 1 {
             plan.fail("joining the sandbox cgroup", io::Error::last_os_error());

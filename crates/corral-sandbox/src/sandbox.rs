@@ -195,7 +195,6 @@ impl Sandbox {
             }
             warnings.push("Landlock is unavailable on this kernel: the filesystem is protected by mounts and permissions only".into());
         }
-
         let name = unique_name();
         let root_mode = nix::unistd::geteuid().is_root();
         let cgroup = match cgroup_layout() {
@@ -220,7 +219,6 @@ impl Sandbox {
                 None
             }
         };
-
         let limits = spec.limits;
         let mut rlimits = vec![
             (Resource::RLIMIT_CORE, 0),
