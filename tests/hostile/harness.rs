@@ -148,7 +148,9 @@ impl Run {
 
     pub fn spawn(self) -> Running {
         let mut cmd = Command::new(corral_bin());
+        // The host image: it needs no build, and the attacks need nothing but Python.
         cmd.arg("run")
+            .args(["--image", "host"])
             .arg("-c")
             .arg(&self.code)
             .arg("--lang")

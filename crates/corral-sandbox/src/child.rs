@@ -33,7 +33,12 @@ pub(crate) struct ChildPlan {
     pub cgroup_join: Vec<RawFd>,
     pub switch_to: Option<(Uid, Gid)>,
     pub report: RawFd,
-    pub go: RawFd,
+    /// Host → init: one byte `g` starts the workload, `i` interrupts it (SIGINT); EOF means
+    /// the host is gone and everything is killed.
+    pub control: RawFd,
+    /// Dup'ed to fd 3 of the workload when the program speaks a protocol with the host.
+    pub socket: Option<RawFd>,
+    pub role: crate::spec::Role,
     pub stdout: RawFd,
     pub stderr: RawFd,
     pub root_size: u64,
@@ -42,6 +47,7 @@ pub(crate) struct ChildPlan {
     pub envp: Vec<CString>,
     pub rlimits: Vec<(Resource, u64)>,
     pub landlock_required: bool,
+    /// The workload's filters (the zygote's for the zygote role).
     pub workload_filters: &'static [&'static [seccomp::sock_filter]],
     pub init_filters: &'static [&'static [seccomp::sock_filter]],
 }
@@ -63,8 +69,9 @@ impl ChildPlan {
 
 /// Stage 1: a child of the host process.
 pub(crate) fn stage1(plan: &ChildPlan) -> ! {
-    let mut keep = vec![plan.report, plan.go, plan.stdout, plan.stderr];
+    let mut keep = vec![plan.report, plan.control, plan.stdout, plan.stderr];
     keep.extend(&plan.cgroup_join);
+    keep.extend(plan.socket);
     sys::close_all_except(&keep);
 
     for &fd in &plan.cgroup_join {
@@ -168,11 +175,26 @@ fn init(plan: &ChildPlan) -> ! {
     let _ = nix::unistd::close(workspace);
 
     let mut go = [0u8; 1];
-    if !matches!(nix::unistd::read(plan.go, &mut go), Ok(1)) {
+    if !matches!(nix::unistd::read(plan.control, &mut go), Ok(1)) || go[0] != b'g' {
         // The host gave up on this sandbox.
         // SAFETY: see `fail`.
         unsafe { libc::_exit(0) }
     }
+
+    // SIGCHLD is taken through a signalfd so that init can wait for children and for the
+    // host's requests at once; the workload restores an empty mask before exec.
+    let mut sigchld = nix::sys::signal::SigSet::empty();
+    sigchld.add(nix::sys::signal::Signal::SIGCHLD);
+    if let Err(e) = sigchld.thread_block() {
+        plan.fail("blocking SIGCHLD", e);
+    }
+    let children = match nix::sys::signalfd::SignalFd::with_flags(
+        &sigchld,
+        nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
+    ) {
+        Ok(fd) => fd,
+        Err(e) => plan.fail("creating a signalfd", e),
+    };
 
     // SAFETY: init is single-threaded.
     let workload_pid = match unsafe { nix::unistd::fork() } {
@@ -180,12 +202,12 @@ fn init(plan: &ChildPlan) -> ! {
         Ok(ForkResult::Child) => workload(plan),
         Ok(ForkResult::Parent { child }) => child,
     };
-    for fd in [plan.go, plan.stdout, plan.stderr] {
+    for fd in [plan.stdout, plan.stderr].into_iter().chain(plan.socket) {
         let _ = nix::unistd::close(fd);
     }
     lock_down_init(plan);
 
-    let status = reap_until_empty(workload_pid);
+    let status = supervise(plan.control, &children, workload_pid);
     let mut msg = vec![MSG_EXIT];
     msg.extend_from_slice(&status.to_le_bytes());
     let _ = sys::send_message(plan.report(), &msg, None);
@@ -247,31 +269,66 @@ fn lock_down_init(plan: &ChildPlan) {
     }
 }
 
-/// Waits for the workload; once it has exited, kills everything else until nothing is left.
-/// Returns the workload's raw wait status.
-fn reap_until_empty(workload: Pid) -> i32 {
+/// Serves the host's requests and reaps children until the workload has exited and nothing
+/// else is left; everything still running is killed once the workload is gone or the host
+/// closes the control pipe. Returns the workload's raw wait status.
+fn supervise(control: RawFd, children: &nix::sys::signalfd::SignalFd, workload: Pid) -> i32 {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+
     let mut workload_status = None;
+    let mut host_gone = false;
     loop {
-        let mut raw = 0;
-        // SAFETY: waitpid writes the status into a valid i32.
-        let pid = unsafe { libc::waitpid(-1, &mut raw, 0) };
-        if pid < 0 {
-            match io::Error::last_os_error().raw_os_error() {
-                Some(libc::EINTR) => continue,
-                _ => break, // ECHILD: nothing left
+        // Reap whatever has exited.
+        loop {
+            let mut raw = 0;
+            // SAFETY: waitpid writes the status into a valid i32.
+            let pid = unsafe { libc::waitpid(-1, &mut raw, libc::WNOHANG) };
+            if pid <= 0 {
+                if pid < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+                    return workload_status.unwrap_or(raw);
+                }
+                break;
+            }
+            if pid == workload.as_raw() {
+                workload_status = Some(raw);
             }
         }
-        if pid == workload.as_raw() {
-            workload_status = Some(raw);
-        }
-        if workload_status.is_some() {
+        if workload_status.is_some() || host_gone {
             // Daemons and stragglers die with the workload. Repeated after every reap so a
             // process forked during a sweep is caught by the next one.
             // SAFETY: kill(-1) from a namespace's init signals every other process in it.
             unsafe { libc::kill(-1, libc::SIGKILL) };
         }
+        // SAFETY: the control pipe stays open until init exits.
+        let control_fd = unsafe { BorrowedFd::borrow_raw(control) };
+        let mut fds = vec![PollFd::new(children.as_fd(), PollFlags::POLLIN)];
+        if !host_gone {
+            fds.push(PollFd::new(control_fd, PollFlags::POLLIN));
+        }
+        if let Err(e) = poll(&mut fds, PollTimeout::NONE) {
+            if e != nix::errno::Errno::EINTR {
+                host_gone = true;
+            }
+            continue;
+        }
+        let control_ready = fds
+            .get(1)
+            .and_then(|f| f.revents())
+            .is_some_and(|r| !r.is_empty());
+        while children.read_signal().is_ok_and(|s| s.is_some()) {}
+        if control_ready {
+            let mut buf = [0u8; 64];
+            match nix::unistd::read(control, &mut buf) {
+                Ok(0) | Err(_) => host_gone = true,
+                Ok(n) => {
+                    if buf[..n].contains(&b'i') && workload_status.is_none() {
+                        let _ = nix::sys::signal::kill(workload, nix::sys::signal::Signal::SIGINT);
+                    }
+                }
+            }
+        }
     }
-    workload_status.unwrap_or(0)
 }
 
 /// The workload process: drops everything, then becomes the program.
@@ -279,7 +336,10 @@ fn workload(plan: &ChildPlan) -> ! {
     if let Err(e) = redirect_stdio(plan) {
         plan.fail("setting up standard streams", e);
     }
-    sys::cloexec_from(3);
+    if let Err(e) = nix::sys::signal::SigSet::empty().thread_set_mask() {
+        plan.fail("restoring the signal mask", e);
+    }
+    sys::cloexec_from(if plan.socket.is_some() { 4 } else { 3 });
     for &(resource, limit) in &plan.rlimits {
         if let Err(e) = setrlimit(resource, limit, limit) {
             plan.fail(&format!("setting {resource:?}"), e);
@@ -289,8 +349,12 @@ fn workload(plan: &ChildPlan) -> ! {
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
         plan.fail("setting no_new_privs", io::Error::last_os_error());
     }
-    if let Err(e) = crate::landlock_rules::restrict(plan.landlock_required) {
-        plan.fail("applying Landlock", e);
+    // The zygote's sessions mount their own filesystems, which a Landlock domain forbids;
+    // each session applies Landlock itself before running any code.
+    if plan.role == crate::spec::Role::Workload {
+        if let Err(e) = crate::landlock_rules::restrict(plan.landlock_required) {
+            plan.fail("applying Landlock", e);
+        }
     }
     if let Err(e) = drop_capabilities() {
         plan.fail("dropping capabilities", e);
@@ -333,8 +397,19 @@ fn redirect_stdio(plan: &ChildPlan) -> io::Result<()> {
         nix::fcntl::OFlag::O_RDONLY,
         nix::sys::stat::Mode::empty(),
     )?;
-    for (from, to) in [(null, 0), (plan.stdout, 1), (plan.stderr, 2)] {
-        nix::unistd::dup2(from, to)?;
+    for (from, to) in [(null, 0), (plan.stdout, 1), (plan.stderr, 2)]
+        .into_iter()
+        .chain(plan.socket.map(|s| (s, 3)))
+    {
+        if from == to {
+            // dup2 onto itself is a no-op that would leave close-on-exec set.
+            nix::fcntl::fcntl(
+                to,
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+            )?;
+        } else {
+            nix::unistd::dup2(from, to)?;
+        }
     }
     Ok(())
 }

@@ -23,7 +23,8 @@ pub mod workspace;
 
 pub use result::{ExecutionResult, FileEntry, LanguageError, RichResult, Status};
 pub use sandbox::{
-    cgroup_layout, run, Capture, Outcome, Sandbox, SandboxError, Stream, ROOT_MODE_ID_BASE,
+    cgroup_layout, run, Capture, Finish, Outcome, Report, Sandbox, SandboxError, Stream,
+    ROOT_MODE_ID_BASE,
 };
-pub use spec::{InputFile, Limits, Policy, Rootfs, SandboxSpec};
+pub use spec::{ControlSocket, InputFile, Limits, Policy, Role, Rootfs, SandboxSpec};
 pub use workspace::{Workspace, WorkspaceError};

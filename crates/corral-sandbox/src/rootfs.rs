@@ -123,7 +123,8 @@ pub enum Op {
 pub fn plan(
     rootfs: &Rootfs,
     disk_bytes: u64,
-    program_file: Option<(&str, &[u8])>,
+    run_files: &[(&str, &[u8])],
+    mask_proc: bool,
     lookup: impl Fn(&Path) -> Entry,
 ) -> Vec<Op> {
     let mut ops = Vec::new();
@@ -236,9 +237,8 @@ pub fn plan(
 
     ops.push(Op::Mkdir("/proc".into(), 0o555));
     ops.push(Op::Proc("/proc".into()));
-    ops.push(Op::ReadOnlySelf("/proc/sys".into()));
-    for name in PROC_MASKED {
-        ops.push(Op::Mask(Path::new("/proc").join(name)));
+    if mask_proc {
+        ops.extend(proc_protection());
     }
 
     for (dir, mode) in [("/tmp", 0o1777), ("/workspace", 0o755)] {
@@ -253,13 +253,24 @@ pub fn plan(
 
     ops.push(Op::Mkdir("/run".into(), 0o755));
     ops.push(Op::Mkdir("/run/corral".into(), 0o755));
-    if let Some((name, contents)) = program_file {
+    for (name, contents) in run_files {
         ops.push(Op::File {
             path: Path::new("/run/corral").join(name),
             contents: contents.to_vec(),
             mode: 0o444,
         });
     }
+    ops
+}
+
+/// `/proc/sys` read-only and the host-wide `/proc` files hidden.
+pub fn proc_protection() -> Vec<Op> {
+    let mut ops = vec![Op::ReadOnlySelf("/proc/sys".into())];
+    ops.extend(
+        PROC_MASKED
+            .iter()
+            .map(|name| Op::Mask(Path::new("/proc").join(name))),
+    );
     ops
 }
 
@@ -456,7 +467,8 @@ mod tests {
         plan(
             &Rootfs::Host,
             1 << 20,
-            Some(("main.py", b"print(1)")),
+            &[("main.py", b"print(1)")],
+            true,
             debian_host,
         )
     }
@@ -555,6 +567,15 @@ mod tests {
     }
 
     #[test]
+    fn zygote_proc_is_unmasked_so_sessions_can_mount_their_own() {
+        let ops = plan(&Rootfs::Host, 1 << 20, &[], false, debian_host);
+        assert!(ops.contains(&Op::Proc("/proc".into())));
+        assert!(!ops
+            .iter()
+            .any(|o| matches!(o, Op::Mask(_) | Op::ReadOnlySelf(_))));
+    }
+
+    #[test]
     fn program_file_is_read_only() {
         let ops = host_plan();
         assert!(ops.contains(&Op::File {
@@ -574,7 +595,8 @@ mod tests {
         let ops = plan(
             &Rootfs::Directory(image.path().to_path_buf()),
             1 << 20,
-            None,
+            &[],
+            true,
             Entry::of,
         );
         let binds: Vec<_> = ops

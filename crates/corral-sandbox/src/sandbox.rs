@@ -3,7 +3,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -20,7 +20,7 @@ use crate::landlock_rules;
 use crate::result::{ExecutionResult, Status};
 use crate::rootfs::{self, Entry};
 use crate::seccomp::{self, Role};
-use crate::spec::{base_environment, SandboxSpec};
+use crate::spec::{base_environment, ControlSocket, SandboxSpec};
 use crate::workspace::Workspace;
 
 /// First host uid/gid given to sandboxes when Corral runs as root; each sandbox gets one of
@@ -168,12 +168,35 @@ pub struct Sandbox {
     stdout: OwnedFd,
     stderr: OwnedFd,
     report: OwnedFd,
-    go: Option<OwnedFd>,
+    /// The write end of init's control pipe; closing it makes init kill everything.
+    control: Option<OwnedFd>,
+    started: bool,
+    /// The host's end of the program's fd 3, until taken.
+    socket: Option<OwnedFd>,
     /// Set once init reports the sandbox ready.
     workspace: Option<Workspace>,
     warnings: Vec<String>,
     limits: crate::spec::Limits,
-    started: Option<Instant>,
+}
+
+/// What init said on the report socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Report {
+    /// The program exited with this raw wait status; init has killed everything else.
+    Exited(i32),
+    /// A setup step failed (e.g. the program could not be executed).
+    SetupError(String),
+    /// init is gone without a report.
+    Closed,
+}
+
+/// Resource use and cause of death, read after the sandbox has ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Finish {
+    pub cpu_time: Duration,
+    pub peak_memory_bytes: u64,
+    /// The kernel's OOM killer killed a process of this sandbox.
+    pub oom_killed: bool,
 }
 
 impl Sandbox {
@@ -181,7 +204,10 @@ impl Sandbox {
     /// filesystem and cgroup exist, input files are in the workspace. Call [`Sandbox::wait`]
     /// to start the program.
     pub fn create(spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
-        let workload_filters = seccomp::filters(Role::Workload);
+        let workload_filters = seccomp::filters(match spec.role {
+            crate::spec::Role::Workload => Role::Workload,
+            crate::spec::Role::Zygote => Role::Zygote,
+        });
         let init_filters = seccomp::filters(Role::Init);
         let mut warnings = Vec::new();
         let landlock_abi = landlock_rules::kernel_abi();
@@ -234,14 +260,21 @@ impl Sandbox {
             rlimits.push((Resource::RLIMIT_NPROC, limits.pids));
         }
 
-        let program = spec.program_file.as_ref();
+        let run_files: Vec<(&str, &[u8])> = spec
+            .program_file
+            .iter()
+            .chain(&spec.support_files)
+            .map(|(n, c)| (n.as_str(), c.as_slice()))
+            .collect();
         let ops = rootfs::plan(
             &spec.rootfs,
             limits.disk_bytes,
-            program.map(|(n, c)| (n.as_str(), c.as_slice())),
+            &run_files,
+            spec.role == crate::spec::Role::Workload,
             Entry::of,
         );
-        let root_size = ROOT_TMPFS_SLACK + program.map_or(0, |(_, c)| c.len() as u64);
+        let root_size =
+            ROOT_TMPFS_SLACK + run_files.iter().map(|(_, c)| c.len() as u64).sum::<u64>();
 
         let program_name = spec
             .argv
@@ -270,8 +303,24 @@ impl Sandbox {
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(SandboxError::io("pipe"))?;
         let (stderr_r, stderr_w) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(SandboxError::io("pipe"))?;
-        let (go_r, go_w) =
+        crate::sys::ensure_stdio_open();
+        let (control_r, control_w) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(SandboxError::io("pipe"))?;
+        let socket = match spec.control_socket {
+            None => None,
+            Some(kind) => Some(
+                socketpair(
+                    AddressFamily::Unix,
+                    match kind {
+                        ControlSocket::Stream => SockType::Stream,
+                        ControlSocket::SeqPacket => SockType::SeqPacket,
+                    },
+                    None,
+                    SockFlag::SOCK_CLOEXEC,
+                )
+                .map_err(SandboxError::io("socketpair"))?,
+            ),
+        };
         let (report, report_child) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -296,7 +345,9 @@ impl Sandbox {
             cgroup_join: join_files.iter().map(|f| f.as_raw_fd()).collect(),
             switch_to,
             report: report_child.as_raw_fd(),
-            go: go_r.as_raw_fd(),
+            control: control_r.as_raw_fd(),
+            socket: socket.as_ref().map(|(_, child)| child.as_raw_fd()),
+            role: spec.role,
             stdout: stdout_w.as_raw_fd(),
             stderr: stderr_w.as_raw_fd(),
             root_size,
@@ -316,7 +367,11 @@ impl Sandbox {
             ForkResult::Child => child::stage1(&plan),
             ForkResult::Parent { child } => child,
         };
-        drop((join_files, stdout_w, stderr_w, go_r, report_child));
+        let socket = socket.map(|(host, child)| {
+            drop(child);
+            host
+        });
+        drop((join_files, stdout_w, stderr_w, control_r, report_child));
 
         let mut sandbox = Sandbox {
             name,
@@ -326,11 +381,12 @@ impl Sandbox {
             stdout: stdout_r,
             stderr: stderr_r,
             report,
-            go: Some(go_w),
+            control: Some(control_w),
+            started: false,
+            socket,
             workspace: None,
             warnings,
             limits,
-            started: None,
         };
 
         let mut buf = [0u8; 4096];
@@ -403,18 +459,123 @@ impl Sandbox {
         &self.name
     }
 
+    /// Starts the program (once).
+    pub fn start(&mut self) -> Result<(), SandboxError> {
+        if !self.started {
+            self.send_control(b"g").map_err(|source| SandboxError::Io {
+                what: "starting the program (the sandbox has ended)",
+                source,
+            })?;
+            self.started = true;
+        }
+        Ok(())
+    }
+
+    /// Sends SIGINT to the program (through init, which alone can address it).
+    pub fn interrupt(&self) -> io::Result<()> {
+        self.send_control(b"i")
+    }
+
+    fn send_control(&self, byte: &[u8]) -> io::Result<()> {
+        let control = self
+            .control
+            .as_ref()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::BrokenPipe))?;
+        nix::unistd::write(control, byte)?;
+        Ok(())
+    }
+
+    /// The host's end of the program's fd 3 (once).
+    pub fn take_socket(&mut self) -> Option<OwnedFd> {
+        self.socket.take()
+    }
+
+    pub fn stdout_fd(&self) -> BorrowedFd<'_> {
+        self.stdout.as_fd()
+    }
+
+    pub fn stderr_fd(&self) -> BorrowedFd<'_> {
+        self.stderr.as_fd()
+    }
+
+    /// Readable when init reports (see [`Sandbox::read_report`]).
+    pub fn report_fd(&self) -> BorrowedFd<'_> {
+        self.report.as_fd()
+    }
+
+    /// Reads one report from init; call when [`Sandbox::report_fd`] is readable.
+    pub fn read_report(&mut self) -> Report {
+        let mut buf = [0u8; 4096];
+        match crate::sys::recv_message(self.report.as_fd(), &mut buf) {
+            Ok((n, _)) if n > 0 => match &buf[..n] {
+                [MSG_EXIT, status @ ..] if status.len() == 4 => {
+                    Report::Exited(i32::from_le_bytes(status.try_into().expect("4 bytes")))
+                }
+                [MSG_ERROR, msg @ ..] => {
+                    Report::SetupError(String::from_utf8_lossy(msg).into_owned())
+                }
+                _ => Report::SetupError("init sent an unknown report".into()),
+            },
+            _ => Report::Closed,
+        }
+    }
+
+    /// Ends the sandbox (killing what still runs), reaps init and reads the resource use.
+    pub fn finish(&mut self) -> Finish {
+        // init exits by itself once the program is gone; closing the control pipe makes it
+        // kill whatever is left first.
+        self.control = None;
+        let usage = self.reap_init();
+        self.finish_stats(usage)
+    }
+
+    fn finish_stats(&mut self, usage: Option<libc::rusage>) -> Finish {
+        let oom_killed = self.cgroup.as_ref().map_or(0, Cgroup::oom_kills) > 0;
+        let peak_memory_bytes = self
+            .cgroup
+            .as_ref()
+            .and_then(Cgroup::peak_memory)
+            .unwrap_or(usage.map_or(0, |u| u.ru_maxrss.max(0) as u64 * 1024));
+        // rusage misses processes the kernel reaped itself (a killed tree): prefer the cgroup.
+        let cpu_time = self
+            .cgroup
+            .as_ref()
+            .and_then(Cgroup::cpu_time)
+            .unwrap_or_else(|| {
+                usage.map_or(Duration::ZERO, |u| {
+                    let tv =
+                        |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+                    tv(u.ru_utime) + tv(u.ru_stime)
+                })
+            });
+        Finish {
+            cpu_time,
+            peak_memory_bytes,
+            oom_killed,
+        }
+    }
+
     /// Starts the program and waits for it to end (or for the timeout), passing output to
     /// `on_output` as it arrives, up to the output limit.
     pub fn wait(&mut self, on_output: &mut dyn FnMut(Stream, &[u8])) -> Outcome {
         let started = Instant::now();
-        self.started = Some(started);
         let deadline = started + self.limits.timeout;
         let mut stdout = Capture::new(self.limits.output_bytes);
         let mut stderr = Capture::new(self.limits.output_bytes);
-        if let Some(go) = self.go.take() {
-            if nix::unistd::write(&go, b"g").is_err() {
-                return self.failed(started, "the sandbox ended before the program started");
-            }
+        if let Err(e) = self.start() {
+            self.kill();
+            self.reap_init();
+            return Outcome {
+                status: Status::SandboxError,
+                exit_code: None,
+                signal: None,
+                stdout,
+                stderr,
+                execution_time: started.elapsed(),
+                cpu_time: Duration::ZERO,
+                peak_memory_bytes: 0,
+                error_message: Some(e.to_string()),
+            };
         }
         let mut open = [true, true, true]; // stdout, stderr, report
         let mut exit_status = None;
@@ -463,18 +624,10 @@ impl Sandbox {
                 .collect();
             for i in ready {
                 if i == 2 {
-                    match crate::sys::recv_message(self.report.as_fd(), &mut buf) {
-                        Ok((0, _)) | Err(_) => open[2] = false,
-                        Ok((n, _)) => match &buf[..n] {
-                            [MSG_EXIT, status @ ..] if status.len() == 4 => {
-                                exit_status =
-                                    Some(i32::from_le_bytes(status.try_into().expect("4 bytes")));
-                            }
-                            [MSG_ERROR, msg @ ..] => {
-                                setup_error = Some(String::from_utf8_lossy(msg).into_owned());
-                            }
-                            _ => {}
-                        },
+                    match self.read_report() {
+                        Report::Closed => open[2] = false,
+                        Report::Exited(raw) => exit_status = Some(raw),
+                        Report::SetupError(msg) => setup_error = Some(msg),
                     }
                     continue;
                 }
@@ -501,25 +654,7 @@ impl Sandbox {
             // nothing else is left.
             self.kill();
         }
-        let usage = self.reap_init();
-        let oom = self.cgroup.as_ref().map_or(0, Cgroup::oom_kills) > 0;
-        let peak = self
-            .cgroup
-            .as_ref()
-            .and_then(Cgroup::peak_memory)
-            .unwrap_or(usage.map_or(0, |u| u.ru_maxrss.max(0) as u64 * 1024));
-        // rusage misses processes the kernel reaped itself (a killed tree): prefer the cgroup.
-        let cpu_time = self
-            .cgroup
-            .as_ref()
-            .and_then(Cgroup::cpu_time)
-            .unwrap_or_else(|| {
-                usage.map_or(Duration::ZERO, |u| {
-                    let tv =
-                        |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-                    tv(u.ru_utime) + tv(u.ru_stime)
-                })
-            });
+        let finish = self.finish();
         let (exit_code, signal) = exit_status.map_or((None, None), child::decode_status);
         let (status, message) = if let Some(msg) = setup_error {
             (Status::SandboxError, Some(msg))
@@ -531,14 +666,8 @@ impl Sandbox {
                     self.limits.timeout.as_secs_f64()
                 )),
             )
-        } else if oom && exit_code != Some(0) {
-            (
-                Status::MemoryLimit,
-                Some(format!(
-                    "the program exceeded the {} MiB memory limit and was killed",
-                    self.limits.memory_bytes >> 20
-                )),
-            )
+        } else if finish.oom_killed && exit_code != Some(0) {
+            (Status::MemoryLimit, Some(self.memory_limit_message()))
         } else if exit_status.is_none() {
             (
                 Status::SandboxError,
@@ -561,26 +690,23 @@ impl Sandbox {
             stdout,
             stderr,
             execution_time,
-            cpu_time,
-            peak_memory_bytes: peak,
+            cpu_time: finish.cpu_time,
+            peak_memory_bytes: finish.peak_memory_bytes,
             error_message: message,
         }
     }
 
-    fn failed(&mut self, started: Instant, message: &str) -> Outcome {
-        self.kill();
-        self.reap_init();
-        Outcome {
-            status: Status::SandboxError,
-            exit_code: None,
-            signal: None,
-            stdout: Capture::default(),
-            stderr: Capture::default(),
-            execution_time: started.elapsed(),
-            cpu_time: Duration::ZERO,
-            peak_memory_bytes: 0,
-            error_message: Some(message.into()),
-        }
+    /// The sentence reported when the memory limit killed the program.
+    pub fn memory_limit_message(&self) -> String {
+        format!(
+            "the program exceeded the {} MiB memory limit and was killed",
+            self.limits.memory_bytes >> 20
+        )
+    }
+
+    /// The limits this sandbox was created with.
+    pub fn limits(&self) -> &crate::spec::Limits {
+        &self.limits
     }
 
     /// Kills every process of the sandbox (init last: its death takes the pid namespace down).

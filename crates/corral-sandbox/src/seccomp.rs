@@ -20,6 +20,8 @@ pub enum Role {
     Workload,
     /// The sandbox's own pid-1 reaper, after its setup is done.
     Init,
+    /// Corral's zygote and the sessions it forks, until each installs the workload filter.
+    Zygote,
 }
 
 /// `seccomp(SECCOMP_SET_MODE_FILTER)` failed; EACCES means no_new_privs was not set.
@@ -39,6 +41,7 @@ pub fn filters(role: Role) -> &'static [&'static [sock_filter]] {
     match role {
         Role::Workload => programs::WORKLOAD,
         Role::Init => programs::INIT,
+        Role::Zygote => programs::ZYGOTE,
     }
 }
 
@@ -123,7 +126,7 @@ mod tests {
 
     #[test]
     fn profiles_compile_for_every_supported_arch() {
-        for profile in [&WORKLOAD, &INIT] {
+        for profile in [&WORKLOAD, &INIT, &ZYGOTE] {
             for arch in ARCHES {
                 let programs = compile(profile, arch)
                     .unwrap_or_else(|e| panic!("{} for {arch:?}: {e:?}", profile.file));
@@ -133,11 +136,12 @@ mod tests {
                     .all(|p| !p.is_empty() && p.len() <= BPF_MAX_LEN));
             }
         }
-        for role in [Role::Workload, Role::Init] {
+        for role in [Role::Workload, Role::Init, Role::Zygote] {
             let embedded = filters(role);
             let profile = match role {
                 Role::Workload => &WORKLOAD,
                 Role::Init => &INIT,
+                Role::Zygote => &ZYGOTE,
             };
             let fresh = compile(profile, HOST_ARCH).unwrap();
             assert_eq!(embedded.len(), fresh.len());
@@ -160,6 +164,14 @@ mod tests {
             assert!(
                 init.is_subset(workload),
                 "init must be narrower than the workload"
+            );
+            // The zygote widens the workload by exactly the namespace calls a session needs
+            // before it installs the workload filter on top.
+            let zygote = &syscall_names(&ZYGOTE, arch)["zygote"];
+            let extra: HashSet<&str> = zygote.difference(workload).map(String::as_str).collect();
+            assert_eq!(
+                extra,
+                HashSet::from(["unshare", "mount", "sethostname", "capset"])
             );
         }
     }
@@ -186,6 +198,7 @@ mod tests {
                 file: "test.json",
                 json: json.as_bytes(),
                 filters: &["f"],
+                extends: None,
             };
             compile(&profile, HOST_ARCH).unwrap_err().to_string()
         };

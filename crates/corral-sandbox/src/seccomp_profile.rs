@@ -63,6 +63,16 @@ pub struct Profile {
     pub file: &'static str,
     pub json: &'static [u8],
     pub filters: &'static [&'static str],
+    /// The rules of another profile's filter that are prepended to one of ours, so a
+    /// profile that only widens another lists just the difference.
+    pub extends: Option<Extends>,
+}
+
+/// `base`'s filter `from` is prepended to our filter `into`.
+pub struct Extends {
+    pub base: &'static Profile,
+    pub from: &'static str,
+    pub into: &'static str,
 }
 
 pub const WORKLOAD: Profile = Profile {
@@ -75,12 +85,25 @@ pub const WORKLOAD: Profile = Profile {
     // last for its ENOSYS to beat the allow-list's EPERM, while its default "allow" can never
     // override a denial by the allow-list.
     filters: &["workload", "workload_clone3"],
+    extends: None,
 };
 
 pub const INIT: Profile = Profile {
     file: "init.json",
     json: include_bytes!("../seccomp/init.json"),
     filters: &["init"],
+    extends: None,
+};
+
+pub const ZYGOTE: Profile = Profile {
+    file: "zygote.json",
+    json: include_bytes!("../seccomp/zygote.json"),
+    filters: &["zygote", "zygote_clone3"],
+    extends: Some(Extends {
+        base: &WORKLOAD,
+        from: "workload",
+        into: "zygote",
+    }),
 };
 
 /// Compiles `profile` for `arch` into its programs, in installation order.
@@ -129,6 +152,26 @@ pub fn select_arch(profile: &Profile, arch: TargetArch) -> Result<Vec<u8>, Profi
 
     let mut root: Value = serde_json::from_slice(profile.json)
         .map_err(|source| ProfileError::Json { file, source })?;
+    if let Some(ext) = &profile.extends {
+        let base: Value =
+            serde_json::from_slice(ext.base.json).map_err(|source| ProfileError::Json {
+                file: ext.base.file,
+                source,
+            })?;
+        let inherited = base[ext.from]["filter"]
+            .as_array()
+            .cloned()
+            .ok_or_else(|| {
+                invalid(format!(
+                    "{}: no filter {:?} to extend",
+                    ext.base.file, ext.from
+                ))
+            })?;
+        let own = root[ext.into]["filter"]
+            .as_array_mut()
+            .ok_or_else(|| invalid(format!("no filter {:?} to extend into", ext.into)))?;
+        own.splice(0..0, inherited);
+    }
     let filters = root
         .as_object_mut()
         .ok_or_else(|| invalid("top level is not an object".into()))?;

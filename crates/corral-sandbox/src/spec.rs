@@ -53,6 +53,30 @@ pub struct Policy {
     pub allow_degraded: bool,
 }
 
+/// What the sandboxed program is, which decides its last layers of protection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    /// Untrusted code: Landlock, the workload seccomp profile, a masked `/proc`.
+    #[default]
+    Workload,
+    /// Corral's own zygote, which never runs untrusted code but forks sessions that enter
+    /// fresh namespaces of their own (nested user namespace, mounts, pid, net, ipc, uts) and
+    /// then apply every workload layer themselves. It therefore runs without Landlock (which
+    /// forbids mounting), with the zygote seccomp profile (workload plus the namespace calls)
+    /// and with an unmasked `/proc` (the kernel refuses a new proc mount where an existing one
+    /// is partly covered); like a workload it has no capabilities and `no_new_privs`.
+    Zygote,
+}
+
+/// The kind of socket the program finds at fd 3, connected to the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlSocket {
+    /// A byte stream (the kernel protocol's frames, of any size).
+    Stream,
+    /// Message boundaries kept and descriptors passed with messages (the zygote's requests).
+    SeqPacket,
+}
+
 /// A file copied into the workspace before the program starts.
 #[derive(Debug)]
 pub struct InputFile {
@@ -75,6 +99,11 @@ pub struct SandboxSpec {
     pub policy: Policy,
     /// A file placed read-only at `/run/corral/<name>` (the program text of a one-shot run).
     pub program_file: Option<(String, Vec<u8>)>,
+    /// More read-only files under `/run/corral` (e.g. a kernel's runtime).
+    pub support_files: Vec<(String, Vec<u8>)>,
+    /// A socket to the host at fd 3, if the program speaks a protocol with it.
+    pub control_socket: Option<ControlSocket>,
+    pub role: Role,
     pub input_files: Vec<InputFile>,
 }
 
@@ -87,6 +116,9 @@ impl SandboxSpec {
             limits: Limits::default(),
             policy: Policy::default(),
             program_file: None,
+            support_files: Vec::new(),
+            control_socket: None,
+            role: Role::Workload,
             input_files: Vec::new(),
         }
     }

@@ -189,3 +189,18 @@ pub fn scrub_args_and_environment() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Makes sure descriptors 0, 1 and 2 are open (on /dev/null if they were closed), so that
+/// descriptors created later never take their numbers and get clobbered by a child's dup2.
+pub fn ensure_stdio_open() {
+    for fd in 0..3 {
+        if nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD) == Err(nix::errno::Errno::EBADF) {
+            // Opening takes the lowest free number, which is `fd`.
+            let _ = nix::fcntl::open(
+                "/dev/null",
+                nix::fcntl::OFlag::O_RDWR,
+                nix::sys::stat::Mode::empty(),
+            );
+        }
+    }
+}
