@@ -148,11 +148,11 @@ pub(crate) fn stage1(plan: &ChildPlan) -> ! {
 fn init(plan: &ChildPlan) -> ! {
     // Non-dumpable before any sandbox process exists: init's memory is a copy of the host
     // process's (environment included) and must never be readable through /proc/1.
+    // No PR_SET_PDEATHSIG: it fires when the host *thread* that forked exits, which a
+    // multithreaded host does all the time. The control pipe is the lifeline instead: it
+    // reads EOF once the host process is gone, and init then kills everything.
     // SAFETY: prctl with integer arguments only.
-    unsafe {
-        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-    }
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     if let Err(e) = sys::scrub_args_and_environment() {
         plan.fail("hiding the host command line", e);
     }

@@ -171,7 +171,7 @@ pub fn run_checks() -> Vec<Check> {
     }
 
     let spec = SandboxSpec::new(vec!["/bin/true".to_string()]);
-    let (result, _) = sandbox::run(&spec, &mut |_, _| {});
+    let (result, _) = sandbox::run(&spec, &mut |_, _| {}, None);
     let full = result.status == Status::Success && result.warnings.is_empty();
     checks.push(check(
         "isolation",

@@ -7,7 +7,7 @@
 //! seccomp allow-list. [`Sandbox::wait`] runs it under a wall-clock limit; dropping the
 //! sandbox leaves nothing behind. This crate is synchronous and holds all of Corral's `unsafe`.
 
-mod cgroup;
+pub mod cgroup;
 mod child;
 pub mod doctor;
 mod landlock_rules;
@@ -15,6 +15,7 @@ pub mod result;
 pub mod rootfs;
 mod sandbox;
 pub mod seccomp;
+pub use sys::{recv_message, recv_with_credentials, send_fds, Received};
 #[cfg(test)]
 mod seccomp_profile;
 pub mod spec;
@@ -23,8 +24,8 @@ pub mod workspace;
 
 pub use result::{ExecutionResult, FileEntry, LanguageError, RichResult, Status};
 pub use sandbox::{
-    cgroup_layout, run, Capture, Finish, Outcome, Report, Sandbox, SandboxError, Stream,
-    ROOT_MODE_ID_BASE,
+    cgroup_layout, run, unique_name, Capture, Finish, Outcome, Report, Sandbox, SandboxError,
+    Stream, ROOT_MODE_ID_BASE,
 };
 pub use spec::{ControlSocket, InputFile, Limits, Policy, Role, Rootfs, SandboxSpec};
 pub use workspace::{Workspace, WorkspaceError};

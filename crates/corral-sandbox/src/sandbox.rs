@@ -133,7 +133,9 @@ fn next_root_mode_id() -> u32 {
         + salt.wrapping_add(COUNTER.fetch_add(1, Ordering::Relaxed)) % ROOT_MODE_ID_RANGE
 }
 
-fn unique_name() -> String {
+/// A name for a sandbox or session cgroup: `<pid>-<counter>-<nanos>` (the owner pid lets
+/// a later process recognize what a killed one left behind).
+pub fn unique_name() -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -162,6 +164,8 @@ fn cstrings(items: impl IntoIterator<Item = String>) -> Result<Vec<CString>, San
 #[derive(Debug)]
 pub struct Sandbox {
     name: String,
+    /// Root mode: the unprivileged host uid and gid the sandbox runs as.
+    host_ids: Option<(u32, u32)>,
     init: Pid,
     reaped: bool,
     cgroup: Option<Cgroup>,
@@ -178,6 +182,9 @@ pub struct Sandbox {
     warnings: Vec<String>,
     limits: crate::spec::Limits,
 }
+
+/// Receives the bytes a program sends on its fd-3 socket.
+pub type SocketSink<'a> = &'a mut dyn FnMut(&[u8]);
 
 /// What init said on the report socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -375,6 +382,7 @@ impl Sandbox {
 
         let mut sandbox = Sandbox {
             name,
+            host_ids: switch_to.map(|(u, g)| (u.as_raw(), g.as_raw())),
             init: Pid::from_raw(0),
             reaped: true,
             cgroup,
@@ -452,6 +460,11 @@ impl Sandbox {
     /// Protections weaker than requested for this sandbox.
     pub fn warnings(&self) -> &[String] {
         &self.warnings
+    }
+
+    /// Root mode: the host uid and gid the sandbox user maps to (for [`Workspace::new`]).
+    pub fn host_ids(&self) -> Option<(u32, u32)> {
+        self.host_ids
     }
 
     /// A unique name (also the cgroup's).
@@ -558,6 +571,16 @@ impl Sandbox {
     /// Starts the program and waits for it to end (or for the timeout), passing output to
     /// `on_output` as it arrives, up to the output limit.
     pub fn wait(&mut self, on_output: &mut dyn FnMut(Stream, &[u8])) -> Outcome {
+        self.wait_with_socket(on_output, None)
+    }
+
+    /// [`Sandbox::wait`], also passing every byte the program sends on its fd-3 socket (taken
+    /// with [`Sandbox::take_socket`]) to `on_socket`.
+    pub fn wait_with_socket(
+        &mut self,
+        on_output: &mut dyn FnMut(Stream, &[u8]),
+        mut socket: Option<(BorrowedFd<'_>, SocketSink<'_>)>,
+    ) -> Outcome {
         let started = Instant::now();
         let deadline = started + self.limits.timeout;
         let mut stdout = Capture::new(self.limits.output_bytes);
@@ -577,13 +600,13 @@ impl Sandbox {
                 error_message: Some(e.to_string()),
             };
         }
-        let mut open = [true, true, true]; // stdout, stderr, report
+        let mut open = [true, true, true, socket.is_some()]; // stdout, stderr, report, socket
         let mut exit_status = None;
         let mut setup_error = None;
         let mut timed_out = false;
         let mut killed_at: Option<Instant> = None;
         let mut buf = vec![0u8; 64 << 10];
-        while open.iter().any(|o| *o) {
+        while open[..3].iter().any(|o| *o) {
             let now = Instant::now();
             let wait_until = match killed_at {
                 Some(t) => t + DRAIN_AFTER_KILL,
@@ -599,14 +622,20 @@ impl Sandbox {
                 continue;
             }
             let timeout = PollTimeout::try_from(wait_until - now).unwrap_or(PollTimeout::MAX);
-            let mut fds = Vec::with_capacity(3);
-            let mut which = Vec::with_capacity(3);
-            for (i, fd) in [&self.stdout, &self.stderr, &self.report]
-                .into_iter()
-                .enumerate()
+            let mut fds = Vec::with_capacity(4);
+            let mut which = Vec::with_capacity(4);
+            let socket_fd = socket.as_ref().map(|(fd, _)| *fd);
+            for (i, fd) in [
+                Some(self.stdout.as_fd()),
+                Some(self.stderr.as_fd()),
+                Some(self.report.as_fd()),
+                socket_fd,
+            ]
+            .into_iter()
+            .enumerate()
             {
-                if open[i] {
-                    fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                if let (true, Some(fd)) = (open[i], fd) {
+                    fds.push(PollFd::new(fd, PollFlags::POLLIN));
                     which.push(i);
                 }
             }
@@ -623,6 +652,14 @@ impl Sandbox {
                 .map(|(_, &i)| i)
                 .collect();
             for i in ready {
+                if i == 3 {
+                    let (fd, sink) = socket.as_mut().expect("polled only when present");
+                    match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
+                        Ok(0) | Err(_) => open[3] = false,
+                        Ok(n) => sink(&buf[..n]),
+                    }
+                    continue;
+                }
                 if i == 2 {
                     match self.read_report() {
                         Report::Closed => open[2] = false,
@@ -704,6 +741,21 @@ impl Sandbox {
         )
     }
 
+    /// CPU time used so far by every process of the sandbox, where a cgroup measures it.
+    pub fn cpu_time(&self) -> Option<Duration> {
+        self.cgroup.as_ref().and_then(Cgroup::cpu_time)
+    }
+
+    /// Peak memory of the sandbox so far, where a cgroup measures it.
+    pub fn peak_memory(&self) -> Option<u64> {
+        self.cgroup.as_ref().and_then(Cgroup::peak_memory)
+    }
+
+    /// Whether the kernel's OOM killer has killed a process of this sandbox.
+    pub fn oom_killed(&self) -> bool {
+        self.cgroup.as_ref().map_or(0, Cgroup::oom_kills) > 0
+    }
+
     /// The limits this sandbox was created with.
     pub fn limits(&self) -> &crate::spec::Limits {
         &self.limits
@@ -754,18 +806,23 @@ impl Drop for Sandbox {
 
 /// Runs `spec` to completion: the one-shot path of `corral run` and `POST /v1/run`.
 /// Returns the result object and the workspace (for copying files out), which stays
-/// readable until dropped.
+/// readable until dropped. With `on_socket`, `spec` must ask for a control socket, and every
+/// byte the program sends on it is passed on.
 pub fn run(
     spec: &SandboxSpec,
     on_output: &mut dyn FnMut(Stream, &[u8]),
+    on_socket: Option<SocketSink<'_>>,
 ) -> (ExecutionResult, Option<Workspace>) {
     let mut sandbox = match Sandbox::create(spec) {
         Ok(s) => s,
         Err(e) => return (ExecutionResult::sandbox_error(e.to_string()), None),
     };
-    let outcome = sandbox.wait(on_output);
-    let warnings = sandbox.warnings.clone();
-    let mut warnings = warnings;
+    let socket = sandbox.take_socket();
+    let outcome = match (&socket, on_socket) {
+        (Some(fd), Some(sink)) => sandbox.wait_with_socket(on_output, Some((fd.as_fd(), sink))),
+        _ => sandbox.wait(on_output),
+    };
+    let mut warnings = sandbox.warnings.clone();
     let files = sandbox.workspace().list().unwrap_or_else(|e| {
         warnings.push(format!("listing the workspace failed: {e}"));
         Vec::new()

@@ -136,6 +136,9 @@ pub fn base_environment(limits: &Limits) -> Vec<(String, String)> {
         ("LANG", "C.UTF-8"),
         ("TERM", "dumb"),
         ("TMPDIR", "/tmp"),
+        // Caches and configuration stay out of the workspace, which is the user's files.
+        ("XDG_CACHE_HOME", "/tmp/.cache"),
+        ("XDG_CONFIG_HOME", "/tmp/.config"),
         ("PYTHONUNBUFFERED", "1"),
         ("PYTHONDONTWRITEBYTECODE", "1"),
         ("PYTHONPATH", "/workspace"),

@@ -204,3 +204,50 @@ pub fn ensure_stdio_open() {
         }
     }
 }
+
+/// A message received with the descriptor and the sender's credentials it carried.
+pub struct Received {
+    pub len: usize,
+    pub fd: Option<OwnedFd>,
+    /// The pid the sender vouched for, translated into our pid namespace by the kernel.
+    pub pid: Option<i32>,
+}
+
+/// Receives one message on a socket that has `SO_PASSCRED` set.
+pub fn recv_with_credentials(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let mut space = nix::cmsg_space!(RawFd, nix::sys::socket::UnixCredentials);
+    let msg = recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )?;
+    let mut received = Received {
+        len: msg.bytes,
+        fd: None,
+        pid: None,
+    };
+    for cmsg in msg.cmsgs()? {
+        match cmsg {
+            ControlMessageOwned::ScmRights(fds) => {
+                for fd in fds {
+                    // SAFETY: SCM_RIGHTS just installed `fd` in our table; we are its only owner.
+                    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                    received.fd.get_or_insert(owned);
+                }
+            }
+            ControlMessageOwned::ScmCredentials(creds) => received.pid = Some(creds.pid()),
+            _ => {}
+        }
+    }
+    Ok(received)
+}
+
+/// Sends one message carrying several descriptors.
+pub fn send_fds(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    let iov = [io::IoSlice::new(bytes)];
+    let cmsgs = [ControlMessage::ScmRights(fds)];
+    sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL, None)?;
+    Ok(())
+}

@@ -115,7 +115,9 @@ pub fn checked_components(path: &Path) -> Result<Vec<&std::ffi::OsStr>, Workspac
 }
 
 impl Workspace {
-    pub(crate) fn new(root: OwnedFd, owner: Option<(u32, u32)>) -> Self {
+    /// Wraps a descriptor of a workspace directory (an `O_PATH` descriptor received from a
+    /// sandbox); `owner` is the host uid and gid the sandbox user maps to, in root mode.
+    pub fn new(root: OwnedFd, owner: Option<(u32, u32)>) -> Self {
         Workspace { root, owner }
     }
 

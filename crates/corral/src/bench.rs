@@ -13,6 +13,18 @@ pub struct BenchArgs {
     /// Timed runs per contender (after 3 warm-up runs each).
     #[arg(long, default_value_t = 60)]
     runs: usize,
+    /// Which benchmarks: all, oneshot, sessions, density.
+    #[arg(long, default_value = "all")]
+    only: String,
+    /// Image for the session benchmarks.
+    #[arg(long, default_value = "host")]
+    image: String,
+    /// Data directory holding built images (default: $CORRAL_DATA_DIR or the XDG data dir).
+    #[arg(long)]
+    data_dir: Option<std::path::PathBuf>,
+    /// Sessions for the density benchmark.
+    #[arg(long, default_value_t = 200)]
+    density_sessions: usize,
 }
 
 /// Median and 95th percentile of a set of durations.
@@ -101,6 +113,27 @@ fn bwrap_command() -> Option<Vec<String>> {
 }
 
 pub fn main(args: BenchArgs) -> Result<()> {
+    let all = args.only == "all";
+    if all || args.only == "oneshot" {
+        oneshot(&args)?;
+    }
+    if all || args.only == "sessions" {
+        crate::bench_sessions::sessions(&args.image, args.data_dir.as_deref())?;
+    }
+    if all || args.only == "density" {
+        crate::bench_sessions::density(
+            &args.image,
+            args.data_dir.as_deref(),
+            args.density_sessions,
+        )?;
+    }
+    if !["all", "oneshot", "sessions", "density"].contains(&args.only.as_str()) {
+        bail!("--only takes all, oneshot, sessions or density");
+    }
+    Ok(())
+}
+
+fn oneshot(args: &BenchArgs) -> Result<()> {
     let me = std::env::current_exe()?.to_string_lossy().into_owned();
     let mut contenders = vec![
         Contender {
@@ -112,7 +145,14 @@ pub fn main(args: BenchArgs) -> Result<()> {
         },
         Contender {
             name: "corral run -c 'print(1)' (host image)",
-            command: vec![me, "run".into(), "-c".into(), "print(1)".into()],
+            command: vec![
+                me,
+                "run".into(),
+                "--image".into(),
+                "host".into(),
+                "-c".into(),
+                "print(1)".into(),
+            ],
             samples: Vec::new(),
         },
     ];

@@ -1,6 +1,8 @@
 //! The `corral` command line: a thin layer over the `corral-sandbox` library.
 
 mod bench;
+mod bench_sessions;
+mod image;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -20,6 +22,8 @@ struct Cli {
 enum Command {
     /// Run a program in a fresh sandbox and report its output and status.
     Run(Box<run::RunArgs>),
+    /// Build, list, inspect and remove images.
+    Image(image::ImageArgs),
     /// Show which protection layers this host can apply, and which not.
     Doctor,
     /// Measure the performance promises of docs/benchmarks.md against in-run baselines.
@@ -30,6 +34,7 @@ fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Run(args) => run::main(*args),
+        Command::Image(args) => image::main(args),
         Command::Doctor => doctor(),
         Command::Bench(args) => match bench::main(args) {
             Ok(()) => 0,

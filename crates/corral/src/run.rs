@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use corral_sandbox::{
-    ExecutionResult, InputFile, Limits, Policy, Rootfs, SandboxSpec, Status, Stream,
-};
+use corral_image::{ImageError, Recipe, ResolvedImage, Store};
+use corral_sandbox::{ExecutionResult, InputFile, Limits, Policy, SandboxSpec, Status, Stream};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Language {
@@ -28,11 +27,20 @@ impl Language {
         }
     }
 
-    fn interpreter(self) -> &'static str {
+    /// As in `--lang` and in an image's manifest.
+    fn name(self) -> &'static str {
         match self {
-            Language::Python => "python3",
-            Language::Javascript => "node",
+            Language::Python => "python",
+            Language::Javascript => "javascript",
             Language::Bash => "bash",
+        }
+    }
+
+    fn kernel(self) -> corral_kernel::Language {
+        match self {
+            Language::Python => corral_kernel::Language::Python,
+            Language::Javascript => corral_kernel::Language::Javascript,
+            Language::Bash => corral_kernel::Language::Bash,
         }
     }
 
@@ -55,8 +63,8 @@ pub struct RunArgs {
     /// Language; default: from the file's extension, else python.
     #[arg(long)]
     lang: Option<Language>,
-    /// Image to run in.
-    #[arg(long, default_value = "host")]
+    /// Image to run in (`corral image ls`); `host` binds the host's own /usr.
+    #[arg(long, default_value = "default")]
     image: String,
     /// Wall-clock limit in seconds.
     #[arg(long, default_value_t = 30.0)]
@@ -94,6 +102,12 @@ pub struct RunArgs {
     /// Run even if the kernel lacks Landlock (reported as a warning).
     #[arg(long)]
     allow_degraded: bool,
+    /// Build the image first if it is not built yet, without asking.
+    #[arg(long)]
+    yes: bool,
+    /// Where images are stored (as for `corral image`).
+    #[arg(long, env = "CORRAL_DATA_DIR", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -110,18 +124,22 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
     }
 }
 
+/// A checked request: the sandbox and the program to run in it.
+struct Prepared {
+    spec: SandboxSpec,
+    language: Language,
+    file_name: String,
+    code: Vec<u8>,
+}
+
 /// Turns the arguments into a sandbox spec (everything the user can get wrong is checked here).
-fn build_spec(args: &RunArgs) -> Result<SandboxSpec> {
+fn build_spec(args: &RunArgs) -> Result<Prepared> {
     if args.net != "none" {
         bail!(
             "--net {}: only `none` is supported (the sandbox has its own loopback only)",
             args.net
         );
     }
-    let rootfs = match args.image.as_str() {
-        "host" => Rootfs::Host,
-        other => bail!("unknown image {other:?} (available: host)"),
-    };
     if !(args.timeout > 0.0 && args.timeout.is_finite()) {
         bail!("--timeout must be a positive number of seconds");
     }
@@ -133,12 +151,13 @@ fn build_spec(args: &RunArgs) -> Result<SandboxSpec> {
     }
     let from_stdin =
         args.code.is_none() && args.file.as_deref().is_none_or(|f| f == Path::new("-"));
+    if from_stdin && std::io::stdin().is_terminal() {
+        bail!("no program given: pass FILE, -c CODE, or pipe the program into stdin");
+    }
+    let image = resolve_image(args)?;
     let (code, file_name) = if let Some(code) = &args.code {
         (code.clone().into_bytes(), None)
     } else if from_stdin {
-        if std::io::stdin().is_terminal() {
-            bail!("no program given: pass FILE, -c CODE, or pipe the program into stdin");
-        }
         let mut buf = Vec::new();
         std::io::stdin()
             .read_to_end(&mut buf)
@@ -153,6 +172,16 @@ fn build_spec(args: &RunArgs) -> Result<SandboxSpec> {
         .lang
         .or_else(|| file_name.and_then(|p| Language::from_path(p)))
         .unwrap_or(Language::Python);
+    if !image.languages.iter().any(|l| l == lang.name()) {
+        bail!(
+            "image `{}` has no {} interpreter (it has: {}): choose another --lang, or an image \
+             with {}",
+            image.name,
+            lang.name(),
+            image.languages.join(", "),
+            lang.name()
+        );
+    }
     let name = file_name
         .and_then(|p| p.file_name())
         .and_then(|n| n.to_str())
@@ -163,7 +192,6 @@ fn build_spec(args: &RunArgs) -> Result<SandboxSpec> {
         })
         .unwrap_or(lang.default_file_name())
         .to_string();
-    let program_path = format!("/run/corral/{name}");
 
     let mut input_files = Vec::new();
     for spec in &args.files {
@@ -187,9 +215,12 @@ fn build_spec(args: &RunArgs) -> Result<SandboxSpec> {
         input_files.push(InputFile { source, dest });
     }
 
-    let mut spec = SandboxSpec::new(vec![lang.interpreter().to_string(), program_path]);
-    spec.rootfs = rootfs;
-    spec.env = args.env.clone();
+    // The one-shot runner sets the command line for the language.
+    let mut spec = SandboxSpec::new(Vec::new());
+    spec.rootfs = image.rootfs;
+    // The image's environment first, so that --env overrides it.
+    spec.env = image.env;
+    spec.env.extend(args.env.iter().cloned());
     spec.limits = Limits {
         timeout: Duration::from_secs_f64(args.timeout),
         memory_bytes: args.memory,
@@ -202,26 +233,70 @@ fn build_spec(args: &RunArgs) -> Result<SandboxSpec> {
         strict: args.strict,
         allow_degraded: args.allow_degraded,
     };
-    spec.program_file = Some((name, code));
     spec.input_files = input_files;
-    Ok(spec)
+    Ok(Prepared {
+        spec,
+        language: lang,
+        file_name: name,
+        code,
+    })
+}
+
+/// The image to run in. A built-in image that is not built yet is built first when the user
+/// agrees (on a terminal, or with --yes); it is never replaced by another image.
+fn resolve_image(args: &RunArgs) -> Result<ResolvedImage> {
+    let store = Store::open(args.data_dir.as_deref());
+    match store.resolve(&args.image) {
+        Err(ImageError::NotBuilt {
+            name,
+            builtin: true,
+        }) => {
+            let command = crate::image::build_command(&name, args.data_dir.as_deref());
+            if !(args.yes || crate::image::confirm_build(&name, &command)?) {
+                bail!(
+                    "image `{name}` is not built yet: build it once with `{command}` (a few \
+                     minutes; needs root and the Debian mirror), or pass --yes to build it now"
+                );
+            }
+            let recipe = Recipe::builtin(&name).expect("a built-in image has a recipe");
+            crate::image::build(&store, recipe)?;
+            Ok(store.resolve(&name)?)
+        }
+        Err(ImageError::NotBuilt {
+            name,
+            builtin: false,
+        }) => bail!(
+            "no image named `{name}`: `corral image ls` lists the built ones; build yours with \
+             `corral image build --recipe FILE`"
+        ),
+        other => Ok(other?),
+    }
 }
 
 pub fn main(args: RunArgs) -> i32 {
-    let spec = match build_spec(&args) {
-        Ok(spec) => spec,
+    let prepared = match build_spec(&args) {
+        Ok(p) => p,
         Err(e) => return fail(&args, &format!("{e:#}")),
     };
     let live = !args.json;
     let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
-    let (mut result, workspace) = corral_sandbox::run(&spec, &mut |stream, bytes| {
-        if live {
-            let _ = match stream {
-                Stream::Stdout => stdout.write_all(bytes).and_then(|_| stdout.flush()),
-                Stream::Stderr => stderr.write_all(bytes).and_then(|_| stderr.flush()),
-            };
-        }
-    });
+    let (mut result, workspace) = corral_kernel::oneshot::run(
+        prepared.spec,
+        prepared.language.kernel(),
+        &prepared.file_name,
+        prepared.code,
+        &mut |stream, bytes| {
+            if live {
+                let _ = match stream {
+                    Stream::Stdout => stdout.write_all(bytes).and_then(|_| stdout.flush()),
+                    Stream::Stderr => stderr.write_all(bytes).and_then(|_| stderr.flush()),
+                };
+            }
+        },
+    );
+    if live {
+        save_images(&result, args.out.as_deref().unwrap_or(Path::new(".")));
+    }
     if let (Some(dir), Some(ws)) = (&args.out, &workspace) {
         match ws.copy_out(dir) {
             Ok(files) if live => {
@@ -239,6 +314,34 @@ pub fn main(args: RunArgs) -> i32 {
     }
     drop(workspace);
     report(&args, &result)
+}
+
+/// Saves every PNG result as `result-N.png` in `dir` (never overwriting a file) and names it.
+fn save_images(result: &ExecutionResult, dir: &Path) {
+    use base64::Engine as _;
+    let mut n = 0;
+    for png in result.results.iter().filter_map(|r| r.png.as_deref()) {
+        let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(png) else {
+            continue;
+        };
+        let saved = std::fs::create_dir_all(dir).and_then(|_| loop {
+            n += 1;
+            let path = dir.join(format!("result-{n}.png"));
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(mut f) => break f.write_all(&bytes).map(|_| path),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => break Err(e),
+            }
+        });
+        match saved {
+            Ok(path) => eprintln!("corral: saved {}", path.display()),
+            Err(e) => eprintln!("corral: could not save an image in {}: {e}", dir.display()),
+        }
+    }
 }
 
 fn report(args: &RunArgs, result: &ExecutionResult) -> i32 {

@@ -1,0 +1,134 @@
+"""Corral's Python kernel, entry point; it runs inside the sandbox (docs/kernel-protocol.md).
+
+Session mode, ``python3 corral_kernel.py``: an IPython shell executing the cells the host
+sends on fd 3. A zygote imports this module, calls ``prepare()`` (heavy imports, the
+shell), forks, and each child calls ``reseed()`` then ``serve()``.
+
+One-shot mode, ``python3 corral_kernel.py --oneshot PROGRAM [ARGS...]``: runs PROGRAM like
+``python3 PROGRAM``; when fd 3 is a socket it also reports the final expression's value,
+open matplotlib figures and an uncaught exception as frames, then ``done``.
+
+This file is deliberately small: Python compiles a script on every run (it never caches
+its bytecode), so a one-shot ``print(1)`` pays for every line here. The protocol, the
+IPython session and result formatting live in corral_kernel_lib.py, loaded only in
+session mode or when a one-shot run has something to report.
+"""
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _library():
+    if _HERE not in sys.path:
+        sys.path.insert(0, _HERE)
+    import corral_kernel_lib
+
+    return corral_kernel_lib
+
+
+def prepare(preload=("numpy", "pandas", "matplotlib.pyplot")):
+    """Before a zygote forks: create the IPython shell and import `preload`."""
+    return _library().prepare(preload)
+
+
+def reseed():
+    """In a forked child: fresh random streams (`random`, numpy's global state)."""
+    _library().reseed()
+
+
+def serve(sock_fd=3):
+    """Send `ready` on `sock_fd`, then execute cells until the host hangs up."""
+    _library().serve(sock_fd)
+
+
+def _frames_fd():
+    """3 when the host gave us a socket there, else None (run without frames)."""
+    import stat
+
+    try:
+        if not stat.S_ISSOCK(os.fstat(3).st_mode):
+            return None
+    except OSError:
+        return None
+    os.set_inheritable(3, False)  # the program's children (os.system) must not get it
+    return 3
+
+
+def _compile_program(source, path, split_final_expression):
+    """The program's code and, when asked, its final expression statement compiled apart
+    (None if it has none) so that its value can be reported."""
+    if not split_final_expression:
+        return compile(source, path, "exec", dont_inherit=True), None
+    import _ast
+
+    tree = compile(source, path, "exec", _ast.PyCF_ONLY_AST, dont_inherit=True)
+    if not tree.body or not isinstance(tree.body[-1], _ast.Expr):
+        return compile(tree, path, "exec", dont_inherit=True), None
+    final = _ast.Expression(tree.body.pop().value)
+    return compile(tree, path, "exec", dont_inherit=True), compile(final, path, "eval", dont_inherit=True)
+
+
+def _run_program(namespace, source, path, split_final_expression):
+    """Runs the program; returns (value of its final expression, exception raised)."""
+    try:
+        code, final_expression = _compile_program(source, path, split_final_expression)
+    except (SyntaxError, ValueError) as error:
+        return None, error.with_traceback(None)  # shown without a traceback, like Python
+    try:
+        exec(code, namespace)
+        return (None if final_expression is None else eval(final_expression, namespace)), None
+    except BaseException as error:
+        # Drop this function's frame: the traceback starts in the program.
+        return None, error.with_traceback(error.__traceback__.tb_next)
+
+
+def run_oneshot(path, args):
+    """Runs the program at `path` as `__main__`; returns its exit status."""
+    filename = os.path.abspath(path)
+    try:
+        with open(filename, "rb") as program:
+            source = program.read()
+    except OSError as error:
+        message = f"can't open file {filename!r}: [Errno {error.errno}] {error.strerror}"
+        sys.stderr.write(f"{sys.executable}: {message}\n")
+        return 2
+    sys.argv = [path, *args]
+    sys.path[0] = os.path.dirname(os.path.realpath(filename))
+    sys.stdout.reconfigure(line_buffering=True)  # stream lines as printed, not 8 KiB blocks
+    main = type(sys)("__main__")
+    main.__file__ = filename
+    main.__loader__ = type(__loader__)("__main__", filename)
+    sys.modules["__main__"] = main
+
+    frames_fd = _frames_fd()
+    value, error = _run_program(main.__dict__, source, filename, frames_fd is not None)
+    if error is not None and not isinstance(error, SystemExit):
+        sys.excepthook(type(error), error, error.__traceback__)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if frames_fd is not None:
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if value is None and error is None and not (pyplot and pyplot.get_fignums()):
+            done = b'{"type":"done","id":"oneshot","status":"ok"}'
+            os.write(frames_fd, len(done).to_bytes(4, "big") + done)
+        else:
+            _library().report_oneshot(frames_fd, value, error)
+    if isinstance(error, SystemExit):
+        raise error
+    return 0 if error is None else 1
+
+
+def main(argv):
+    if argv[1:2] == ["--oneshot"] and len(argv) >= 3:
+        return run_oneshot(argv[2], argv[3:])
+    if len(argv) > 1:
+        sys.stderr.write("usage: corral_kernel.py [--oneshot PROGRAM [ARGS...]]\n")
+        return 2
+    serve(3)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

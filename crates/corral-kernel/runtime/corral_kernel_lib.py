@@ -1,0 +1,418 @@
+"""Corral's Python kernel library: the frame protocol, the IPython session and one-shot
+result reporting (see corral_kernel.py, the entry point, and docs/kernel-protocol.md).
+
+Importing this module has no side effects; IPython and friends are imported by prepare().
+"""
+
+import binascii
+import importlib
+import io
+import json
+import os
+import signal
+import sys
+import traceback
+
+MAX_FRAME = 64 << 20
+MAX_RESULT = 32 << 20
+# The MIME types the host keeps (DESIGN §3); a bundle is trimmed to these.
+MIME_TYPES = (
+    "text/plain",
+    "text/html",
+    "text/markdown",
+    "image/png",
+    "image/svg+xml",
+    "application/json",
+)
+ONESHOT_ID = "oneshot"  # the execution id of one-shot frames
+IPYTHON_DIR = "/tmp/corral-ipython"
+
+# ---------------------------------------------------------------------------------------
+# Frames (both modes)
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _send_frame(fd, payload):
+    _write_all(fd, len(payload).to_bytes(4, "big") + payload)
+
+
+def _read_exactly(fd, size):
+    """`size` bytes from `fd`, or None at end of file."""
+    data = bytearray()
+    while len(data) < size:
+        chunk = os.read(fd, min(size - len(data), 1 << 20))
+        if not chunk:
+            return None
+        data += chunk
+    return bytes(data)
+
+
+def _encode(message):
+    text = json.dumps(message, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    # Lone surrogates cannot be UTF-8; the host's JSON parser rejects them even escaped.
+    return text.encode("utf-8", "replace")
+
+
+def _mime_bundle(data):
+    """`data` (a MIME bundle from a repr or formatter) restricted to the types the host
+    keeps, with PNG as base64 text."""
+    bundle = {}
+    for mime in MIME_TYPES:
+        value = data.get(mime)
+        if value is None:
+            continue
+        if mime == "image/png":
+            if isinstance(value, (bytes, bytearray)):
+                value = binascii.b2a_base64(value, newline=False).decode("ascii")
+            elif isinstance(value, str):
+                value = value.replace("\n", "")
+            else:
+                continue
+        elif mime != "application/json":
+            if isinstance(value, bytes):
+                value = value.decode("utf-8", "replace")
+            elif not isinstance(value, str):
+                continue
+        bundle[mime] = value
+    return bundle
+
+
+def _result_frame(exec_id, bundle, is_main_result):
+    """The encoded `result` frame for `bundle`, or an `error` frame when it is too large.
+    application/json that is not JSON (NaN, objects, too deep) is dropped."""
+    message = {"type": "result", "id": exec_id, "is_main_result": is_main_result, "data": bundle}
+    try:
+        payload = _encode(message)
+    except (TypeError, ValueError, RecursionError):
+        bundle.pop("application/json", None)
+        payload = _encode(message)
+    if len(payload) <= MAX_RESULT:
+        return payload, False
+    kinds = ", ".join(bundle)
+    value = f"a result of {len(payload)} bytes ({kinds}) exceeds the limit of {MAX_RESULT} bytes"
+    error = {"type": "error", "id": exec_id, "name": "ResultTooLarge", "value": value, "traceback": ""}
+    return _encode(error), True
+
+
+# ---------------------------------------------------------------------------------------
+# Session mode
+
+_shell = None
+
+
+def _ignore_sigint(signum, frame):
+    """SIGINT while idle: the execution it was meant for has already finished."""
+
+
+class _Kernel:
+    """The session loop: reads `execute` frames, runs them in the shell, answers.
+
+    SIGINT is Python's KeyboardInterrupt (the C handler, so no kernel frame shows in the
+    traceback) only while a cell runs; it is ignored while idle, and deferred while a
+    frame is being written, since a half-written frame would desync the stream."""
+
+    def __init__(self, shell, sock_fd):
+        self.shell = shell
+        self.sock_fd = sock_fd
+        self.exec_id = None
+        self.failed = False
+        self.interrupt_deferred = False
+
+    def _defer_sigint(self, signum, frame):
+        self.interrupt_deferred = True
+
+    def send(self, payload):
+        previous = signal.signal(signal.SIGINT, self._defer_sigint)
+        try:
+            _send_frame(self.sock_fd, payload)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if self.interrupt_deferred:
+            self.interrupt_deferred = False
+            if previous is signal.default_int_handler:
+                raise KeyboardInterrupt
+
+    def send_result(self, data, is_main_result):
+        bundle = _mime_bundle(data)
+        if not bundle or self.exec_id is None:
+            return
+        payload, too_large = _result_frame(self.exec_id, bundle, is_main_result)
+        self.failed |= too_large
+        self.send(payload)
+
+    def send_error(self, name, value, traceback):
+        self.failed = True
+        if self.exec_id is not None:
+            message = {"type": "error", "id": self.exec_id, "name": name, "value": value}
+            self.send(_encode({**message, "traceback": traceback}))
+
+    def execute(self, exec_id, code):
+        self.exec_id, self.failed = exec_id, False
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            try:
+                outcome = self.shell.run_cell(code, store_history=True)
+                self.failed |= not outcome.success  # not in one line: run_cell sets it too
+            finally:
+                signal.signal(signal.SIGINT, _ignore_sigint)
+        except KeyboardInterrupt:
+            # It landed in IPython's own code around the cell, or between the two.
+            signal.signal(signal.SIGINT, _ignore_sigint)
+            self.send_error("KeyboardInterrupt", "", "KeyboardInterrupt")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        status = "error" if self.failed else "ok"
+        self.send(_encode({"type": "done", "id": exec_id, "status": status}))
+        self.exec_id = None
+
+    def run(self):
+        """Serves until the host closes the socket or the code calls exit()."""
+        while True:
+            header = _read_exactly(self.sock_fd, 4)
+            if header is None:
+                return
+            size = int.from_bytes(header, "big")
+            if size > MAX_FRAME:
+                _log(f"the host sent a frame of {size} bytes")
+                raise SystemExit(2)
+            payload = _read_exactly(self.sock_fd, size)
+            if payload is None:
+                return
+            message = _decode_host_frame(payload)
+            if message is not None:
+                self.execute(message["id"], message["code"])
+                if self.shell.exit_now:
+                    return
+
+
+def _decode_host_frame(payload):
+    """The `execute` frame in `payload`, or None (logged) for anything else."""
+    try:
+        message = json.loads(payload)
+    except ValueError as error:
+        _log(f"ignoring a frame that is not JSON: {error}")
+        return None
+    if not isinstance(message, dict) or message.get("type") != "execute":
+        kind = message.get("type") if isinstance(message, dict) else type(message).__name__
+        _log(f"ignoring a frame of unknown type {kind!r}")
+        return None
+    if not isinstance(message.get("id"), str) or not isinstance(message.get("code"), str):
+        _log("ignoring an execute frame without a string id and code")
+        return None
+    return message
+
+
+def _exception_value(error):
+    """The text after "Name: " in a traceback's last line. A SyntaxError's str() also
+    names the file and line, which its traceback shows anyway."""
+    return error.msg if isinstance(error, SyntaxError) and error.msg else str(error)
+
+
+def _log(text):
+    sys.stderr.write(f"corral kernel: {text}\n")
+
+
+class _UnbufferedText(io.TextIOWrapper):
+    """A text stream that hands every write straight to its file descriptor."""
+
+    def write(self, text):
+        written = super().write(text)
+        self.flush()
+        return written
+
+
+def _unbuffered_stream(fd):
+    raw = io.FileIO(fd, "w", closefd=False)
+    return _UnbufferedText(
+        io.BufferedWriter(raw), encoding="utf-8", errors="backslashreplace", write_through=True
+    )
+
+
+def _make_shell():
+    from traitlets import Type
+    from traitlets.config import Config
+    from IPython.core.displayhook import DisplayHook
+    from IPython.core.displaypub import DisplayPublisher
+    from IPython.core.interactiveshell import InteractiveShell
+
+    class CorralDisplayHook(DisplayHook):
+        """Sends the cell's value as the main result instead of printing `Out[n]`."""
+
+        def write_output_prompt(self):
+            pass
+
+        def compute_format_data(self, result):
+            # Only the formatters whose MIME types the host keeps (a cell's value is
+            # formatted on every execution).
+            return self.shell.display_formatter.format(result, include=MIME_TYPES)
+
+        def write_format_data(self, format_dict, md_dict=None):
+            self.shell.kernel.send_result(format_dict, is_main_result=True)
+
+    class CorralDisplayPublisher(DisplayPublisher):
+        """Sends `display()` output (and inline figures) as results."""
+
+        def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
+            self.shell.kernel.send_result(data, is_main_result=False)
+
+        def clear_output(self, wait=False):
+            pass  # the default writes terminal escapes to stdout
+
+    class CorralShell(InteractiveShell):
+        displayhook_class = Type(CorralDisplayHook)
+        display_pub_class = Type(CorralDisplayPublisher)
+        kernel = None  # the _Kernel serving this shell, set by serve()
+        # `!cmd` through subprocess, so the command writes to fd 1/2 itself (the default
+        # runs it on a pseudo-terminal and merges stderr into stdout).
+        system = InteractiveShell.system_raw
+
+        def _showtraceback(self, etype, evalue, stb):
+            value = _exception_value(evalue)
+            self.kernel.send_error(etype.__name__, value, self.InteractiveTB.stb2text(stb))
+
+        def show_usage_error(self, exc):
+            self.kernel.send_error("UsageError", str(exc), f"UsageError: {exc}")
+
+        def enable_gui(self, gui=None):
+            pass  # the inline backend needs no GUI event loop
+
+        def ask_exit(self):
+            self.exit_now = True  # exit() or quit(): the kernel ends after this execution
+
+    config = Config()
+    config.InteractiveShell.colors = "NoColor"
+    config.DisplayFormatter.active_types = list(MIME_TYPES)  # skip formatters for the rest
+    config.HistoryManager.enabled = False
+    config.HistoryManager.hist_file = ":memory:"
+    return CorralShell.instance(config=config)
+
+
+def prepare(preload=("numpy", "pandas", "matplotlib.pyplot")):
+    """Creates the shell and imports `preload` (those that are installed). Before a fork."""
+    global _shell
+    if _shell is not None:
+        return _shell
+    # IPython keeps a profile directory; HOME may be read-only inside the sandbox.
+    os.environ.setdefault("IPYTHONDIR", IPYTHON_DIR)
+    shell = _make_shell()
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    if "matplotlib.pyplot" in sys.modules:
+        # The inline backend shows figures as PNG results at plt.show() and cell end.
+        shell.enable_matplotlib("inline")
+    # Nothing may sit in a buffer at the fork: the children would all write it out.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _shell = shell
+    return shell
+
+
+def reseed():
+    """Fresh random streams; sessions forked from one zygote must not share them."""
+    import random
+
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def serve(sock_fd=3):
+    """Announces readiness on `sock_fd` and executes cells until the host hangs up."""
+    shell = prepare()
+    os.set_inheritable(sock_fd, False)  # commands the cells run (os.system) must not get it
+    sys.stdout = sys.__stdout__ = _unbuffered_stream(1)
+    sys.stderr = sys.__stderr__ = _unbuffered_stream(2)
+    kernel = _Kernel(shell, sock_fd)
+    shell.kernel = kernel
+    signal.signal(signal.SIGINT, _ignore_sigint)
+    version = "%d.%d.%d" % sys.version_info[:3]
+    kernel.send(_encode({"type": "ready", "language": "python", "version": version}))
+    try:
+        kernel.run()
+    except BrokenPipeError:
+        pass  # the host went away: same as end of file
+
+
+# ---------------------------------------------------------------------------------------
+# One-shot reporting (the entry point runs the program)
+
+# Display-protocol methods for a final value, as IPython's formatters consult them.
+_REPR_METHODS = (
+    ("_repr_html_", "text/html"),
+    ("_repr_markdown_", "text/markdown"),
+    ("_repr_svg_", "image/svg+xml"),
+    ("_repr_png_", "image/png"),
+    ("_repr_json_", "application/json"),
+)
+
+
+def _rich_repr(value):
+    """The MIME bundle of `value` by the display protocol, without importing IPython."""
+    cls = type(value)
+    bundle = {}
+    if getattr(cls, "_repr_mimebundle_", None) is not None:
+        bundle.update(_call_repr(value, "_repr_mimebundle_", include=None, exclude=None) or {})
+    for method, mime in _REPR_METHODS:
+        if mime not in bundle and getattr(cls, method, None) is not None:
+            data = _call_repr(value, method)
+            if data is not None:
+                bundle[mime] = data
+    if "text/plain" not in bundle:
+        bundle["text/plain"] = _call_repr(value, "__repr__") or object.__repr__(value)
+    return bundle
+
+
+def _call_repr(value, method, **kwargs):
+    try:
+        data = getattr(value, method)(**kwargs)
+    except Exception as error:
+        _log(f"{type(value).__name__}.{method} failed: {error!r}")
+        return None
+    return data[0] if isinstance(data, tuple) else data  # (data, metadata) is allowed
+
+
+def _open_figures_as_png():
+    """PNG bytes of each matplotlib figure left open, if pyplot was used."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return []
+    images = []
+    for number in pyplot.get_fignums():
+        buffer = io.BytesIO()
+        try:
+            pyplot.figure(number).savefig(buffer, format="png", bbox_inches="tight")
+        except Exception as error:
+            _log(f"figure {number} could not be drawn: {error!r}")
+            continue
+        images.append(buffer.getvalue())
+    return images
+
+
+def report_oneshot(fd, value, error):
+    """Sends a one-shot run's final value, open figures and uncaught exception as frames,
+    then `done`: status `error` after an exception or a non-zero `SystemExit`."""
+    results = [] if value is None else [(_rich_repr(value), True)]
+    results += [({"image/png": png}, False) for png in _open_figures_as_png()]
+    failed = False
+    for data, is_main_result in results:
+        payload, too_large = _result_frame(ONESHOT_ID, _mime_bundle(data), is_main_result)
+        failed |= too_large
+        _send_frame(fd, payload)
+    if isinstance(error, SystemExit):
+        failed |= error.code not in (None, 0)
+    elif error is not None:
+        failed = True
+        text = "".join(traceback.format_exception(error))
+        message = {"type": "error", "id": ONESHOT_ID, "name": type(error).__name__}
+        _send_frame(fd, _encode({**message, "value": _exception_value(error), "traceback": text}))
+    status = "error" if failed else "ok"
+    _send_frame(fd, _encode({"type": "done", "id": ONESHOT_ID, "status": status}))

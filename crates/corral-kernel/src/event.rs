@@ -1,0 +1,130 @@
+//! Execution events (DESIGN §4) and the mapping from kernel MIME bundles to results.
+
+use base64::Engine as _;
+use corral_sandbox::{LanguageError, RichResult, Status};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// One event of an execution's stream; `End` is always last.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    Stdout {
+        text: String,
+    },
+    Stderr {
+        text: String,
+    },
+    Result(RichResult),
+    Error(LanguageError),
+    End {
+        status: Status,
+        execution_time_ms: u64,
+        cpu_time_ms: u64,
+        peak_memory_bytes: u64,
+    },
+}
+
+/// A kernel's MIME bundle as a result; unknown types and malformed values are dropped (the
+/// kernel is untrusted), and a PNG that is not valid base64 is not passed on.
+pub fn rich_result(is_main_result: bool, data: &Map<String, Value>) -> RichResult {
+    let text = |key: &str| data.get(key).and_then(Value::as_str).map(str::to_string);
+    let png = text("image/png")
+        .map(|p| {
+            p.chars()
+                .filter(|c| !c.is_ascii_whitespace())
+                .collect::<String>()
+        })
+        .filter(|p| base64::engine::general_purpose::STANDARD.decode(p).is_ok());
+    RichResult {
+        is_main_result,
+        text: text("text/plain"),
+        html: text("text/html"),
+        png,
+        svg: text("image/svg+xml"),
+        json: data.get("application/json").cloned(),
+        markdown: text("text/markdown"),
+    }
+}
+
+/// Turns a byte stream into text without splitting a UTF-8 sequence across events.
+#[derive(Debug, Default)]
+pub struct Utf8Stream {
+    pending: Vec<u8>,
+}
+
+impl Utf8Stream {
+    /// Text for `bytes`, holding back an incomplete trailing sequence for the next call.
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let valid = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => self.pending.len(), // invalid bytes: let from_utf8_lossy replace them
+        };
+        let text = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
+        self.pending.drain(..valid);
+        text
+    }
+
+    /// Whatever is held back, at the end of an execution.
+    pub fn flush(&mut self) -> String {
+        let text = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_serialize_as_design_section_4() {
+        let e = Event::Result(RichResult {
+            is_main_result: true,
+            text: Some("2".into()),
+            ..RichResult::default()
+        });
+        assert_eq!(
+            serde_json::to_string(&e).unwrap(),
+            r#"{"type":"result","is_main_result":true,"text":"2"}"#
+        );
+        let end = Event::End {
+            status: Status::Success,
+            execution_time_ms: 3,
+            cpu_time_ms: 1,
+            peak_memory_bytes: 9,
+        };
+        assert_eq!(
+            serde_json::to_string(&end).unwrap(),
+            r#"{"type":"end","status":"success","execution_time_ms":3,"cpu_time_ms":1,"peak_memory_bytes":9}"#
+        );
+    }
+
+    #[test]
+    fn mime_bundle_maps_to_result_fields() {
+        let data: Map<String, Value> = serde_json::from_str(
+            r#"{"text/plain":"df","text/html":"<table/>","image/png":"iVBO\nRw0K","application/json":{"a":1},"x/unknown":1}"#,
+        )
+        .unwrap();
+        let r = rich_result(false, &data);
+        assert_eq!(r.html.as_deref(), Some("<table/>"));
+        assert_eq!(r.png.as_deref(), Some("iVBORw0K"));
+        assert_eq!(r.json, Some(serde_json::json!({"a":1})));
+        let bad: Map<String, Value> =
+            serde_json::from_str(r#"{"image/png":"not base64!"}"#).unwrap();
+        assert_eq!(rich_result(false, &bad).png, None);
+    }
+
+    #[test]
+    fn utf8_sequences_are_not_split() {
+        let mut s = Utf8Stream::default();
+        let bytes = "héllo".as_bytes();
+        assert_eq!(s.push(&bytes[..2]), "h");
+        assert_eq!(s.push(&bytes[2..]), "éllo");
+        assert_eq!(s.push(&[0xff, b'a']), "\u{fffd}a");
+        assert_eq!(s.push(&[0xe2, 0x82]), "");
+        assert_eq!(s.flush(), "\u{fffd}");
+    }
+}

@@ -1,0 +1,18 @@
+//! Stateful interpreter sessions on top of `corral-sandbox`: kernels for Python (IPython),
+//! JavaScript (Node) and bash running inside sandboxes, the framed protocol to them, and the
+//! one-shot runner that returns rich results.
+
+pub mod event;
+pub mod manager;
+pub mod oneshot;
+pub mod pool;
+pub mod protocol;
+mod runtime;
+pub mod session;
+pub mod zygote;
+
+pub use event::Event;
+pub use manager::{ManagerError, SessionInfo, SessionManager};
+pub use pool::Pool;
+pub use session::{Death, Interrupter, KernelError, Language, Session, SessionOptions};
+pub use zygote::Zygote;

@@ -1,0 +1,51 @@
+//! The in-sandbox kernel runtimes, embedded in the binary and placed read-only under
+//! `/run/corral` in each sandbox (so no image needs them installed).
+
+use crate::session::Language;
+
+pub const PYTHON_KERNEL: (&str, &str) = (
+    "corral_kernel.py",
+    include_str!("../runtime/corral_kernel.py"),
+);
+/// Loaded by the Python kernel only in session mode or when a one-shot run has results.
+pub const PYTHON_KERNEL_LIB: (&str, &str) = (
+    "corral_kernel_lib.py",
+    include_str!("../runtime/corral_kernel_lib.py"),
+);
+const JAVASCRIPT_KERNEL: (&str, &str) = (
+    "corral_kernel.js",
+    include_str!("../runtime/corral_kernel.js"),
+);
+pub const ZYGOTE: (&str, &str) = (
+    "corral_zygote.py",
+    include_str!("../runtime/corral_zygote.py"),
+);
+const BASH_KERNEL: (&str, &str) = ("corral_bash.py", include_str!("../runtime/corral_bash.py"));
+
+/// The command that starts a session kernel for `language`.
+pub fn kernel_argv(language: Language) -> Vec<String> {
+    let path = |file: &str| format!("/run/corral/{file}");
+    match language {
+        Language::Python => vec!["python3".into(), path(PYTHON_KERNEL.0)],
+        // Node's REPL rewriter for top-level await is an internal module.
+        Language::Javascript => vec![
+            "node".into(),
+            "--expose-internals".into(),
+            path(JAVASCRIPT_KERNEL.0),
+        ],
+        Language::Bash => vec!["python3".into(), path(BASH_KERNEL.0)],
+    }
+}
+
+/// The runtime files a `language` kernel needs under `/run/corral`.
+pub fn support_files(language: Language) -> Vec<(String, Vec<u8>)> {
+    let files: &[(&str, &str)] = match language {
+        Language::Python => &[PYTHON_KERNEL, PYTHON_KERNEL_LIB],
+        Language::Javascript => &[JAVASCRIPT_KERNEL],
+        Language::Bash => &[BASH_KERNEL],
+    };
+    files
+        .iter()
+        .map(|(name, text)| (name.to_string(), text.as_bytes().to_vec()))
+        .collect()
+}

@@ -1,0 +1,730 @@
+//! A stateful interpreter session: one kernel in one sandbox, executions streamed as events.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use corral_sandbox::{
+    ControlSocket, ExecutionResult, LanguageError, Limits, Policy, Report, RichResult, Rootfs,
+    Sandbox, SandboxError, SandboxSpec, Status, Workspace,
+};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+use crate::event::{rich_result, Event, Utf8Stream};
+use crate::protocol::{encode, Decoder, DoneStatus, HostMessage, KernelMessage};
+use crate::runtime;
+
+/// How long a kernel may take to answer an interrupt before its sandbox is killed.
+const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
+/// Startup stderr kept for the error message of a kernel that failed to start.
+const STARTUP_STDERR: usize = 8 << 10;
+
+/// A language a session can speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Language {
+    Python,
+    Javascript,
+    Bash,
+}
+
+impl Language {
+    pub fn parse(name: &str) -> Option<Language> {
+        match name {
+            "python" | "python3" | "py" => Some(Language::Python),
+            "javascript" | "js" | "node" => Some(Language::Javascript),
+            "bash" | "sh" | "shell" => Some(Language::Bash),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Language::Python => "python",
+            Language::Javascript => "javascript",
+            Language::Bash => "bash",
+        }
+    }
+}
+
+/// Everything that defines a session; kept so that a restart can recreate it.
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    pub rootfs: Rootfs,
+    /// Environment the image asks for (below `env`).
+    pub image_env: Vec<(String, String)>,
+    pub language: Language,
+    pub limits: Limits,
+    pub env: Vec<(String, String)>,
+    pub policy: Policy,
+    /// How long the kernel may take to become ready.
+    pub startup_timeout: Duration,
+}
+
+impl SessionOptions {
+    pub fn new(language: Language) -> Self {
+        SessionOptions {
+            rootfs: Rootfs::Host,
+            image_env: Vec::new(),
+            language,
+            limits: Limits::default(),
+            env: Vec::new(),
+            policy: Policy::default(),
+            startup_timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// The sandbox that runs this session's kernel directly (without a zygote).
+    pub(crate) fn kernel_spec(&self) -> SandboxSpec {
+        let mut spec = SandboxSpec::new(runtime::kernel_argv(self.language));
+        spec.rootfs = self.rootfs.clone();
+        spec.env = self.image_env.iter().chain(&self.env).cloned().collect();
+        spec.limits = self.limits;
+        spec.policy = self.policy;
+        spec.support_files = runtime::support_files(self.language);
+        spec.control_socket = Some(ControlSocket::Stream);
+        spec
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    #[error("the {language} kernel did not start: {reason}")]
+    Startup {
+        language: &'static str,
+        reason: String,
+    },
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+/// Wakes a running execution from another thread and interrupts it.
+#[derive(Debug, Clone)]
+pub struct Interrupter(Arc<OwnedFd>);
+
+impl Interrupter {
+    pub fn interrupt(&self) {
+        let _ = nix::unistd::write(self.0.as_fd(), b"i");
+    }
+}
+
+/// Why a session can no longer execute.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Death {
+    pub status: Status,
+    pub message: String,
+}
+
+/// A running kernel: directly in its own sandbox, or forked from a zygote.
+pub(crate) struct KernelProcess {
+    pub host: KernelHost,
+    /// The host's end of the kernel's fd 3.
+    pub socket: OwnedFd,
+}
+
+pub(crate) enum KernelHost {
+    Sandbox(Sandbox),
+    Forked(crate::zygote::ForkedKernel),
+}
+
+impl KernelHost {
+    fn stdout_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            KernelHost::Sandbox(s) => s.stdout_fd(),
+            KernelHost::Forked(f) => f.stdout.as_fd(),
+        }
+    }
+    fn stderr_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            KernelHost::Sandbox(s) => s.stderr_fd(),
+            KernelHost::Forked(f) => f.stderr.as_fd(),
+        }
+    }
+    fn report_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            KernelHost::Sandbox(s) => s.report_fd(),
+            KernelHost::Forked(f) => f.control.as_fd(),
+        }
+    }
+    fn read_report(&mut self) -> Report {
+        match self {
+            KernelHost::Sandbox(s) => s.read_report(),
+            KernelHost::Forked(f) => f.read_report(),
+        }
+    }
+    fn interrupt(&self) {
+        let _ = match self {
+            KernelHost::Sandbox(s) => s.interrupt(),
+            KernelHost::Forked(f) => f.interrupt(),
+        };
+    }
+    fn kill(&mut self) {
+        match self {
+            KernelHost::Sandbox(s) => {
+                s.kill();
+                s.finish();
+            }
+            KernelHost::Forked(f) => f.kill(),
+        }
+    }
+    fn cpu_time(&self) -> Option<Duration> {
+        match self {
+            KernelHost::Sandbox(s) => s.cpu_time(),
+            KernelHost::Forked(f) => f.cgroup.as_ref().and_then(|c| c.cpu_time()),
+        }
+    }
+    fn peak_memory(&self) -> Option<u64> {
+        match self {
+            KernelHost::Sandbox(s) => s.peak_memory(),
+            KernelHost::Forked(f) => f.cgroup.as_ref().and_then(|c| c.peak_memory()),
+        }
+    }
+    fn oom_killed(&self) -> bool {
+        match self {
+            KernelHost::Sandbox(s) => s.oom_killed(),
+            KernelHost::Forked(f) => f.cgroup.as_ref().is_some_and(|c| c.oom_kills() > 0),
+        }
+    }
+    fn workspace(&self) -> &Workspace {
+        match self {
+            KernelHost::Sandbox(s) => s.workspace(),
+            KernelHost::Forked(f) => &f.workspace,
+        }
+    }
+}
+
+pub struct Session {
+    kernel: KernelProcess,
+    decoder: Decoder,
+    options: SessionOptions,
+    wake_read: OwnedFd,
+    wake_write: Arc<OwnedFd>,
+    dead: Option<Death>,
+    next_id: u64,
+    executions: u64,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("language", &self.options.language)
+            .field("executions", &self.executions)
+            .field("dead", &self.dead)
+            .finish()
+    }
+}
+
+fn readable(fds: &mut [PollFd<'_>], i: usize) -> bool {
+    fds[i].revents().is_some_and(|r| !r.is_empty())
+}
+
+fn read_into(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Option<usize> {
+    match nix::unistd::read(fd.as_raw_fd(), buf) {
+        Ok(0) | Err(_) => None,
+        Ok(n) => Some(n),
+    }
+}
+
+impl Session {
+    /// Creates a session whose kernel runs directly in a fresh sandbox.
+    pub fn create(options: &SessionOptions) -> Result<Session, KernelError> {
+        let mut sandbox = Sandbox::create(&options.kernel_spec())?;
+        let socket = sandbox
+            .take_socket()
+            .expect("a control socket was requested");
+        sandbox.start()?;
+        Session::from_kernel(
+            KernelProcess {
+                host: KernelHost::Sandbox(sandbox),
+                socket,
+            },
+            options.clone(),
+        )
+    }
+
+    /// Wraps a started kernel and waits until it reports ready.
+    pub(crate) fn from_kernel(
+        kernel: KernelProcess,
+        options: SessionOptions,
+    ) -> Result<Session, KernelError> {
+        let (wake_read, wake_write) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+        // A kernel that stops reading must not block the host forever.
+        nix::sys::socket::setsockopt(
+            &kernel.socket,
+            nix::sys::socket::sockopt::SendTimeout,
+            &nix::sys::time::TimeVal::new(10, 0),
+        )
+        .map_err(io::Error::from)?;
+        let mut session = Session {
+            kernel,
+            decoder: Decoder::new(),
+            options,
+            wake_read,
+            wake_write: Arc::new(wake_write),
+            dead: None,
+            next_id: 1,
+            executions: 0,
+        };
+        session.await_ready()?;
+        Ok(session)
+    }
+
+    fn await_ready(&mut self) -> Result<(), KernelError> {
+        let language = self.options.language.name();
+        let deadline = Instant::now() + self.options.startup_timeout;
+        let mut stderr = Vec::new();
+        let mut buf = vec![0u8; 64 << 10];
+        let fail = |reason: String| KernelError::Startup { language, reason };
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(fail(format!(
+                    "no answer within {:?}; stderr: {}",
+                    self.options.startup_timeout,
+                    String::from_utf8_lossy(&stderr)
+                )));
+            }
+            let sandbox = &self.kernel.host;
+            let mut fds = [
+                PollFd::new(self.kernel.socket.as_fd(), PollFlags::POLLIN),
+                PollFd::new(sandbox.stderr_fd(), PollFlags::POLLIN),
+                PollFd::new(sandbox.stdout_fd(), PollFlags::POLLIN),
+                PollFd::new(sandbox.report_fd(), PollFlags::POLLIN),
+            ];
+            match poll(
+                &mut fds,
+                PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX),
+            ) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(io::Error::from(e).into()),
+            }
+            let (socket_ready, err_ready, out_ready, report_ready) = (
+                readable(&mut fds, 0),
+                readable(&mut fds, 1),
+                readable(&mut fds, 2),
+                readable(&mut fds, 3),
+            );
+            if err_ready {
+                if let Some(n) = read_into(self.kernel.host.stderr_fd(), &mut buf) {
+                    let room = STARTUP_STDERR.saturating_sub(stderr.len());
+                    stderr.extend_from_slice(&buf[..n.min(room)]);
+                }
+            }
+            if out_ready {
+                read_into(self.kernel.host.stdout_fd(), &mut buf);
+            }
+            if socket_ready {
+                let Some(n) = read_into(self.kernel.socket.as_fd(), &mut buf) else {
+                    return Err(fail(format!(
+                        "it exited; stderr: {}",
+                        String::from_utf8_lossy(&stderr)
+                    )));
+                };
+                self.decoder.push(&buf[..n]);
+                loop {
+                    match self.decoder.next_message() {
+                        Ok(Some(KernelMessage::Ready { .. })) => return Ok(()),
+                        Ok(Some(_)) => continue,
+                        Ok(None) => break,
+                        Err(e) => return Err(fail(e.to_string())),
+                    }
+                }
+            }
+            if report_ready {
+                let why = match self.kernel.host.read_report() {
+                    Report::SetupError(msg) => msg,
+                    Report::Exited(_) | Report::Closed => {
+                        format!("it exited; stderr: {}", String::from_utf8_lossy(&stderr))
+                    }
+                };
+                return Err(fail(why));
+            }
+        }
+    }
+
+    pub fn language(&self) -> Language {
+        self.options.language
+    }
+
+    pub fn options(&self) -> &SessionOptions {
+        &self.options
+    }
+
+    /// Why the session is dead, if it is.
+    pub fn death(&self) -> Option<&Death> {
+        self.dead.as_ref()
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.dead.is_none()
+    }
+
+    /// How many executions this session has run.
+    pub fn executions(&self) -> u64 {
+        self.executions
+    }
+
+    pub fn workspace(&self) -> &Workspace {
+        self.kernel.host.workspace()
+    }
+
+    /// A handle that interrupts the current execution from another thread.
+    pub fn interrupter(&self) -> Interrupter {
+        Interrupter(self.wake_write.clone())
+    }
+
+    /// Runs `code`, streaming events to `on_event` (which sees `End` last) and returning the
+    /// folded result. A timeout interrupts the code and keeps the session; a kernel that does
+    /// not answer the interrupt, or that dies, ends the session.
+    pub fn execute(
+        &mut self,
+        code: &str,
+        timeout: Duration,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> ExecutionResult {
+        let started = Instant::now();
+        let cpu_before = self.kernel.host.cpu_time();
+        let mut result = ExecutionResult {
+            status: Status::Success,
+            ..ExecutionResult::sandbox_error("")
+        };
+        result.error_message = None;
+        if let Some(death) = &self.dead {
+            result.status = Status::SandboxError;
+            result.error_message = Some(format!("the session is dead: {}", death.message));
+            self.emit_end(&mut result, started, cpu_before, on_event);
+            return result;
+        }
+        self.executions += 1;
+        let id = self.next_id.to_string();
+        self.next_id += 1;
+        let frame = encode(&HostMessage::Execute { id: &id, code });
+        if let Err(e) = write_all(self.kernel.socket.as_fd(), &frame) {
+            self.die(
+                Status::SandboxError,
+                format!("the kernel stopped reading: {e}"),
+            );
+        }
+
+        let limit = self.options.limits.output_bytes;
+        let mut out = (Utf8Stream::default(), 0usize);
+        let mut err = (Utf8Stream::default(), 0usize);
+        let mut buf = vec![0u8; 64 << 10];
+        let deadline = started + timeout;
+        let mut interrupted_at: Option<Instant> = None;
+        let mut timed_out = false;
+        let mut done = false;
+        while !done && self.dead.is_none() {
+            let now = Instant::now();
+            let until = interrupted_at.map_or(deadline, |t| t + INTERRUPT_GRACE);
+            if now >= until {
+                if interrupted_at.is_some() {
+                    self.die(
+                        Status::Timeout,
+                        "the kernel did not answer an interrupt and was killed".into(),
+                    );
+                    break;
+                }
+                timed_out = true;
+                self.kernel.host.interrupt();
+                interrupted_at = Some(now);
+                continue;
+            }
+            let sandbox = &self.kernel.host;
+            let mut fds = [
+                PollFd::new(self.kernel.socket.as_fd(), PollFlags::POLLIN),
+                PollFd::new(sandbox.stdout_fd(), PollFlags::POLLIN),
+                PollFd::new(sandbox.stderr_fd(), PollFlags::POLLIN),
+                PollFd::new(sandbox.report_fd(), PollFlags::POLLIN),
+                PollFd::new(self.wake_read.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(
+                &mut fds,
+                PollTimeout::try_from(until - now).unwrap_or(PollTimeout::MAX),
+            ) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => {
+                    self.die(Status::SandboxError, format!("poll: {e}"));
+                    break;
+                }
+            }
+            let ready: Vec<bool> = (0..5).map(|i| readable(&mut fds, i)).collect();
+            if ready[4] {
+                read_into(self.wake_read.as_fd(), &mut buf);
+                if interrupted_at.is_none() {
+                    self.kernel.host.interrupt();
+                    interrupted_at = Some(Instant::now());
+                }
+            }
+            if ready[1] {
+                self.read_stream(true, &mut out, limit, &mut result, &mut buf, on_event);
+            }
+            if ready[2] {
+                self.read_stream(false, &mut err, limit, &mut result, &mut buf, on_event);
+            }
+            if ready[0] {
+                match read_into(self.kernel.socket.as_fd(), &mut buf) {
+                    None => self.kernel_exited(),
+                    Some(n) => {
+                        self.decoder.push(&buf[..n]);
+                        done = self.handle_frames(&id, &mut result, on_event);
+                    }
+                }
+            }
+            if ready[3] && self.dead.is_none() && !done {
+                self.kernel_exited();
+            }
+        }
+        // Output written before `done` (or before the kernel died) is in the pipes: drain it
+        // so that it precedes `end`.
+        self.drain_streams(&mut out, &mut err, limit, &mut result, &mut buf, on_event);
+        for (stream, is_out) in [(&mut out.0, true), (&mut err.0, false)] {
+            let rest = stream.flush();
+            if !rest.is_empty() {
+                self.emit_text(is_out, rest, &mut result, on_event);
+            }
+        }
+
+        if let Some(death) = &self.dead {
+            result.status = death.status;
+            result.error_message = Some(death.message.clone());
+        } else if timed_out {
+            result.status = Status::Timeout;
+            result.error_message = Some(format!(
+                "the execution ran longer than {:.1} s and was interrupted; the session keeps its state",
+                timeout.as_secs_f64()
+            ));
+        } else if result.error.is_some() {
+            result.status = Status::Error;
+            let e = result.error.as_ref().expect("checked");
+            result.error_message = Some(format!("{}: {}", e.name, e.value));
+        }
+        self.emit_end(&mut result, started, cpu_before, on_event);
+        result
+    }
+
+    fn emit_end(
+        &self,
+        result: &mut ExecutionResult,
+        started: Instant,
+        cpu_before: Option<Duration>,
+        on_event: &mut dyn FnMut(&Event),
+    ) {
+        result.execution_time_ms = started.elapsed().as_millis() as u64;
+        result.cpu_time_ms = match (cpu_before, self.kernel.host.cpu_time()) {
+            (Some(a), Some(b)) => b.saturating_sub(a).as_millis() as u64,
+            _ => 0,
+        };
+        result.peak_memory_bytes = self.kernel.host.peak_memory().unwrap_or(0);
+        on_event(&Event::End {
+            status: result.status,
+            execution_time_ms: result.execution_time_ms,
+            cpu_time_ms: result.cpu_time_ms,
+            peak_memory_bytes: result.peak_memory_bytes,
+        });
+    }
+
+    /// Handles complete frames; true once this execution's `done` arrived.
+    fn handle_frames(
+        &mut self,
+        id: &str,
+        result: &mut ExecutionResult,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> bool {
+        loop {
+            match self.decoder.next_message() {
+                Ok(None) => return false,
+                Err(e) => {
+                    self.die(
+                        Status::SandboxError,
+                        format!("kernel protocol violation: {e}"),
+                    );
+                    return false;
+                }
+                Ok(Some(KernelMessage::Result {
+                    id: rid,
+                    is_main_result,
+                    data,
+                })) if rid == id => {
+                    let r: RichResult = rich_result(is_main_result, &data);
+                    on_event(&Event::Result(r.clone()));
+                    result.results.push(r);
+                }
+                Ok(Some(KernelMessage::Error {
+                    id: eid,
+                    name,
+                    value,
+                    traceback,
+                })) if eid == id => {
+                    let e = LanguageError {
+                        name,
+                        value,
+                        traceback,
+                    };
+                    on_event(&Event::Error(e.clone()));
+                    result.error = Some(e);
+                }
+                Ok(Some(KernelMessage::Done { id: did, status })) if did == id => {
+                    if status == DoneStatus::Error && result.error.is_none() {
+                        result.error = Some(LanguageError {
+                            name: "Error".into(),
+                            value: "the execution failed".into(),
+                            traceback: String::new(),
+                        });
+                    }
+                    return true;
+                }
+                Ok(Some(_)) => {} // another execution's late frame, or a repeated `ready`
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn read_stream(
+        &mut self,
+        is_out: bool,
+        stream: &mut (Utf8Stream, usize),
+        limit: usize,
+        result: &mut ExecutionResult,
+        buf: &mut [u8],
+        on_event: &mut dyn FnMut(&Event),
+    ) -> bool {
+        let fd = if is_out {
+            self.kernel.host.stdout_fd()
+        } else {
+            self.kernel.host.stderr_fd()
+        };
+        let Some(n) = read_into(fd, buf) else {
+            return false;
+        };
+        let room = limit.saturating_sub(stream.1);
+        if n > room {
+            if is_out {
+                result.stdout_truncated = true;
+            } else {
+                result.stderr_truncated = true;
+            }
+        }
+        let kept = n.min(room);
+        stream.1 += kept;
+        let text = stream.0.push(&buf[..kept]);
+        if !text.is_empty() {
+            self.emit_text(is_out, text, result, on_event);
+        }
+        true
+    }
+
+    fn drain_streams(
+        &mut self,
+        out: &mut (Utf8Stream, usize),
+        err: &mut (Utf8Stream, usize),
+        limit: usize,
+        result: &mut ExecutionResult,
+        buf: &mut [u8],
+        on_event: &mut dyn FnMut(&Event),
+    ) {
+        loop {
+            let sandbox = &self.kernel.host;
+            let mut fds = [
+                PollFd::new(sandbox.stdout_fd(), PollFlags::POLLIN),
+                PollFd::new(sandbox.stderr_fd(), PollFlags::POLLIN),
+            ];
+            if !matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0) {
+                return;
+            }
+            let (o, e) = (readable(&mut fds, 0), readable(&mut fds, 1));
+            let mut progressed = false;
+            if o {
+                progressed |= self.read_stream(true, out, limit, result, buf, on_event);
+            }
+            if e {
+                progressed |= self.read_stream(false, err, limit, result, buf, on_event);
+            }
+            if !progressed {
+                return;
+            }
+        }
+    }
+
+    fn emit_text(
+        &self,
+        is_out: bool,
+        text: String,
+        result: &mut ExecutionResult,
+        on_event: &mut dyn FnMut(&Event),
+    ) {
+        if is_out {
+            result.stdout.push_str(&text);
+            on_event(&Event::Stdout { text });
+        } else {
+            result.stderr.push_str(&text);
+            on_event(&Event::Stderr { text });
+        }
+    }
+
+    fn kernel_exited(&mut self) {
+        let (status, message) = if self.kernel.host.oom_killed() {
+            (
+                Status::MemoryLimit,
+                format!(
+                    "the kernel exceeded the {} MiB memory limit and was killed; the session has ended",
+                    self.options.limits.memory_bytes >> 20
+                ),
+            )
+        } else {
+            (
+                Status::Error,
+                "the kernel exited; the session has ended".to_string(),
+            )
+        };
+        self.die(status, message);
+    }
+
+    fn die(&mut self, status: Status, message: String) {
+        if self.dead.is_none() {
+            self.kernel.host.kill();
+            self.dead = Some(Death { status, message });
+        }
+    }
+
+    /// Runs one empty cell that nobody sees, so that a pooled session has paid the
+    /// copy-on-write faults of its first execution before it is handed out.
+    pub(crate) fn warm_up(&mut self) {
+        self.execute("None", Duration::from_secs(30), &mut |_| {});
+        self.executions = 0;
+    }
+
+    /// Replaces the kernel with a fresh one (all interpreter state is lost); the workspace's
+    /// files are carried over.
+    pub fn restart(&mut self) -> Result<(), KernelError> {
+        let fresh = Session::create(&self.options)?;
+        copy_workspace(self.workspace(), fresh.workspace());
+        self.die(Status::Error, "restarted".into());
+        *self = fresh;
+        Ok(())
+    }
+}
+
+fn write_all(fd: BorrowedFd<'_>, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        match nix::unistd::write(fd, bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Copies every regular file of one workspace into another (a restart keeps files).
+fn copy_workspace(from: &Workspace, to: &Workspace) {
+    for entry in from.list().unwrap_or_default() {
+        if let Ok(mut file) = from.open_file(Path::new(&entry.path)) {
+            let _ = to.write_file(Path::new(&entry.path), &mut file);
+        }
+    }
+}

@@ -1,0 +1,446 @@
+//! The zygote: one sandboxed Python per image with the heavy libraries (IPython, numpy,
+//! pandas, matplotlib) imported, which forks sessions in milliseconds. Each forked session
+//! enters namespaces, a cgroup and restrictions of its own before any code runs
+//! (`runtime/corral_zygote.py`); the host then verifies that through `/proc` before the
+//! session is handed out.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+use corral_sandbox::cgroup::Cgroup;
+use corral_sandbox::seccomp::{self, Role as FilterRole};
+use corral_sandbox::{
+    cgroup_layout, recv_with_credentials, send_fds, unique_name, ControlSocket, Limits, Policy,
+    Report, Role, Rootfs, Sandbox, SandboxSpec, Workspace,
+};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{setsockopt, socketpair, sockopt, AddressFamily, SockFlag, SockType};
+use serde_json::json;
+
+use crate::runtime::{support_files, ZYGOTE};
+use crate::session::{KernelError, KernelHost, KernelProcess, Language, Session, SessionOptions};
+
+/// How long forking one session may take before it is given up.
+const FORK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The workload's seccomp programs in the layout `corral_zygote.py` reads: a little-endian
+/// u32 count, then per program a u32 instruction count and the instructions.
+fn workload_filter_blob() -> Vec<u8> {
+    let programs = seccomp::filters(FilterRole::Workload);
+    let mut blob = (programs.len() as u32).to_le_bytes().to_vec();
+    for program in programs {
+        blob.extend_from_slice(&(program.len() as u32).to_le_bytes());
+        for i in program.iter() {
+            blob.extend_from_slice(&i.code.to_ne_bytes());
+            blob.push(i.jt);
+            blob.push(i.jf);
+            blob.extend_from_slice(&i.k.to_ne_bytes());
+        }
+    }
+    blob
+}
+
+/// The rlimits a forked kernel sets on itself (the same set the engine applies).
+fn rlimits(limits: &Limits, with_cgroup: bool) -> Vec<(&'static str, u64)> {
+    let mut r = vec![
+        ("RLIMIT_CORE", 0),
+        ("RLIMIT_NOFILE", 4096),
+        ("RLIMIT_FSIZE", limits.disk_bytes),
+        ("RLIMIT_MEMLOCK", 64 << 10),
+        ("RLIMIT_MSGQUEUE", 64 << 10),
+        ("RLIMIT_RTPRIO", 0),
+        ("RLIMIT_SIGPENDING", 1024),
+    ];
+    if !with_cgroup {
+        r.push(("RLIMIT_DATA", limits.memory_bytes));
+        r.push(("RLIMIT_NPROC", limits.pids));
+    }
+    r
+}
+
+/// A pre-imported Python that forks sessions.
+pub struct Zygote {
+    sandbox: Sandbox,
+    socket: OwnedFd,
+    rootfs: Rootfs,
+    /// The modules the zygote managed to import (an image may lack some).
+    pub preloaded: Vec<String>,
+}
+
+impl std::fmt::Debug for Zygote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Zygote")
+            .field("rootfs", &self.rootfs)
+            .field("preloaded", &self.preloaded)
+            .finish()
+    }
+}
+
+impl Zygote {
+    /// Starts the zygote for `rootfs` and waits until its imports are done.
+    pub fn start(
+        rootfs: &Rootfs,
+        image_env: &[(String, String)],
+        policy: Policy,
+    ) -> Result<Zygote, KernelError> {
+        let mut spec =
+            SandboxSpec::new(vec!["python3".into(), format!("/run/corral/{}", ZYGOTE.0)]);
+        spec.rootfs = rootfs.clone();
+        spec.role = Role::Zygote;
+        spec.env = image_env.to_vec();
+        spec.policy = policy;
+        spec.control_socket = Some(ControlSocket::SeqPacket);
+        // The zygote's own cgroup holds only the zygote (sessions get their own); it is sized
+        // for the preloaded libraries.
+        spec.limits = Limits {
+            memory_bytes: 2 << 30,
+            pids: 64,
+            ..Limits::default()
+        };
+        spec.support_files = support_files(Language::Python);
+        spec.support_files
+            .push((ZYGOTE.0.into(), ZYGOTE.1.as_bytes().to_vec()));
+        spec.support_files
+            .push(("workload.bpf".into(), workload_filter_blob()));
+        let mut sandbox = Sandbox::create(&spec)?;
+        let socket = sandbox
+            .take_socket()
+            .expect("a control socket was requested");
+        sandbox.start()?;
+        let fail = |reason: String| KernelError::Startup {
+            language: "python zygote",
+            reason,
+        };
+        let mut buf = vec![0u8; 64 << 10];
+        let mut stderr = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(fail("no answer within 120 s".into()));
+            }
+            let mut fds = [
+                PollFd::new(socket.as_fd(), PollFlags::POLLIN),
+                PollFd::new(sandbox.stderr_fd(), PollFlags::POLLIN),
+                PollFd::new(sandbox.report_fd(), PollFlags::POLLIN),
+            ];
+            let _ = poll(
+                &mut fds,
+                PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX),
+            );
+            let ready: Vec<bool> = fds
+                .iter()
+                .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
+                .collect();
+            if ready[1] {
+                if let Ok(n) = nix::unistd::read(sandbox.stderr_fd().as_raw_fd(), &mut buf) {
+                    stderr.extend_from_slice(&buf[..n.min(8192usize.saturating_sub(stderr.len()))]);
+                }
+            }
+            if ready[0] {
+                let n = nix::sys::socket::recv(
+                    socket.as_raw_fd(),
+                    &mut buf,
+                    nix::sys::socket::MsgFlags::empty(),
+                )
+                .map_err(io::Error::from)?;
+                if n == 0 {
+                    // It died before it was ready: wait for init's report, which says why.
+                    let mut report = [PollFd::new(sandbox.report_fd(), PollFlags::POLLIN)];
+                    let _ = poll(&mut report, PollTimeout::from(2000u16));
+                    while let Ok(n) = nix::unistd::read(sandbox.stderr_fd().as_raw_fd(), &mut buf) {
+                        if n == 0 || stderr.len() >= 8192 {
+                            break;
+                        }
+                        stderr.extend_from_slice(&buf[..n.min(8192 - stderr.len())]);
+                    }
+                    return Err(fail(format!(
+                        "it exited before it was ready; stderr: {}",
+                        String::from_utf8_lossy(&stderr)
+                    )));
+                }
+                let ready: serde_json::Value = serde_json::from_slice(&buf[..n])
+                    .map_err(|e| fail(format!("bad ready message: {e}")))?;
+                let preloaded = ready["preloaded"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|v| v.as_str().map(String::from))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                return Ok(Zygote {
+                    sandbox,
+                    socket,
+                    rootfs: rootfs.clone(),
+                    preloaded,
+                });
+            }
+            if ready[2] {
+                let why = match sandbox.read_report() {
+                    Report::SetupError(m) => m,
+                    _ => format!("it exited; stderr: {}", String::from_utf8_lossy(&stderr)),
+                };
+                return Err(fail(why));
+            }
+        }
+    }
+
+    pub fn rootfs(&self) -> &Rootfs {
+        &self.rootfs
+    }
+
+    pub fn is_alive(&mut self) -> bool {
+        let mut fds = [PollFd::new(self.sandbox.report_fd(), PollFlags::POLLIN)];
+        !matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+    }
+
+    /// Forks a Python session from the zygote with the given options (its rootfs must be the
+    /// zygote's) and waits until its kernel is ready and verified.
+    pub fn fork_session(&self, options: &SessionOptions) -> Result<Session, KernelError> {
+        assert_eq!(options.language, Language::Python, "the zygote runs Python");
+        let limits = options.limits;
+        let name = unique_name();
+        let cgroup = match cgroup_layout() {
+            Some(layout) => Cgroup::create(layout, &name, &limits).map_err(|e| e.to_string()),
+            None => Err("no cgroup hierarchy".to_string()),
+        };
+        let cgroup = match cgroup {
+            Ok(c) => Some(c),
+            Err(reason) if options.policy.strict => {
+                return Err(KernelError::Sandbox(corral_sandbox::SandboxError::Refused(
+                    format!(
+                    "cannot create a cgroup ({reason}) and --strict forbids the rlimit fallback"
+                ),
+                )))
+            }
+            Err(_) => None,
+        };
+        let join = match &cgroup {
+            Some(c) => c.join_files()?,
+            None => Vec::new(),
+        };
+        let (stdout_r, stdout_w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+        let (stderr_r, stderr_w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+        let (proto_host, proto_kernel) = socketpair(
+            AddressFamily::Unix,
+            SockType::Stream,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(io::Error::from)?;
+        let (control_host, control_init) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(io::Error::from)?;
+        setsockopt(&control_host, sockopt::PassCred, &true).map_err(io::Error::from)?;
+
+        let env: serde_json::Map<String, serde_json::Value> = options
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), json!(v)))
+            .collect();
+        let request = json!({
+            "disk_bytes": limits.disk_bytes,
+            "rlimits": rlimits(&limits, cgroup.is_some()),
+            "env": env,
+        });
+        let mut fds: Vec<RawFd> = vec![
+            proto_kernel.as_raw_fd(),
+            control_init.as_raw_fd(),
+            stdout_w.as_raw_fd(),
+            stderr_w.as_raw_fd(),
+        ];
+        fds.extend(join.iter().map(|f| f.as_raw_fd()));
+        send_fds(self.socket.as_fd(), request.to_string().as_bytes(), &fds)?;
+        drop((proto_kernel, control_init, stdout_w, stderr_w, join));
+
+        // The session's init reports its workspace and pid, then its kernel's pid.
+        let mut workspace = None;
+        let mut init_pid = None;
+        let mut kernel_pid = None;
+        let deadline = Instant::now() + FORK_TIMEOUT;
+        let mut buf = [0u8; 4096];
+        while workspace.is_none() || kernel_pid.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut pfd = [PollFd::new(control_host.as_fd(), PollFlags::POLLIN)];
+            if left.is_zero()
+                || !matches!(poll(&mut pfd, PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX)), Ok(n) if n > 0)
+            {
+                return Err(fork_failed("no answer from the forked session".into()));
+            }
+            let got = recv_with_credentials(control_host.as_fd(), &mut buf)?;
+            match (buf.get(..got.len), got.fd, got.pid) {
+                (Some([b'R']), Some(fd), Some(pid)) => {
+                    workspace = Some(Workspace::new(fd, self.sandbox.host_ids()));
+                    init_pid = Some(pid);
+                }
+                (Some([b'K']), _, Some(pid)) => kernel_pid = Some(pid),
+                (Some([b'E', msg @ ..]), _, _) => {
+                    return Err(fork_failed(String::from_utf8_lossy(msg).into_owned()))
+                }
+                _ => return Err(fork_failed("the forked session exited during setup".into())),
+            }
+        }
+        let forked = ForkedKernel {
+            control: control_host,
+            stdout: stdout_r,
+            stderr: stderr_r,
+            workspace: workspace.expect("loop ends with it"),
+            init_pid: init_pid.expect("set with the workspace"),
+            cgroup,
+            killed: false,
+        };
+        let kernel_pid = kernel_pid.expect("loop ends with it");
+        let session = Session::from_kernel(
+            KernelProcess {
+                host: KernelHost::Forked(forked),
+                socket: proto_host,
+            },
+            options.clone(),
+        )?;
+        verify_isolation(kernel_pid)
+            .map_err(|e| fork_failed(format!("isolation check failed: {e}")))?;
+        Ok(session)
+    }
+}
+
+fn fork_failed(reason: String) -> KernelError {
+    KernelError::Startup {
+        language: "python (zygote)",
+        reason,
+    }
+}
+
+/// Checks from the host, through `/proc`, that a forked kernel holds no capability, cannot
+/// gain any, runs under the zygote's and the workload's seccomp filters, and sits in a pid
+/// namespace below the zygote's.
+pub(crate) fn verify_isolation(pid: i32) -> Result<(), String> {
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| e.to_string())?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or("")
+            .to_string()
+    };
+    for cap in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+        if !field(cap).trim_start_matches('0').is_empty() {
+            return Err(format!("{cap} {}", field(cap)));
+        }
+    }
+    if field("NoNewPrivs:") != "1" {
+        return Err("no_new_privs is not set".into());
+    }
+    if field("Seccomp:") != "2" {
+        return Err("seccomp filter mode is not active".into());
+    }
+    // Two filters from the zygote role, two more from the workload role.
+    let filters: u32 = field("Seccomp_filters:").parse().unwrap_or(0);
+    if filters < 4 {
+        return Err(format!("only {filters} seccomp filters are installed"));
+    }
+    // NSpid lists the pid in every pid namespace from ours down: host, zygote, session.
+    if field("NSpid:").split_whitespace().count() < 3 {
+        return Err("the kernel is not in a pid namespace of its own".into());
+    }
+    Ok(())
+}
+
+/// A kernel forked from a zygote: the host's ends of its pipes and its init's control socket.
+pub(crate) struct ForkedKernel {
+    pub control: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+    pub workspace: Workspace,
+    /// The session init's pid in our namespace (its death takes the session down).
+    init_pid: i32,
+    pub cgroup: Option<Cgroup>,
+    killed: bool,
+}
+
+impl ForkedKernel {
+    pub fn read_report(&mut self) -> Report {
+        let mut buf = [0u8; 4096];
+        match corral_sandbox::recv_message(self.control.as_fd(), &mut buf) {
+            Ok((5, _)) if buf[0] == b'X' => {
+                Report::Exited(i32::from_le_bytes(buf[1..5].try_into().expect("4 bytes")))
+            }
+            Ok((n, _)) if n > 0 => {
+                Report::SetupError(String::from_utf8_lossy(&buf[..n]).into_owned())
+            }
+            _ => Report::Closed,
+        }
+    }
+
+    pub fn interrupt(&self) -> io::Result<()> {
+        nix::sys::socket::send(
+            self.control.as_raw_fd(),
+            b"i",
+            nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+        )?;
+        Ok(())
+    }
+
+    /// Kills the session: its cgroup (frozen, then killed) and its init, whose death takes
+    /// the session's pid namespace down.
+    pub fn kill(&mut self) {
+        if self.killed {
+            return;
+        }
+        self.killed = true;
+        if let Some(c) = &self.cgroup {
+            c.kill_all();
+        }
+        // The init is not our child, so its pid could be reused once it is gone: signal it
+        // only while its control socket shows it alive.
+        let mut pfd = [PollFd::new(self.control.as_fd(), PollFlags::POLLIN)];
+        let hung_up = matches!(poll(&mut pfd, PollTimeout::ZERO), Ok(n) if n > 0)
+            && pfd[0]
+                .revents()
+                .is_some_and(|r| r.contains(PollFlags::POLLHUP));
+        if !hung_up {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.init_pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        wait_for_hangup(self.control.as_fd());
+    }
+}
+
+/// Waits (briefly) until the peer of `control` is gone.
+fn wait_for_hangup(control: BorrowedFd<'_>) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut buf = [0u8; 64];
+    while Instant::now() < deadline {
+        let mut pfd = [PollFd::new(control, PollFlags::POLLIN)];
+        if poll(&mut pfd, PollTimeout::from(50u8)).is_err() {
+            return;
+        }
+        match nix::sys::socket::recv(
+            control.as_raw_fd(),
+            &mut buf,
+            nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+        ) {
+            Ok(0) => return,
+            Err(nix::errno::Errno::EAGAIN) | Ok(_) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+impl Drop for ForkedKernel {
+    fn drop(&mut self) {
+        self.kill();
+        // The cgroup's own Drop removes it (waiting for its processes to leave).
+    }
+}

@@ -1,0 +1,378 @@
+//! Sessions inside real sandboxes (host image): state, rich results, streaming, interrupts,
+//! limits, isolation, for kernels started directly and for sessions forked from a zygote.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use corral_kernel::{Event, Language, Session, SessionOptions, Zygote};
+use corral_sandbox::{ExecutionResult, Rootfs, Status};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn zygote() -> &'static Zygote {
+    static ZYGOTE: OnceLock<Zygote> = OnceLock::new();
+    ZYGOTE.get_or_init(|| {
+        Zygote::start(&Rootfs::Host, &[], Default::default()).expect("the zygote starts")
+    })
+}
+
+/// Both ways a Python session is made.
+fn python_sessions() -> Vec<(&'static str, Session)> {
+    let options = SessionOptions::new(Language::Python);
+    vec![
+        (
+            "direct",
+            Session::create(&options).expect("a direct session starts"),
+        ),
+        (
+            "zygote",
+            zygote()
+                .fork_session(&options)
+                .expect("a forked session starts"),
+        ),
+    ]
+}
+
+fn run(session: &mut Session, code: &str) -> ExecutionResult {
+    session.execute(code, 20 * SECOND, &mut |_| {})
+}
+
+#[test]
+fn state_persists_across_executions() {
+    for (how, mut s) in python_sessions() {
+        assert_eq!(run(&mut s, "x = 40").status, Status::Success, "{how}");
+        let r = run(&mut s, "x + 2");
+        assert_eq!(r.status, Status::Success, "{how}: {r:?}");
+        let main = r
+            .results
+            .iter()
+            .find(|r| r.is_main_result)
+            .expect("a main result");
+        assert_eq!(main.text.as_deref(), Some("42"), "{how}");
+    }
+}
+
+#[test]
+fn dataframe_gives_html_and_a_plot_gives_a_png() {
+    for (how, mut s) in python_sessions() {
+        let r = run(
+            &mut s,
+            "import pandas as pd\ndf = pd.DataFrame({'city': ['Oslo', 'Lima'], 'salary': [61000, 25000]})",
+        );
+        assert_eq!(r.status, Status::Success, "{how}: {r:?}");
+        let r = run(&mut s, "df.describe()");
+        let main = r
+            .results
+            .iter()
+            .find(|r| r.is_main_result)
+            .expect("a main result");
+        assert!(
+            main.html.as_deref().unwrap_or("").contains("<table"),
+            "{how}: {main:?}"
+        );
+        assert!(main.text.is_some(), "{how}");
+        let r = run(
+            &mut s,
+            "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.title('squares')\nplt.show()",
+        );
+        assert_eq!(r.status, Status::Success, "{how}: {r:?}");
+        let png = r
+            .results
+            .iter()
+            .find_map(|r| r.png.clone())
+            .expect("a PNG result");
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(png)
+            .unwrap();
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{how}: not a PNG");
+        assert!(bytes.len() > 1000, "{how}: a plot is more than a header");
+        // Figures are closed after being shown: the next cell produces no image.
+        let r = run(&mut s, "1");
+        assert!(r.results.iter().all(|r| r.png.is_none()), "{how}");
+    }
+}
+
+#[test]
+fn every_mime_type_round_trips() {
+    for (how, mut s) in python_sessions() {
+        let r = run(
+            &mut s,
+            "from IPython.display import display, HTML, Markdown, SVG, JSON\n\
+             display(HTML('<b>bold</b>'))\n\
+             display(Markdown('*em*'))\n\
+             display(SVG('<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1\" height=\"1\"></svg>'))\n\
+             display(JSON({'a': [1, 2]}))",
+        );
+        assert_eq!(r.status, Status::Success, "{how}: {r:?}");
+        let all = &r.results;
+        assert!(
+            all.iter().any(|r| r.html.as_deref() == Some("<b>bold</b>")),
+            "{how}: {all:?}"
+        );
+        assert!(
+            all.iter().any(|r| r.markdown.as_deref() == Some("*em*")),
+            "{how}"
+        );
+        assert!(
+            all.iter()
+                .any(|r| r.svg.as_deref().is_some_and(|s| s.contains("<svg"))),
+            "{how}"
+        );
+        assert!(
+            all.iter()
+                .any(|r| r.json == Some(serde_json::json!({"a": [1, 2]}))),
+            "{how}: {all:?}"
+        );
+        assert!(
+            all.iter().all(|r| !r.is_main_result),
+            "{how}: display() is not the main result"
+        );
+    }
+}
+
+#[test]
+fn exceptions_give_name_value_and_a_readable_traceback() {
+    for (how, mut s) in python_sessions() {
+        let r = run(&mut s, "def f(x):\n    return 1 / x\nf(0)");
+        assert_eq!(r.status, Status::Error, "{how}");
+        let e = r.error.expect("an error");
+        assert_eq!(e.name, "ZeroDivisionError", "{how}");
+        assert_eq!(e.value, "division by zero", "{how}");
+        assert!(
+            e.traceback.contains("return 1 / x"),
+            "{how}: {}",
+            e.traceback
+        );
+        assert!(
+            !e.traceback.contains('\u{1b}'),
+            "{how}: ANSI colours in the traceback"
+        );
+        assert!(
+            !e.traceback.contains("corral_kernel"),
+            "{how}: kernel frames leak"
+        );
+        // The session survives its errors.
+        assert_eq!(run(&mut s, "2").status, Status::Success, "{how}");
+    }
+}
+
+#[test]
+fn output_streams_before_the_execution_ends() {
+    for (how, mut s) in python_sessions() {
+        let start = Instant::now();
+        let mut first_stdout = None;
+        let mut end = None;
+        s.execute(
+            "import time\nprint('first', flush=True)\ntime.sleep(1.5)\nprint('second')",
+            20 * SECOND,
+            &mut |e| match e {
+                Event::Stdout { text } if text.contains("first") && first_stdout.is_none() => {
+                    first_stdout = Some(start.elapsed())
+                }
+                Event::End { .. } => end = Some(start.elapsed()),
+                _ => {}
+            },
+        );
+        let (first, end) = (first_stdout.expect("stdout event"), end.expect("end event"));
+        assert!(
+            end - first >= Duration::from_millis(1000),
+            "{how}: first {first:?}, end {end:?}"
+        );
+    }
+}
+
+#[test]
+fn interrupt_and_timeout_keep_the_state() {
+    for (how, mut s) in python_sessions() {
+        run(&mut s, "kept = 7");
+        let interrupter = s.interrupter();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(SECOND);
+            interrupter.interrupt();
+        });
+        let r = run(&mut s, "import time\ntime.sleep(30)");
+        t.join().unwrap();
+        assert_eq!(r.status, Status::Error, "{how}: {r:?}");
+        assert_eq!(
+            r.error.as_ref().map(|e| e.name.as_str()),
+            Some("KeyboardInterrupt"),
+            "{how}"
+        );
+        let r = s.execute("while True: pass", SECOND, &mut |_| {});
+        assert_eq!(r.status, Status::Timeout, "{how}: {r:?}");
+        assert!(s.is_alive(), "{how}: a timeout keeps the session");
+        let r = run(&mut s, "kept");
+        assert_eq!(r.results[0].text.as_deref(), Some("7"), "{how}: {r:?}");
+    }
+}
+
+#[test]
+fn memory_kill_ends_the_session_with_memory_limit() {
+    let mut options = SessionOptions::new(Language::Python);
+    options.limits.memory_bytes = 256 << 20;
+    let sessions = [
+        ("direct", Session::create(&options).unwrap()),
+        ("zygote", zygote().fork_session(&options).unwrap()),
+    ];
+    for (how, mut s) in sessions {
+        let r = run(
+            &mut s,
+            "hog = bytearray(1 << 30)\nhog[::4096] = b'x' * len(hog[::4096])",
+        );
+        if corral_sandbox::cgroup_layout().is_some() && nix::unistd::geteuid().is_root() {
+            assert_eq!(r.status, Status::MemoryLimit, "{how}: {r:?}");
+            assert!(!s.is_alive(), "{how}");
+            assert_eq!(
+                run(&mut s, "1").status,
+                Status::SandboxError,
+                "{how}: dead sessions refuse"
+            );
+        } else {
+            // Rlimit fallback: the allocation fails inside the kernel, which survives.
+            assert_eq!(
+                r.error.as_ref().map(|e| e.name.as_str()),
+                Some("MemoryError"),
+                "{how}: {r:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn restart_clears_state_and_keeps_files() {
+    let mut s = Session::create(&SessionOptions::new(Language::Python)).unwrap();
+    run(
+        &mut s,
+        "x = 1\nopen('kept.txt', 'w').write('file survives')",
+    );
+    s.restart().unwrap();
+    let r = run(&mut s, "x");
+    assert_eq!(r.error.map(|e| e.name), Some("NameError".to_string()));
+    let r = run(&mut s, "open('kept.txt').read()");
+    assert!(
+        r.results[0]
+            .text
+            .as_deref()
+            .unwrap_or("")
+            .contains("file survives"),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn sessions_cannot_see_each_other() {
+    let options = SessionOptions::new(Language::Python);
+    let mut a = zygote().fork_session(&options).unwrap();
+    let mut b = zygote().fork_session(&options).unwrap();
+    let mut c = Session::create(&options).unwrap();
+    run(&mut a, "secret = 'a-only'\nopen('/workspace/a.txt', 'w').write('a')\nopen('/tmp/a.tmp', 'w').write('a')\nimport subprocess\np = subprocess.Popen(['sleep', '60'])");
+    for (name, other) in [("forked sibling", &mut b), ("direct", &mut c)] {
+        let r = run(
+            other,
+            "import os\n\
+             print('secret' in globals())\n\
+             print(os.path.exists('/workspace/a.txt'), os.path.exists('/tmp/a.tmp'))\n\
+             print(sum(1 for p in os.listdir('/proc') if p.isdigit() and 'sleep' in open(f'/proc/{p}/cmdline').read()))",
+        );
+        assert_eq!(r.stdout, "False\nFalse False\n0\n", "{name}: {r:?}");
+    }
+    // Sessions forked from one zygote draw different random numbers.
+    let ra = run(
+        &mut a,
+        "import random, numpy\nprint(random.random(), numpy.random.random())",
+    );
+    let rb = run(
+        &mut b,
+        "import random, numpy\nprint(random.random(), numpy.random.random())",
+    );
+    assert_ne!(ra.stdout, rb.stdout);
+}
+
+#[test]
+fn forked_kernels_are_locked_down() {
+    let mut s = zygote()
+        .fork_session(&SessionOptions::new(Language::Python))
+        .unwrap();
+    let r = run(
+        &mut s,
+        "import os, ctypes\n\
+         st = open('/proc/self/status').read()\n\
+         print([l for l in st.splitlines() if l.startswith(('CapEff', 'CapBnd', 'NoNewPrivs', 'Seccomp:'))])\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         print(libc.unshare(0x10000000), ctypes.get_errno())\n\
+         print(libc.mount(b'none', b'/tmp', b'tmpfs', 0, None), ctypes.get_errno())\n\
+         print(os.getuid(), open('/etc/hostname').read().strip(), sorted(os.listdir('/sys')) if os.path.exists('/sys') else 'no /sys')\n\
+         try:\n    open('/usr/corral-test', 'w')\nexcept OSError as e:\n    print('ro', e.errno)",
+    );
+    let out = r.stdout;
+    assert!(out.contains("'CapEff:\\t0000000000000000'"), "{out}");
+    assert!(out.contains("'CapBnd:\\t0000000000000000'"), "{out}");
+    assert!(
+        out.contains("'NoNewPrivs:\\t1'") && out.contains("'Seccomp:\\t2'"),
+        "{out}"
+    );
+    assert!(
+        out.contains("-1 1\n-1 1\n"),
+        "unshare and mount must fail with EPERM: {out}"
+    );
+    assert!(out.contains("1000 corral no /sys"), "{out}");
+    assert!(out.contains("ro 30") || out.contains("ro 13"), "{out}");
+}
+
+#[test]
+fn javascript_session_keeps_state_and_awaits() {
+    let mut s = Session::create(&SessionOptions::new(Language::Javascript)).unwrap();
+    assert_eq!(
+        run(&mut s, "let a = 40; const b = 2;").status,
+        Status::Success
+    );
+    let r = run(&mut s, "a + b");
+    assert_eq!(r.results[0].text.as_deref(), Some("42"), "{r:?}");
+    let r = run(&mut s, "await new Promise(r => setTimeout(() => r(5), 10))");
+    assert_eq!(r.results[0].text.as_deref(), Some("5"), "{r:?}");
+    let r = run(&mut s, "console.log('hi'); null.x");
+    assert_eq!(r.stdout, "hi\n");
+    assert_eq!(r.error.map(|e| e.name), Some("TypeError".to_string()));
+}
+
+#[test]
+fn bash_session_keeps_directory_and_variables() {
+    let mut s = Session::create(&SessionOptions::new(Language::Bash)).unwrap();
+    run(&mut s, "mkdir -p sub && cd sub && X=5");
+    let r = run(&mut s, "pwd; echo $X");
+    assert_eq!(r.stdout, "/workspace/sub\n5\n", "{r:?}");
+    let r = run(&mut s, "false");
+    assert_eq!(r.status, Status::Error);
+}
+
+#[test]
+fn manager_lists_closes_and_expires_idle_sessions() {
+    use corral_kernel::{ManagerError, SessionManager};
+    let manager = SessionManager::new();
+    let options = SessionOptions::new(Language::Bash);
+    let kept = manager.create(&options, Duration::from_secs(600)).unwrap();
+    let idle = manager
+        .create(&options, Duration::from_millis(300))
+        .unwrap();
+    assert_eq!(manager.list().len(), 2);
+    let r = manager
+        .execute(&kept.id, "echo hi", 10 * SECOND, &mut |_| {})
+        .unwrap();
+    assert_eq!(r.stdout, "hi\n");
+    assert_eq!(manager.get(&kept.id).unwrap().executions, 1);
+    assert!(matches!(
+        manager.execute("sbx-nope", "true", SECOND, &mut |_| {}),
+        Err(ManagerError::NotFound(_))
+    ));
+    // The idle reaper runs every second.
+    std::thread::sleep(Duration::from_millis(2500));
+    let ids: Vec<String> = manager.list().into_iter().map(|i| i.id).collect();
+    assert_eq!(ids, vec![kept.id.clone()], "the idle session expired");
+    assert!(matches!(
+        manager.get(&idle.id),
+        Err(ManagerError::NotFound(_))
+    ));
+    manager.close(&kept.id).unwrap();
+    assert!(manager.list().is_empty());
+}

@@ -1,0 +1,300 @@
+//! `corral bench --only sessions|density`: session creation, warm execution and memory
+//! density (DESIGN §9), each against a baseline measured in the same run.
+
+use std::path::Path;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use corral_kernel::{Language, Pool, Session, SessionOptions, Zygote};
+use corral_sandbox::Status;
+
+use crate::bench::summarize;
+
+/// Enough pre-forked sessions to absorb a burst of 50 creations.
+const POOL_TARGET: usize = 64;
+const IPYKERNEL_SCRIPT: &str = include_str!("bench/ipykernel_baseline.py");
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn options(image: &str, data_dir: Option<&Path>) -> Result<SessionOptions> {
+    let store = corral_image::Store::open(data_dir);
+    let resolved = store
+        .resolve(image)
+        .with_context(|| format!("image {image} (build it with `corral image build {image}`)"))?;
+    let mut o = SessionOptions::new(Language::Python);
+    o.rootfs = resolved.rootfs;
+    o.image_env = resolved.env;
+    Ok(o)
+}
+
+/// Creates a session from `pool` and waits for the result of `print(1)`.
+fn create_and_print(pool: &Pool, options: &SessionOptions) -> Result<Duration> {
+    let t = Instant::now();
+    let mut s = pool.acquire(options)?;
+    let r = s.execute("print(1)", Duration::from_secs(30), &mut |_| {});
+    let elapsed = t.elapsed();
+    if r.stdout != "1\n" {
+        bail!("print(1) gave {r:?}");
+    }
+    Ok(elapsed)
+}
+
+fn wait_for_pool(pool: &Pool) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while pool.ready_count() < POOL_TARGET && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs `code` as a one-shot in the image and returns its stdout.
+fn oneshot_stdout(image: &str, data_dir: Option<&Path>, code: &str) -> Result<(String, Duration)> {
+    let me = std::env::current_exe()?;
+    let mut cmd = std::process::Command::new(me);
+    cmd.args([
+        "run",
+        "--image",
+        image,
+        "--json",
+        "--timeout",
+        "300",
+        "--memory",
+        "2G",
+        "-c",
+        code,
+    ]);
+    if let Some(d) = data_dir {
+        cmd.arg("--data-dir").arg(d);
+    }
+    let t = Instant::now();
+    let out = cmd.output()?;
+    let elapsed = t.elapsed();
+    let result: corral_sandbox::ExecutionResult = serde_json::from_slice(&out.stdout)
+        .with_context(|| String::from_utf8_lossy(&out.stderr).into_owned())?;
+    if result.status != Status::Success {
+        bail!(
+            "{code:?} failed: {:?} {}",
+            result.error_message,
+            result.stderr
+        );
+    }
+    Ok((result.stdout, elapsed))
+}
+
+pub fn sessions(image: &str, data_dir: Option<&Path>) -> Result<()> {
+    let options = options(image, data_dir)?;
+    println!("\nsessions on image `{image}`");
+
+    // Baselines, measured now: a cold interpreter importing the data stack, and an ipykernel
+    // started and driven in the same kind of sandbox.
+    let mut cold = Vec::new();
+    for _ in 0..5 {
+        let (_, t) = oneshot_stdout(image, data_dir, "import pandas, matplotlib.pyplot")?;
+        cold.push(t);
+    }
+    let cold = summarize(cold);
+    let ipy = oneshot_stdout(image, data_dir, IPYKERNEL_SCRIPT).map(|(out, _)| out);
+    let ipy: Option<serde_json::Value> = match ipy {
+        Ok(out) => serde_json::from_str(out.trim()).ok(),
+        Err(e) => {
+            eprintln!("bench: the ipykernel baseline could not run ({e:#}); install python3-ipykernel and python3-jupyter-client in the image");
+            None
+        }
+    };
+
+    let pool = Pool::start(
+        options.rootfs.clone(),
+        options.image_env.clone(),
+        options.policy,
+        POOL_TARGET,
+    )?;
+    println!("  zygote preloaded: {}", pool.zygote().preloaded.join(", "));
+    wait_for_pool(&pool);
+
+    // One at a time, the pool refilled in between.
+    let mut single = Vec::new();
+    for _ in 0..30 {
+        single.push(create_and_print(&pool, &options)?);
+        wait_for_pool(&pool);
+    }
+    // Bursts of 50 concurrent creations.
+    let mut burst = Vec::new();
+    for _ in 0..3 {
+        wait_for_pool(&pool);
+        let barrier = Arc::new(Barrier::new(50));
+        let handles: Vec<_> = (0..50)
+            .map(|_| {
+                let (pool, options, barrier) = (pool.clone(), options.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    create_and_print(&pool, &options)
+                })
+            })
+            .collect();
+        for h in handles {
+            burst.push(h.join().expect("bench thread")?);
+        }
+    }
+    // Straight from the zygote, without the pool.
+    let mut forked = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let mut s = pool.zygote().fork_session(&options)?;
+        s.execute("print(1)", Duration::from_secs(30), &mut |_| {});
+        forked.push(t.elapsed());
+    }
+    // Warm execution round trips.
+    let mut session = pool.acquire(&options)?;
+    let mut warm = Vec::new();
+    for _ in 0..300 {
+        let t = Instant::now();
+        let r = session.execute("1+1", Duration::from_secs(10), &mut |_| {});
+        warm.push(t.elapsed());
+        if r.results.first().and_then(|x| x.text.as_deref()) != Some("2") {
+            bail!("1+1 gave {r:?}");
+        }
+    }
+    let burst_p99 = {
+        let mut v = burst.clone();
+        v.sort();
+        v[((v.len() - 1) as f64 * 0.99).round() as usize]
+    };
+    let (single, burst, forked, warm) = (
+        summarize(single),
+        summarize(burst),
+        summarize(forked),
+        summarize(warm),
+    );
+    println!("  {:58} {:>9} {:>9}", "", "p50 ms", "p95 ms");
+    println!(
+        "  {:58} {:>9.1} {:>9.1}",
+        "cold `import pandas, matplotlib.pyplot` (one-shot run)",
+        ms(cold.p50),
+        ms(cold.p95)
+    );
+    if let Some(ipy) = &ipy {
+        println!(
+            "  {:58} {:>9.1}",
+            "ipykernel start -> first print(1) result (same sandbox)",
+            ipy["start_ms"].as_f64().unwrap_or(0.0)
+        );
+    }
+    println!(
+        "  {:58} {:>9.2} {:>9.2}",
+        "corral session create -> print(1) result, 1 at a time",
+        ms(single.p50),
+        ms(single.p95)
+    );
+    println!(
+        "  {:58} {:>9.2} {:>9.2}  p99 {:.2}",
+        "corral session create -> print(1) result, 50 concurrent",
+        ms(burst.p50),
+        ms(burst.p95),
+        ms(burst_p99)
+    );
+    println!(
+        "  {:58} {:>9.2} {:>9.2}",
+        "corral session forked from the zygote (no pool)",
+        ms(forked.p50),
+        ms(forked.p95)
+    );
+    println!(
+        "  {:58} {:>9.3} {:>9.3}",
+        "corral warm `1+1` round trip (library)",
+        ms(warm.p50),
+        ms(warm.p95)
+    );
+    if let Some(trips) = ipy.as_ref().and_then(|v| v["round_trips_ms"].as_array()) {
+        let trips: Vec<Duration> = trips
+            .iter()
+            .filter_map(|t| t.as_f64())
+            .map(|t| Duration::from_secs_f64(t / 1e3))
+            .collect();
+        let ipy_trip = summarize(trips);
+        println!(
+            "  {:58} {:>9.3} {:>9.3}",
+            "ipykernel execute_request `1+1` round trip",
+            ms(ipy_trip.p50),
+            ms(ipy_trip.p95)
+        );
+        println!(
+            "  warm exec / ipykernel: p50 {:.3}x",
+            ms(warm.p50) / ms(ipy_trip.p50)
+        );
+    }
+    println!(
+        "  create / cold import: p50 {:.3}x;  goals: p50 <= 10 ms, p99 <= 30 ms at 50 concurrent (required 50 / 150); warm exec p50 <= 2 ms",
+        ms(single.p50) / ms(cold.p50)
+    );
+    Ok(())
+}
+
+/// Proportional set size (kB) of every process whose command line mentions `needle`.
+fn pss_of(needle: &str) -> (u64, u64, usize) {
+    let (mut pss, mut rss, mut count) = (0, 0, 0);
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let path = entry.path();
+        let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
+        if !String::from_utf8_lossy(&cmdline).contains(needle) {
+            continue;
+        }
+        let Ok(rollup) = std::fs::read_to_string(path.join("smaps_rollup")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            rollup
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        pss += field("Pss:");
+        rss += field("Rss:");
+        count += 1;
+    }
+    (pss, rss, count)
+}
+
+pub fn density(image: &str, data_dir: Option<&Path>, n: usize) -> Result<()> {
+    let options = options(image, data_dir)?;
+    println!("\ndensity: {n} idle sessions with pandas imported, image `{image}`");
+    let zygote = Zygote::start(&options.rootfs, &options.image_env, options.policy)?;
+    if !zygote.preloaded.iter().any(|m| m == "pandas") {
+        bail!("the image has no pandas to import");
+    }
+    let (base_pss, _, _) = pss_of("corral_zygote.py");
+    let t = Instant::now();
+    let mut sessions: Vec<Session> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut s = zygote.fork_session(&options)?;
+        // Each session really uses pandas once, as an agent's first cell would.
+        let r = s.execute(
+            "import pandas as pd\ndf = pd.DataFrame({'a': range(10)})\nlen(df)",
+            Duration::from_secs(30),
+            &mut |_| {},
+        );
+        if r.status != Status::Success {
+            bail!("session setup failed: {r:?}");
+        }
+        sessions.push(s);
+    }
+    let created = t.elapsed();
+    std::thread::sleep(Duration::from_secs(2));
+    let (pss, rss, procs) = pss_of("corral_zygote.py");
+    let total = pss.saturating_sub(base_pss);
+    println!(
+        "  created {n} sessions in {:.1} s ({procs} processes incl. the zygote)",
+        created.as_secs_f64()
+    );
+    println!(
+        "  total PSS {:.1} MiB, {:.2} MiB per session (RSS sum would claim {:.1} MiB); goal <= 8 MiB per session",
+        total as f64 / 1024.0,
+        total as f64 / 1024.0 / n as f64,
+        rss as f64 / 1024.0
+    );
+    drop(sessions);
+    Ok(())
+}
