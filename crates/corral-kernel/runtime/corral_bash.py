@@ -112,7 +112,7 @@ class Bash:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        return self.process.wait()
+        self.process.wait()
 
 
 def read_exactly(fd, size):

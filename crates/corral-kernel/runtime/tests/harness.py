@@ -56,9 +56,11 @@ def frame(message):
 class Execution:
     """Everything one execution produced, with arrival times (time.monotonic())."""
 
-    def __init__(self, exec_id, started):
+    def __init__(self, exec_id, sock, out_mark, err_mark):
         self.id = exec_id
-        self.started = started
+        self.sock = sock  # the kernel's socket it was sent on
+        self.out_mark, self.err_mark = out_mark, err_mark  # output seen before it started
+        self.started = time.monotonic()
         self.frames = []  # (time, message) for this id, `done` included
         self.stdout_chunks = []  # (time, bytes)
         self.stderr_chunks = []
@@ -199,10 +201,8 @@ class Kernel:
         exec_id = f"e{self.next_id}"
         self.next_id += 1
         self.drain_output()
-        execution = Execution(exec_id, time.monotonic())
-        execution.out_mark = len(self.stdout_chunks)
-        execution.err_mark = len(self.stderr_chunks)
-        execution.sock = sock or self.sock
+        sock = sock or self.sock
+        execution = Execution(exec_id, sock, len(self.stdout_chunks), len(self.stderr_chunks))
         self.send({"type": "execute", "id": exec_id, "code": code}, sock)
         return execution
 
