@@ -23,22 +23,6 @@ const DEFAULT_RECIPE: &str = include_str!("../recipes/default.toml");
 /// Names of the built-in recipes; user recipes cannot take them.
 pub const BUILTIN_NAMES: [&str; 2] = ["default", "host"];
 
-/// Top-level directories a sandbox never sees from the image (the engine mounts its own or
-/// skips them), so a recipe file copied there would be lost.
-const INVISIBLE_DIRS: [&str; 11] = [
-    "dev",
-    "proc",
-    "sys",
-    "tmp",
-    "workspace",
-    "run",
-    "root",
-    "home",
-    "boot",
-    "mnt",
-    "media",
-];
-
 /// How an image's root filesystem comes to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -365,7 +349,12 @@ fn copied_file(entry: FileEntry, base: &Path) -> Result<CopiedFile, String> {
         ));
     }
     if let Some(Component::Normal(top)) = normal.first() {
-        if INVISIBLE_DIRS.iter().any(|d| top == d) {
+        // What the engine never binds from an image is invisible in a sandbox, except /etc,
+        // which it binds on its own.
+        if corral_sandbox::rootfs::IMAGE_SKIPPED
+            .iter()
+            .any(|d| top == d && *d != "etc")
+        {
             return Err(format!(
                 "files: dest {:?} is under /{}, which sandboxes never see from the image",
                 dest.display(),

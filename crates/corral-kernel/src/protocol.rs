@@ -1,8 +1,8 @@
 //! The kernel protocol (docs/kernel-protocol.md): length-prefixed JSON frames.
 //!
 //! The kernel side is untrusted, so decoding is bounded (frame length, strict shapes) and
-//! never panics on any input; see the property tests below and the fuzz target in
-//! `fuzz/fuzz_targets/kernel_frames.rs`.
+//! never panics on any input; the property tests below feed it arbitrary byte streams split
+//! at arbitrary points.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

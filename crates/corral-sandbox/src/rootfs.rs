@@ -22,8 +22,8 @@ pub const NEW_ROOT: &str = "/tmp";
 const HOST_TOP_LEVEL: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 
 /// Top-level entries of a directory image that are never bound: they are synthesized,
-/// mounted fresh, or hold nothing a sandbox should see.
-const IMAGE_SKIPPED: [&str; 12] = [
+/// mounted fresh, or hold nothing a sandbox should see (`etc` is bound on its own).
+pub const IMAGE_SKIPPED: [&str; 12] = [
     "dev",
     "proc",
     "sys",

@@ -143,25 +143,7 @@ pub fn send_message(sock: BorrowedFd<'_>, bytes: &[u8], fd: Option<RawFd>) -> io
 /// Receives one message of at most `buf.len()` bytes and the descriptor it carries, if any.
 /// `Ok((0, None))` means the peer closed the socket.
 pub fn recv_message(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
-    let mut iov = [io::IoSliceMut::new(buf)];
-    let mut space = nix::cmsg_space!(RawFd);
-    let msg = recvmsg::<()>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )?;
-    let mut received = None;
-    for cmsg in msg.cmsgs()? {
-        if let ControlMessageOwned::ScmRights(fds) = cmsg {
-            for fd in fds {
-                // SAFETY: SCM_RIGHTS just installed `fd` in our table; we are its only owner.
-                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-                received.get_or_insert(owned);
-            }
-        }
-    }
-    Ok((msg.bytes, received))
+    recv_with_credentials(sock, buf).map(|r| (r.len, r.fd))
 }
 
 /// Overwrites this process's argument and environment strings with zeros, so that
