@@ -61,6 +61,16 @@ def check(result, what):
     return result
 
 
+def close_all_except(keep):
+    """Closes every descriptor above 2 that is not in `keep` (close_range: no upper bound)."""
+    low = 3
+    for fd in sorted(set(keep)):
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    os.closerange(low, 2**31 - 1)
+
+
 def mount(source, target, fstype, flags, data=None):
     enc = lambda s: None if s is None else s.encode()
     check(LIBC.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), "mount %s" % target)
@@ -180,7 +190,7 @@ def become_kernel(request, proto, stdout, stderr, programs):
     null = os.open("/dev/null", os.O_RDONLY)
     for src, dst in ((null, 0), (stdout, 1), (stderr, 2), (proto, 3)):
         os.dup2(src, dst)
-    os.closerange(4, 65536)
+    close_all_except([3])
     for name, value in request.get("rlimits", []):
         resource.setrlimit(getattr(resource, name), (value, value))
     check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
@@ -288,13 +298,7 @@ def main():
         if pid == 0:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             ctl.detach()  # closed below by number; the object must not close a reused fd 3
-            keep = set(fds)
-            for fd in range(3, 1024):
-                if fd not in keep:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
+            close_all_except(fds)
             session_child(request, fds)
         for fd in fds:
             os.close(fd)

@@ -376,3 +376,50 @@ fn manager_lists_closes_and_expires_idle_sessions() {
     manager.close(&kept.id).unwrap();
     assert!(manager.list().is_empty());
 }
+
+/// The zygote path's lockdown is implemented by the zygote itself, so it gets attacks of its
+/// own: each must fail, and the host and the session must be unaffected.
+#[test]
+fn forked_sessions_resist_attacks_on_their_init_and_the_host() {
+    let secret = format!("corral-secret-{}", std::process::id());
+    let planted = std::env::temp_dir().join(&secret);
+    std::fs::write(&planted, &secret).unwrap();
+    let mut s = zygote()
+        .fork_session(&SessionOptions::new(Language::Python))
+        .unwrap();
+    let code = format!(
+        "import os, ctypes, signal, socket\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         def attempt(what, f):\n    try:\n        f(); print('ALLOWED', what)\n    except OSError as e:\n        print('BLOCKED', what, e.errno)\n\
+         attempt('environ', lambda: open('/proc/1/environ').read())\n\
+         attempt('mem', lambda: open('/proc/1/mem', 'rb').read(1))\n\
+         attempt('setuid', lambda: os.setuid(0))\n\
+         attempt('kill-init', lambda: os.kill(1, signal.SIGKILL))\n\
+         attempt('secret', lambda: open({planted:?}).read())\n\
+         print('PTRACE', libc.ptrace(16, 1, 0, 0), ctypes.get_errno())\n\
+         print('IFACES', [n for _, n in socket.if_nameindex()])\n\
+         print('PIDS', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))",
+        planted = planted.to_str().unwrap(),
+    );
+    let r = run(&mut s, &code);
+    let out = &r.stdout;
+    assert!(!out.contains("ALLOWED"), "{out}");
+    for what in ["environ", "mem", "setuid", "kill-init", "secret"] {
+        assert!(
+            out.contains(&format!("BLOCKED {what}")),
+            "{what} not attempted: {out}"
+        );
+    }
+    assert!(
+        out.contains("PTRACE -1 1\n"),
+        "ptrace must fail with EPERM: {out}"
+    );
+    assert!(out.contains("IFACES ['lo']"), "{out}");
+    // Only the session's own init (1) and kernel (2) and its children exist in its pid space.
+    assert!(out.contains("PIDS [1, 2"), "{out}");
+    assert!(!out.contains(&secret), "{out}");
+    // The session, its init and the host file are untouched.
+    assert_eq!(run(&mut s, "40 + 2").results[0].text.as_deref(), Some("42"));
+    assert_eq!(std::fs::read_to_string(&planted).unwrap(), secret);
+    std::fs::remove_file(&planted).unwrap();
+}
