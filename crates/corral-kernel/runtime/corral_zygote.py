@@ -206,6 +206,10 @@ def become_kernel(request, proto, stdout, stderr, programs):
 def supervise(ctl, kernel_pid):
     """The session's init: relays interrupts, reaps, and kills everything once the kernel is
     gone or the host hung up. Reports the kernel's wait status as b'X' + i32."""
+    # As pid 1 it ignores signals left at their default, but Python installed a handler for
+    # SIGINT: without this, the kernel could stop its own init where Landlock cannot scope
+    # signals (ABI < 6).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)

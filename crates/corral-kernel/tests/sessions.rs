@@ -395,6 +395,7 @@ fn forked_sessions_resist_attacks_on_their_init_and_the_host() {
          attempt('mem', lambda: open('/proc/1/mem', 'rb').read(1))\n\
          attempt('setuid', lambda: os.setuid(0))\n\
          attempt('kill-init', lambda: os.kill(1, signal.SIGKILL))\n\
+         attempt('interrupt-init', lambda: os.kill(1, signal.SIGINT))\n\
          attempt('secret', lambda: open({planted:?}).read())\n\
          print('PTRACE', libc.ptrace(16, 1, 0, 0), ctypes.get_errno())\n\
          print('IFACES', [n for _, n in socket.if_nameindex()])\n\
@@ -404,7 +405,14 @@ fn forked_sessions_resist_attacks_on_their_init_and_the_host() {
     let r = run(&mut s, &code);
     let out = &r.stdout;
     assert!(!out.contains("ALLOWED"), "{out}");
-    for what in ["environ", "mem", "setuid", "kill-init", "secret"] {
+    for what in [
+        "environ",
+        "mem",
+        "setuid",
+        "kill-init",
+        "interrupt-init",
+        "secret",
+    ] {
         assert!(
             out.contains(&format!("BLOCKED {what}")),
             "{what} not attempted: {out}"
