@@ -206,3 +206,24 @@ fn timeout_survives_signals_to_init_and_sigstop() {
     assert!(o.wall < Duration::from_secs(10), "took {:?}", o.wall);
     assert_no_procs(&mark);
 }
+
+#[test]
+fn crashes_leave_no_core_and_never_reach_a_core_helper() {
+    let o = Run::python(include_str!("attacks/core_dump.py")).run();
+    o.assert_completed();
+    o.assert_no_escape();
+    assert_eq!(o.value("CORELIMIT"), "1 1", "{}", o.dump());
+    o.assert_blocked("raise-core-limit", &["EPERM", "EINVAL"]);
+    assert_eq!(
+        o.value("CRASH"),
+        "-6",
+        "the child must die of SIGABRT\n{}",
+        o.dump()
+    );
+    assert_eq!(
+        o.value("CORES"),
+        "0",
+        "a core file was written\n{}",
+        o.dump()
+    );
+}

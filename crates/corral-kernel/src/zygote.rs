@@ -44,7 +44,7 @@ fn workload_filter_blob() -> Vec<u8> {
 /// The rlimits a forked kernel sets on itself (the same set the engine applies).
 fn rlimits(limits: &Limits, with_cgroup: bool) -> Vec<(&'static str, u64)> {
     let mut r = vec![
-        ("RLIMIT_CORE", 0),
+        ("RLIMIT_CORE", corral_sandbox::CORE_LIMIT),
         ("RLIMIT_NOFILE", 4096),
         ("RLIMIT_FSIZE", limits.disk_bytes),
         ("RLIMIT_MEMLOCK", 64 << 10),

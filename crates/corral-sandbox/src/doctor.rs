@@ -114,6 +114,26 @@ pub fn run_checks() -> Vec<Check> {
         },
     ));
 
+    let pattern = std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap_or_default();
+    let piped = pattern.trim_start().starts_with('|');
+    checks.push(check(
+        "core dumps",
+        true,
+        if piped {
+            format!(
+                "core_pattern pipes to `{}`; sandboxes set RLIMIT_CORE to {}, which the kernel \
+                 treats as \"never pipe\", so crashes inside a sandbox never run it",
+                pattern.trim().trim_start_matches('|'),
+                sandbox::CORE_LIMIT
+            )
+        } else {
+            format!(
+                "core_pattern is a file name; sandboxes set RLIMIT_CORE to {} (no core file fits)",
+                sandbox::CORE_LIMIT
+            )
+        },
+    ));
+
     let abi = landlock_rules::kernel_abi();
     checks.push(check(
         "landlock",

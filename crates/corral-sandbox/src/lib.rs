@@ -25,7 +25,7 @@ pub mod workspace;
 pub use result::{ExecutionResult, FileEntry, LanguageError, RichResult, Status};
 pub use sandbox::{
     cgroup_layout, run, unique_name, Capture, Finish, Outcome, Report, Sandbox, SandboxError,
-    Stream, ROOT_MODE_ID_BASE,
+    Stream, CORE_LIMIT, ROOT_MODE_ID_BASE,
 };
 pub use spec::{ControlSocket, InputFile, Limits, Policy, Role, Rootfs, SandboxSpec};
 pub use workspace::{Workspace, WorkspaceError};

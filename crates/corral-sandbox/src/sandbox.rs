@@ -23,6 +23,9 @@ use crate::seccomp::{self, Role};
 use crate::spec::{base_environment, ControlSocket, SandboxSpec};
 use crate::workspace::Workspace;
 
+/// The core-file limit of every sandboxed process (see where it is set).
+pub const CORE_LIMIT: u64 = 1;
+
 /// First host uid/gid given to sandboxes when Corral runs as root; each sandbox gets one of
 /// the next 65536, owning nothing on the host.
 pub const ROOT_MODE_ID_BASE: u32 = 1_000_000_000;
@@ -254,7 +257,10 @@ impl Sandbox {
         };
         let limits = spec.limits;
         let mut rlimits = vec![
-            (Resource::RLIMIT_CORE, 0),
+            // 1, not 0: with a piped core_pattern (apport, systemd-coredump) the kernel ignores
+            // a limit of 0 and runs the helper as host root on every crash; a limit of exactly
+            // 1 is its marker for "never pipe", and too small for any core file.
+            (Resource::RLIMIT_CORE, CORE_LIMIT),
             (Resource::RLIMIT_NOFILE, 4096),
             (Resource::RLIMIT_FSIZE, limits.disk_bytes),
             (Resource::RLIMIT_MEMLOCK, 64 << 10),
