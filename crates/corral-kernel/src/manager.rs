@@ -69,10 +69,6 @@ impl SessionManager {
         self.pools.lock().expect("lock").push(pool);
     }
 
-    pub fn pools(&self) -> Vec<Arc<Pool>> {
-        self.pools.lock().expect("lock").clone()
-    }
-
     pub fn create(
         &self,
         options: &SessionOptions,

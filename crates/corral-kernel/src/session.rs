@@ -350,10 +350,6 @@ impl Session {
         self.options.language
     }
 
-    pub fn options(&self) -> &SessionOptions {
-        &self.options
-    }
-
     /// Why the session is dead, if it is.
     pub fn death(&self) -> Option<&Death> {
         self.dead.as_ref()

@@ -41,22 +41,13 @@ fn workload_filter_blob() -> Vec<u8> {
     blob
 }
 
-/// The rlimits a forked kernel sets on itself (the same set the engine applies).
-fn rlimits(limits: &Limits, with_cgroup: bool) -> Vec<(&'static str, u64)> {
-    let mut r = vec![
-        ("RLIMIT_CORE", corral_sandbox::CORE_LIMIT),
-        ("RLIMIT_NOFILE", 4096),
-        ("RLIMIT_FSIZE", limits.disk_bytes),
-        ("RLIMIT_MEMLOCK", 64 << 10),
-        ("RLIMIT_MSGQUEUE", 64 << 10),
-        ("RLIMIT_RTPRIO", 0),
-        ("RLIMIT_SIGPENDING", 1024),
-    ];
-    if !with_cgroup {
-        r.push(("RLIMIT_DATA", limits.memory_bytes));
-        r.push(("RLIMIT_NPROC", limits.pids));
-    }
-    r
+/// The engine's rlimit set, named as Python's `resource` module names them (the forked
+/// kernel applies them to itself).
+fn rlimits(limits: &Limits, with_cgroup: bool) -> Vec<(String, u64)> {
+    corral_sandbox::workload_rlimits(limits, with_cgroup)
+        .into_iter()
+        .map(|(resource, value)| (format!("{resource:?}"), value))
+        .collect()
 }
 
 /// A pre-imported Python that forks sessions.
@@ -185,10 +176,6 @@ impl Zygote {
                 return Err(fail(why));
             }
         }
-    }
-
-    pub fn rootfs(&self) -> &Rootfs {
-        &self.rootfs
     }
 
     pub fn is_alive(&mut self) -> bool {

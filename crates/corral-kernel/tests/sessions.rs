@@ -303,6 +303,8 @@ fn forked_kernels_are_locked_down() {
          print(libc.unshare(0x10000000), ctypes.get_errno())\n\
          print(libc.mount(b'none', b'/tmp', b'tmpfs', 0, None), ctypes.get_errno())\n\
          print(os.getuid(), open('/etc/hostname').read().strip(), sorted(os.listdir('/sys')) if os.path.exists('/sys') else 'no /sys')\n\
+         import resource\n\
+         print('LIMITS', resource.getrlimit(resource.RLIMIT_CORE), resource.getrlimit(resource.RLIMIT_NOFILE))\n\
          try:\n    open('/usr/corral-test', 'w')\nexcept OSError as e:\n    print('ro', e.errno)",
     );
     let out = r.stdout;
@@ -317,6 +319,8 @@ fn forked_kernels_are_locked_down() {
         "unshare and mount must fail with EPERM: {out}"
     );
     assert!(out.contains("1000 corral no /sys"), "{out}");
+    // The engine's rlimit set, applied by the forked kernel to itself.
+    assert!(out.contains("LIMITS (1, 1) (4096, 4096)"), "{out}");
     assert!(out.contains("ro 30") || out.contains("ro 13"), "{out}");
 }
 

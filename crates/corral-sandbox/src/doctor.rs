@@ -124,12 +124,12 @@ pub fn run_checks() -> Vec<Check> {
                 "core_pattern pipes to `{}`; sandboxes set RLIMIT_CORE to {}, which the kernel \
                  treats as \"never pipe\", so crashes inside a sandbox never run it",
                 pattern.trim().trim_start_matches('|'),
-                sandbox::CORE_LIMIT
+                crate::spec::CORE_LIMIT
             )
         } else {
             format!(
                 "core_pattern is a file name; sandboxes set RLIMIT_CORE to {} (no core file fits)",
-                sandbox::CORE_LIMIT
+                crate::spec::CORE_LIMIT
             )
         },
     ));

@@ -25,7 +25,10 @@ pub mod workspace;
 pub use result::{ExecutionResult, FileEntry, LanguageError, RichResult, Status};
 pub use sandbox::{
     cgroup_layout, run, unique_name, Capture, Finish, Outcome, Report, Sandbox, SandboxError,
-    Stream, CORE_LIMIT, ROOT_MODE_ID_BASE,
+    Stream, ROOT_MODE_ID_BASE,
 };
-pub use spec::{ControlSocket, InputFile, Limits, Policy, Role, Rootfs, SandboxSpec};
+pub use spec::{
+    workload_rlimits, ControlSocket, InputFile, Limits, Policy, Role, Rootfs, SandboxSpec,
+    CORE_LIMIT,
+};
 pub use workspace::{Workspace, WorkspaceError};

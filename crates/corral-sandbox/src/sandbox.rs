@@ -9,7 +9,6 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::resource::Resource;
 use nix::sys::signal::{kill, Signal};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::{ForkResult, Gid, Pid, Uid};
@@ -20,11 +19,8 @@ use crate::landlock_rules;
 use crate::result::{ExecutionResult, Status};
 use crate::rootfs::{self, Entry};
 use crate::seccomp::{self, Role};
-use crate::spec::{base_environment, ControlSocket, SandboxSpec};
+use crate::spec::{base_environment, workload_rlimits, ControlSocket, SandboxSpec};
 use crate::workspace::Workspace;
-
-/// The core-file limit of every sandboxed process (see where it is set).
-pub const CORE_LIMIT: u64 = 1;
 
 /// First host uid/gid given to sandboxes when Corral runs as root; each sandbox gets one of
 /// the next 65536, owning nothing on the host.
@@ -166,7 +162,6 @@ fn cstrings(items: impl IntoIterator<Item = String>) -> Result<Vec<CString>, San
 /// every trace of it.
 #[derive(Debug)]
 pub struct Sandbox {
-    name: String,
     /// Root mode: the unprivileged host uid and gid the sandbox runs as.
     host_ids: Option<(u32, u32)>,
     init: Pid,
@@ -256,22 +251,7 @@ impl Sandbox {
             }
         };
         let limits = spec.limits;
-        let mut rlimits = vec![
-            // 1, not 0: with a piped core_pattern (apport, systemd-coredump) the kernel ignores
-            // a limit of 0 and runs the helper as host root on every crash; a limit of exactly
-            // 1 is its marker for "never pipe", and too small for any core file.
-            (Resource::RLIMIT_CORE, CORE_LIMIT),
-            (Resource::RLIMIT_NOFILE, 4096),
-            (Resource::RLIMIT_FSIZE, limits.disk_bytes),
-            (Resource::RLIMIT_MEMLOCK, 64 << 10),
-            (Resource::RLIMIT_MSGQUEUE, 64 << 10),
-            (Resource::RLIMIT_RTPRIO, 0),
-            (Resource::RLIMIT_SIGPENDING, 1024),
-        ];
-        if cgroup.is_none() {
-            rlimits.push((Resource::RLIMIT_DATA, limits.memory_bytes));
-            rlimits.push((Resource::RLIMIT_NPROC, limits.pids));
-        }
+        let rlimits = workload_rlimits(&limits, cgroup.is_some());
 
         let run_files: Vec<(&str, &[u8])> = spec
             .program_file
@@ -387,7 +367,6 @@ impl Sandbox {
         drop((join_files, stdout_w, stderr_w, control_r, report_child));
 
         let mut sandbox = Sandbox {
-            name,
             host_ids: switch_to.map(|(u, g)| (u.as_raw(), g.as_raw())),
             init: Pid::from_raw(0),
             reaped: true,
@@ -471,11 +450,6 @@ impl Sandbox {
     /// Root mode: the host uid and gid the sandbox user maps to (for [`Workspace::new`]).
     pub fn host_ids(&self) -> Option<(u32, u32)> {
         self.host_ids
-    }
-
-    /// A unique name (also the cgroup's).
-    pub fn name(&self) -> &str {
-        &self.name
     }
 
     /// Starts the program (once).
@@ -740,7 +714,7 @@ impl Sandbox {
     }
 
     /// The sentence reported when the memory limit killed the program.
-    pub fn memory_limit_message(&self) -> String {
+    fn memory_limit_message(&self) -> String {
         format!(
             "the program exceeded the {} MiB memory limit and was killed",
             self.limits.memory_bytes >> 20
@@ -760,11 +734,6 @@ impl Sandbox {
     /// Whether the kernel's OOM killer has killed a process of this sandbox.
     pub fn oom_killed(&self) -> bool {
         self.cgroup.as_ref().map_or(0, Cgroup::oom_kills) > 0
-    }
-
-    /// The limits this sandbox was created with.
-    pub fn limits(&self) -> &crate::spec::Limits {
-        &self.limits
     }
 
     /// Kills every process of the sandbox (init last: its death takes the pid namespace down).

@@ -4,6 +4,8 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use nix::sys::resource::Resource;
+
 /// Resource limits of one sandbox (DESIGN §2 defaults).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Limits {
@@ -123,6 +125,31 @@ impl SandboxSpec {
         }
     }
 }
+
+/// The rlimits of every sandboxed program (the engine's workload and a zygote's forked
+/// kernels alike); memory and processes are limited here only when no cgroup does it.
+pub fn workload_rlimits(limits: &Limits, with_cgroup: bool) -> Vec<(Resource, u64)> {
+    let mut rlimits = vec![
+        // 1, not 0: with a piped core_pattern (apport, systemd-coredump) the kernel ignores
+        // a limit of 0 and runs the helper as host root on every crash; a limit of exactly
+        // 1 is its marker for "never pipe", and too small for any core file.
+        (Resource::RLIMIT_CORE, CORE_LIMIT),
+        (Resource::RLIMIT_NOFILE, 4096),
+        (Resource::RLIMIT_FSIZE, limits.disk_bytes),
+        (Resource::RLIMIT_MEMLOCK, 64 << 10),
+        (Resource::RLIMIT_MSGQUEUE, 64 << 10),
+        (Resource::RLIMIT_RTPRIO, 0),
+        (Resource::RLIMIT_SIGPENDING, 1024),
+    ];
+    if !with_cgroup {
+        rlimits.push((Resource::RLIMIT_DATA, limits.memory_bytes));
+        rlimits.push((Resource::RLIMIT_NPROC, limits.pids));
+    }
+    rlimits
+}
+
+/// The core-file limit of every sandboxed process (see [`workload_rlimits`]).
+pub const CORE_LIMIT: u64 = 1;
 
 /// The environment every sandboxed program starts with: nothing from the host.
 pub fn base_environment(limits: &Limits) -> Vec<(String, String)> {
