@@ -118,6 +118,11 @@ impl Store {
         &self.dir
     }
 
+    /// The data directory the store's images live in (caches go beside them).
+    pub fn data_dir(&self) -> &Path {
+        self.dir.parent().unwrap_or(&self.dir)
+    }
+
     /// Every built image, the user's own first, each group by name then age.
     pub fn list(&self) -> Result<Vec<StoredImage>, ImageError> {
         let mut all = scan(&self.dir, false)?;

@@ -3,32 +3,47 @@
 //! plots left open and the exception as structured results, at no cost for plain scripts.
 
 use corral_sandbox::{
-    ControlSocket, ExecutionResult, LanguageError, SandboxSpec, Stream, Workspace,
+    ControlSocket, ExecutionResult, LanguageError, SandboxSpec, Status, Stream, Workspace,
 };
 
+use crate::bytecode::BytecodeCache;
 use crate::event::rich_result;
 use crate::protocol::{Decoder, KernelMessage};
-use crate::runtime::{support_files, PYTHON_KERNEL};
+use crate::runtime::{support_files, PYTHON_ONESHOT};
 use crate::session::Language;
 
 /// Runs `code` (named `file_name` inside the sandbox) in a fresh sandbox built from `spec`
-/// (whose argv, program file and control socket this function sets).
+/// (whose argv, program file and control socket this function sets). Python runs use and,
+/// after their first successful run, fill `bytecode`, the image's runtime bytecode cache.
 pub fn run(
     mut spec: SandboxSpec,
     language: Language,
     file_name: &str,
     code: Vec<u8>,
+    bytecode: Option<&BytecodeCache>,
     on_output: &mut dyn FnMut(Stream, &[u8]),
 ) -> (ExecutionResult, Option<Workspace>) {
     let program = format!("/run/corral/{file_name}");
     spec.program_file = Some((file_name.to_string(), code));
+    let mut fill = None;
     spec.argv = match language {
         Language::Python => {
             spec.support_files.extend(support_files(Language::Python));
+            spec.support_files.push((
+                PYTHON_ONESHOT.0.to_string(),
+                PYTHON_ONESHOT.1.as_bytes().to_vec(),
+            ));
+            match bytecode.map(|cache| (cache, cache.support_files())) {
+                Some((_, Some(compiled))) => spec.support_files.extend(compiled),
+                Some((cache, None)) => {
+                    fill = Some((cache, spec.rootfs.clone(), spec.env.clone(), spec.policy))
+                }
+                None => {}
+            }
             spec.control_socket = Some(ControlSocket::Stream);
             vec![
                 "python3".into(),
-                format!("/run/corral/{}", PYTHON_KERNEL.0),
+                format!("/run/corral/{}", PYTHON_ONESHOT.0),
                 "--oneshot".into(),
                 program,
             ]
@@ -77,6 +92,13 @@ pub fn run(
         }
     };
     let (mut result, workspace) = corral_sandbox::run(&spec, on_output, Some(&mut on_socket));
+    if let Some((cache, rootfs, env, policy)) = fill {
+        // Only an image that can run Python at all is worth compiling for. Without a cache
+        // runs are slower, not wrong, so a failure to fill it is not the run's concern.
+        if matches!(result.status, Status::Success | Status::Error) {
+            let _ = cache.fill(rootfs, env, policy);
+        }
+    }
     result.results = results;
     result.error = error;
     if let Some(e) = protocol_error {

@@ -12,6 +12,15 @@ pub const PYTHON_KERNEL_LIB: (&str, &str) = (
     "corral_kernel_lib.py",
     include_str!("../runtime/corral_kernel_lib.py"),
 );
+/// The one-shot entry: a stub that imports the kernel module, whose bytecode can then come
+/// precompiled (see [`crate::bytecode`]).
+pub const PYTHON_ONESHOT: (&str, &str) =
+    ("corral_run.py", include_str!("../runtime/corral_run.py"));
+/// Compiles the one-shot runtime to bytecode inside a sandbox of the image.
+pub const PYTHON_COMPILER: (&str, &str) = (
+    "corral_compile.py",
+    include_str!("../runtime/corral_compile.py"),
+);
 const JAVASCRIPT_KERNEL: (&str, &str) = (
     "corral_kernel.js",
     include_str!("../runtime/corral_kernel.js"),

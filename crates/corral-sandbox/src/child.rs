@@ -25,13 +25,21 @@ pub(crate) const MSG_INIT_PID: u8 = b'P';
 pub(crate) const MSG_ERROR: u8 = b'E';
 pub(crate) const MSG_READY: u8 = b'R';
 pub(crate) const MSG_EXIT: u8 = b'X';
+/// Host → stage 1: the membership files of the sandbox's cgroup (one per hierarchy) as
+/// SCM_RIGHTS, or none when the sandbox runs without a cgroup. The host creates the cgroup
+/// while stage 1 builds the namespaces; the files it opened carry its credentials, which is
+/// what the kernel checks when stage 1 writes to them from inside its user namespace.
+pub(crate) const MSG_CGROUP: u8 = b'C';
+/// Most cgroup hierarchies a sandbox joins (v1: memory, pids, cpu, cpuacct, freezer).
+const MAX_CGROUP_FILES: usize = 8;
 
 /// Everything the children need, prepared before `fork` so they only make system calls.
 pub(crate) struct ChildPlan {
     pub ops: Vec<Op>,
-    /// Root mode: join these `cgroup.procs` files and switch to these host ids first.
-    pub cgroup_join: Vec<RawFd>,
+    /// Root mode: switch to these host ids first.
     pub switch_to: Option<(Uid, Gid)>,
+    /// Both ways: children → host reports; host → stage 1 the cgroup to join (see
+    /// [`MSG_CGROUP`]).
     pub report: RawFd,
     /// Host → init: one byte `g` starts the workload, `i` interrupts it (SIGINT); EOF means
     /// the host is gone and everything is killed.
@@ -45,7 +53,9 @@ pub(crate) struct ChildPlan {
     pub exec_candidates: Vec<CString>,
     pub argv: Vec<CString>,
     pub envp: Vec<CString>,
+    /// The workload's rlimits when it runs in a cgroup, and when it has to do without one.
     pub rlimits: Vec<(Resource, u64)>,
+    pub fallback_rlimits: Vec<(Resource, u64)>,
     pub landlock_required: bool,
     /// The workload's filters (the zygote's for the zygote role).
     pub workload_filters: &'static [&'static [seccomp::sock_filter]],
@@ -70,19 +80,8 @@ impl ChildPlan {
 /// Stage 1: a child of the host process.
 pub(crate) fn stage1(plan: &ChildPlan) -> ! {
     let mut keep = vec![plan.report, plan.control, plan.stdout, plan.stderr];
-    keep.extend(&plan.cgroup_join);
     keep.extend(plan.socket);
     sys::close_all_except(&keep);
-
-    for &fd in &plan.cgroup_join {
-        // SAFETY: `fd` is an open cgroup membership file handed to us by the host process.
-        let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
-        if n != 1 {
-            plan.fail("joining the sandbox cgroup", io::Error::last_os_error());
-        }
-        // SAFETY: the descriptor is ours and not used again.
-        unsafe { libc::close(fd) };
-    }
 
     if let Some((uid, gid)) = plan.switch_to {
         if let Err(e) = nix::unistd::setgroups(&[])
@@ -98,13 +97,14 @@ pub(crate) fn stage1(plan: &ChildPlan) -> ! {
     }
 
     let (host_uid, host_gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
+    // The cgroup namespace comes last, once stage 1 is in the sandbox's cgroup, which then
+    // becomes the namespace's root.
     let flags = CloneFlags::CLONE_NEWUSER
         | CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWPID
         | CloneFlags::CLONE_NEWNET
         | CloneFlags::CLONE_NEWIPC
-        | CloneFlags::CLONE_NEWUTS
-        | CloneFlags::CLONE_NEWCGROUP;
+        | CloneFlags::CLONE_NEWUTS;
     if let Err(e) = unshare(flags) {
         plan.fail(
             "creating namespaces (user, mount, pid, net, ipc, uts, cgroup); check that user \
@@ -130,10 +130,32 @@ pub(crate) fn stage1(plan: &ChildPlan) -> ! {
         }
     }
 
+    let cgroup_files = match receive_cgroup_files(plan) {
+        Ok(files) => files,
+        Err(e) => plan.fail("receiving the sandbox cgroup", e),
+    };
+    for &fd in &cgroup_files {
+        // SAFETY: `fd` is an open cgroup membership file the host process sent us.
+        let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
+        if n != 1 {
+            plan.fail("joining the sandbox cgroup", io::Error::last_os_error());
+        }
+        // SAFETY: the descriptor is ours and not used again.
+        unsafe { libc::close(fd) };
+    }
+    if let Err(e) = unshare(CloneFlags::CLONE_NEWCGROUP) {
+        plan.fail("creating the cgroup namespace", e);
+    }
+    let rlimits = if cgroup_files.is_empty() {
+        &plan.fallback_rlimits
+    } else {
+        &plan.rlimits
+    };
+
     // SAFETY: stage 1 is single-threaded (it is a fresh fork).
     match unsafe { sys::clone_parent() } {
         Err(e) => plan.fail("starting the sandbox init", e),
-        Ok(0) => init(plan),
+        Ok(0) => init(plan, rlimits),
         Ok(pid) => {
             let mut msg = vec![MSG_INIT_PID];
             msg.extend_from_slice(&pid.to_le_bytes());
@@ -144,8 +166,30 @@ pub(crate) fn stage1(plan: &ChildPlan) -> ! {
     }
 }
 
+/// Waits for the host's [`MSG_CGROUP`]; the descriptors it carried (none: no cgroup).
+fn receive_cgroup_files(plan: &ChildPlan) -> io::Result<Vec<RawFd>> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut byte = [0u8; 1];
+    let mut iov = [io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!([RawFd; MAX_CGROUP_FILES]);
+    let msg = recvmsg::<()>(plan.report, &mut iov, Some(&mut space), MsgFlags::empty())?;
+    let mut fds = Vec::new();
+    for cmsg in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(received) = cmsg {
+            fds.extend(received);
+        }
+    }
+    if msg.bytes != 1 || byte[0] != MSG_CGROUP {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the host gave up on this sandbox",
+        ));
+    }
+    Ok(fds)
+}
+
 /// Pid 1 of the sandbox.
-fn init(plan: &ChildPlan) -> ! {
+fn init(plan: &ChildPlan, rlimits: &[(Resource, u64)]) -> ! {
     // Non-dumpable before any sandbox process exists: init's memory is a copy of the host
     // process's (environment included) and must never be readable through /proc/1.
     // No PR_SET_PDEATHSIG: it fires when the host *thread* that forked exits, which a
@@ -199,7 +243,7 @@ fn init(plan: &ChildPlan) -> ! {
     // SAFETY: init is single-threaded.
     let workload_pid = match unsafe { nix::unistd::fork() } {
         Err(e) => plan.fail("starting the workload", e),
-        Ok(ForkResult::Child) => workload(plan),
+        Ok(ForkResult::Child) => workload(plan, rlimits),
         Ok(ForkResult::Parent { child }) => child,
     };
     for fd in [plan.stdout, plan.stderr].into_iter().chain(plan.socket) {
@@ -332,7 +376,7 @@ fn supervise(control: RawFd, children: &nix::sys::signalfd::SignalFd, workload: 
 }
 
 /// The workload process: drops everything, then becomes the program.
-fn workload(plan: &ChildPlan) -> ! {
+fn workload(plan: &ChildPlan, rlimits: &[(Resource, u64)]) -> ! {
     if let Err(e) = redirect_stdio(plan) {
         plan.fail("setting up standard streams", e);
     }
@@ -340,7 +384,7 @@ fn workload(plan: &ChildPlan) -> ! {
         plan.fail("restoring the signal mask", e);
     }
     sys::cloexec_from(if plan.socket.is_some() { 4 } else { 3 });
-    for &(resource, limit) in &plan.rlimits {
+    for &(resource, limit) in rlimits {
         if let Err(e) = setrlimit(resource, limit, limit) {
             plan.fail(&format!("setting {resource:?}"), e);
         }

@@ -254,8 +254,16 @@ pub fn plan(
     ops.push(Op::Mkdir("/run".into(), 0o755));
     ops.push(Op::Mkdir("/run/corral".into(), 0o755));
     for (name, contents) in run_files {
+        let path = Path::new("/run/corral").join(name);
+        // Subdirectories (e.g. `__pycache__/`) are created once, before their first file.
+        if let Some(parent) = path.parent().filter(|p| *p != Path::new("/run/corral")) {
+            let mkdir = Op::Mkdir(parent.to_path_buf(), 0o755);
+            if !ops.contains(&mkdir) {
+                ops.push(mkdir);
+            }
+        }
         ops.push(Op::File {
-            path: Path::new("/run/corral").join(name),
+            path,
             contents: contents.to_vec(),
             mode: 0o444,
         });
@@ -319,10 +327,13 @@ fn synthetic_etc() -> Vec<(&'static str, String)> {
 
 /// Runs the plan with `new_root` as the sandbox's `/`. Every error names the step.
 pub fn execute(ops: &[Op], new_root: &Path) -> io::Result<()> {
-    for op in ops {
-        execute_one(op, new_root).map_err(|e| io::Error::new(e.kind(), format!("{op:?}: {e}")))?;
-    }
-    Ok(())
+    // Modes are created exactly as planned (sticky bits, 0o666 devices), without a chmod each.
+    let umask = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+    let result = ops.iter().try_for_each(|op| {
+        execute_one(op, new_root).map_err(|e| io::Error::new(e.kind(), format!("{op:?}: {e}")))
+    });
+    nix::sys::stat::umask(umask);
+    result
 }
 
 fn inside(new_root: &Path, path: &Path) -> PathBuf {
@@ -336,11 +347,7 @@ fn execute_one(op: &Op, root: &Path) -> io::Result<()> {
             let p = inside(root, path);
             match fs::DirBuilder::new().mode(*mode).create(&p) {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-                Err(e) => Err(e),
-                // The umask would clear the sticky and group/other bits.
-                Ok(()) => {
-                    fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(*mode))
-                }
+                other => other,
             }
         }
         Op::Symlink { link, target } => std::os::unix::fs::symlink(target, inside(root, link)),
@@ -355,8 +362,7 @@ fn execute_one(op: &Op, root: &Path) -> io::Result<()> {
                 .create_new(true)
                 .mode(*mode)
                 .open(&p)
-                .and_then(|mut f| io::Write::write_all(&mut f, contents))?;
-            fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(*mode))
+                .and_then(|mut f| io::Write::write_all(&mut f, contents))
         }
         Op::BindReadOnly { source, target } => {
             let t = inside(root, target);
@@ -583,6 +589,20 @@ mod tests {
             contents: b"print(1)".to_vec(),
             mode: 0o444
         }));
+    }
+
+    #[test]
+    fn run_files_in_a_subdirectory_get_it_created_once_first() {
+        let files: [(&str, &[u8]); 2] = [("sub/a.pyc", b"a"), ("sub/b.pyc", b"b")];
+        let ops = plan(&Rootfs::Host, 1 << 20, &files, true, debian_host);
+        let mkdir = Op::Mkdir("/run/corral/sub".into(), 0o755);
+        assert_eq!(ops.iter().filter(|o| **o == mkdir).count(), 1);
+        let mkdir_at = ops.iter().position(|o| *o == mkdir).unwrap();
+        let file_at = ops
+            .iter()
+            .position(|o| matches!(o, Op::File { path, .. } if path.ends_with("sub/a.pyc")))
+            .unwrap();
+        assert!(mkdir_at < file_at);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::{ForkResult, Gid, Pid, Uid};
 
 use crate::cgroup::{Cgroup, Layout};
-use crate::child::{self, ChildPlan, MSG_ERROR, MSG_EXIT, MSG_INIT_PID, MSG_READY};
+use crate::child::{self, ChildPlan, MSG_CGROUP, MSG_ERROR, MSG_EXIT, MSG_INIT_PID, MSG_READY};
 use crate::landlock_rules;
 use crate::result::{ExecutionResult, Status};
 use crate::rootfs::{self, Entry};
@@ -110,19 +110,24 @@ impl Capture {
     }
 }
 
-/// The cgroup layout, detected once per process; the first call also removes cgroups that
-/// a killed Corral process left behind.
+/// The cgroup layout, detected once per process; the first call also starts removing, on a
+/// thread of its own so that no sandbox waits for it, cgroups that a killed Corral process
+/// left behind.
 pub fn cgroup_layout() -> Option<&'static Layout> {
     static LAYOUT: OnceLock<Option<Layout>> = OnceLock::new();
-    LAYOUT
+    let mut detected = false;
+    let layout = LAYOUT
         .get_or_init(|| {
-            let layout = Layout::detect();
-            if let Some(l) = &layout {
-                l.sweep_stale();
-            }
-            layout
+            detected = true;
+            Layout::detect()
         })
-        .as_ref()
+        .as_ref();
+    if let Some(layout) = layout.filter(|_| detected) {
+        let _ = std::thread::Builder::new()
+            .name("corral-sweep".into())
+            .spawn(|| layout.sweep_stale());
+    }
+    layout
 }
 
 fn next_root_mode_id() -> u32 {
@@ -226,32 +231,8 @@ impl Sandbox {
             }
             warnings.push("Landlock is unavailable on this kernel: the filesystem is protected by mounts and permissions only".into());
         }
-        let name = unique_name();
         let root_mode = nix::unistd::geteuid().is_root();
-        let cgroup = match cgroup_layout() {
-            Some(layout) => Cgroup::create(layout, &name, &spec.limits).map_err(|e| e.to_string()),
-            None => Err(
-                "no cgroup v1 or v2 hierarchy with the memory and pids controllers is mounted"
-                    .into(),
-            ),
-        };
-        let cgroup = match cgroup {
-            Ok(cg) => Some(cg),
-            Err(reason) if spec.policy.strict => {
-                return Err(SandboxError::Refused(format!(
-                    "cannot create a cgroup ({reason}) and --strict forbids the rlimit fallback"
-                )))
-            }
-            Err(reason) => {
-                warnings.push(format!(
-                    "cgroups unavailable ({reason}): memory and process limits are enforced \
-                     with rlimits only (RLIMIT_DATA, RLIMIT_NPROC) and CPU only by the timeout"
-                ));
-                None
-            }
-        };
         let limits = spec.limits;
-        let rlimits = workload_rlimits(&limits, cgroup.is_some());
 
         let run_files: Vec<(&str, &[u8])> = spec
             .program_file
@@ -326,16 +307,8 @@ impl Sandbox {
             let id = next_root_mode_id();
             (Uid::from_raw(id), Gid::from_raw(id))
         });
-        let join_files = match &cgroup {
-            Some(cg) => cg.join_files().map_err(|source| SandboxError::Io {
-                what: "opening cgroup.procs",
-                source,
-            })?,
-            None => Vec::new(),
-        };
         let plan = ChildPlan {
             ops,
-            cgroup_join: join_files.iter().map(|f| f.as_raw_fd()).collect(),
             switch_to,
             report: report_child.as_raw_fd(),
             control: control_r.as_raw_fd(),
@@ -347,7 +320,8 @@ impl Sandbox {
             exec_candidates: cstrings(exec_candidates)?,
             argv: cstrings(spec.argv.iter().cloned())?,
             envp: cstrings(env.into_iter().map(|(k, v)| format!("{k}={v}")))?,
-            rlimits,
+            rlimits: workload_rlimits(&limits, true),
+            fallback_rlimits: workload_rlimits(&limits, false),
             landlock_required: !spec.policy.allow_degraded,
             workload_filters,
             init_filters,
@@ -364,13 +338,13 @@ impl Sandbox {
             drop(child);
             host
         });
-        drop((join_files, stdout_w, stderr_w, control_r, report_child));
+        drop((stdout_w, stderr_w, control_r, report_child));
 
         let mut sandbox = Sandbox {
             host_ids: switch_to.map(|(u, g)| (u.as_raw(), g.as_raw())),
             init: Pid::from_raw(0),
             reaped: true,
-            cgroup,
+            cgroup: None,
             stdout: stdout_r,
             stderr: stderr_r,
             report,
@@ -381,6 +355,14 @@ impl Sandbox {
             warnings,
             limits,
         };
+
+        // Made while stage 1 builds the namespaces, then sent to it to join.
+        if let Err(e) = sandbox.send_cgroup(spec) {
+            // Stage 1 waits for the cgroup: without it (the report socket closes) it gives up.
+            drop(sandbox);
+            child::reap(stage1);
+            return Err(e);
+        }
 
         let mut buf = [0u8; 4096];
         // Stage 1 reports init's pid and init reports readiness; the two are different
@@ -428,6 +410,46 @@ impl Sandbox {
                 .map_err(|e| SandboxError::Setup(format!("copying an input file: {e}")))?;
         }
         Ok(sandbox)
+    }
+
+    /// Creates the sandbox's cgroup (or, where the policy allows, records why there is none)
+    /// and sends stage 1 its membership files.
+    fn send_cgroup(&mut self, spec: &SandboxSpec) -> Result<(), SandboxError> {
+        let cgroup = match cgroup_layout() {
+            Some(layout) => {
+                Cgroup::create(layout, &unique_name(), &spec.limits).map_err(|e| e.to_string())
+            }
+            None => Err(
+                "no cgroup v1 or v2 hierarchy with the memory and pids controllers is mounted"
+                    .into(),
+            ),
+        };
+        match cgroup {
+            Ok(cg) => self.cgroup = Some(cg),
+            Err(reason) if spec.policy.strict => {
+                return Err(SandboxError::Refused(format!(
+                    "cannot create a cgroup ({reason}) and --strict forbids the rlimit fallback"
+                )))
+            }
+            Err(reason) => self.warnings.push(format!(
+                "cgroups unavailable ({reason}): memory and process limits are enforced \
+                 with rlimits only (RLIMIT_DATA, RLIMIT_NPROC) and CPU only by the timeout"
+            )),
+        }
+        let files = match &self.cgroup {
+            Some(cg) => cg.join_files().map_err(|source| SandboxError::Io {
+                what: "opening the cgroup's membership files",
+                source,
+            })?,
+            None => Vec::new(),
+        };
+        let raw: Vec<_> = files.iter().map(|f| f.as_raw_fd()).collect();
+        crate::sys::send_fds(self.report.as_fd(), &[MSG_CGROUP], &raw).map_err(|source| {
+            SandboxError::Io {
+                what: "sending the cgroup to the sandbox",
+                source,
+            }
+        })
     }
 
     fn recv(&self, buf: &mut [u8]) -> Result<(usize, Option<OwnedFd>), SandboxError> {

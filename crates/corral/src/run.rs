@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use corral_image::{ImageError, Recipe, ResolvedImage, Store};
+use corral_kernel::bytecode::BytecodeCache;
 use corral_sandbox::{ExecutionResult, InputFile, Limits, Policy, SandboxSpec, Status, Stream};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -130,6 +131,7 @@ struct Prepared {
     language: Language,
     file_name: String,
     code: Vec<u8>,
+    bytecode: BytecodeCache,
 }
 
 /// Turns the arguments into a sandbox spec (everything the user can get wrong is checked here).
@@ -154,7 +156,9 @@ fn build_spec(args: &RunArgs) -> Result<Prepared> {
     if from_stdin && std::io::stdin().is_terminal() {
         bail!("no program given: pass FILE, -c CODE, or pipe the program into stdin");
     }
-    let image = resolve_image(args)?;
+    let store = Store::open(args.data_dir.as_deref());
+    let image = resolve_image(&store, args)?;
+    let bytecode = BytecodeCache::new(store.data_dir(), &image.rootfs);
     let (code, file_name) = if let Some(code) = &args.code {
         (code.clone().into_bytes(), None)
     } else if from_stdin {
@@ -239,13 +243,13 @@ fn build_spec(args: &RunArgs) -> Result<Prepared> {
         language: lang,
         file_name: name,
         code,
+        bytecode,
     })
 }
 
 /// The image to run in. A built-in image that is not built yet is built first when the user
 /// agrees (on a terminal, or with --yes); it is never replaced by another image.
-fn resolve_image(args: &RunArgs) -> Result<ResolvedImage> {
-    let store = Store::open(args.data_dir.as_deref());
+fn resolve_image(store: &Store, args: &RunArgs) -> Result<ResolvedImage> {
     match store.resolve(&args.image) {
         Err(ImageError::NotBuilt {
             name,
@@ -259,7 +263,7 @@ fn resolve_image(args: &RunArgs) -> Result<ResolvedImage> {
                 );
             }
             let recipe = Recipe::builtin(&name).expect("a built-in image has a recipe");
-            crate::image::build(&store, recipe)?;
+            crate::image::build(store, recipe)?;
             Ok(store.resolve(&name)?)
         }
         Err(ImageError::NotBuilt {
@@ -285,6 +289,7 @@ pub fn main(args: RunArgs) -> i32 {
         prepared.language.kernel(),
         &prepared.file_name,
         prepared.code,
+        Some(&prepared.bytecode),
         &mut |stream, bytes| {
             if live {
                 let _ = match stream {
