@@ -7,7 +7,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::path::Path;
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
@@ -25,10 +25,11 @@ pub(crate) const MSG_INIT_PID: u8 = b'P';
 pub(crate) const MSG_ERROR: u8 = b'E';
 pub(crate) const MSG_READY: u8 = b'R';
 pub(crate) const MSG_EXIT: u8 = b'X';
-/// Host → stage 1: the membership files of the sandbox's cgroup (one per hierarchy) as
-/// SCM_RIGHTS, or none when the sandbox runs without a cgroup. The host creates the cgroup
-/// while stage 1 builds the namespaces; the files it opened carry its credentials, which is
-/// what the kernel checks when stage 1 writes to them from inside its user namespace.
+/// Host → sandbox, twice (one for init, one for the workload, read by whichever comes
+/// first): the membership files of the sandbox's cgroup (one per hierarchy) as SCM_RIGHTS, or
+/// none when the sandbox runs without a cgroup. The host creates the cgroup while stage 1
+/// builds the namespaces; the files it opened carry its credentials, which is what the kernel
+/// checks when a sandbox process writes to them from inside its user namespace.
 pub(crate) const MSG_CGROUP: u8 = b'C';
 /// Most cgroup hierarchies a sandbox joins (v1: memory, pids, cpu, cpuacct, freezer).
 const MAX_CGROUP_FILES: usize = 8;
@@ -38,7 +39,7 @@ pub(crate) struct ChildPlan {
     pub ops: Vec<Op>,
     /// Root mode: switch to these host ids first.
     pub switch_to: Option<(Uid, Gid)>,
-    /// Both ways: children → host reports; host → stage 1 the cgroup to join (see
+    /// Both ways: children → host reports; host → init and workload the cgroup to join (see
     /// [`MSG_CGROUP`]).
     pub report: RawFd,
     /// Host → init: one byte `g` starts the workload, `i` interrupts it (SIGINT); EOF means
@@ -97,8 +98,8 @@ pub(crate) fn stage1(plan: &ChildPlan) -> ! {
     }
 
     let (host_uid, host_gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
-    // The cgroup namespace comes last, once stage 1 is in the sandbox's cgroup, which then
-    // becomes the namespace's root.
+    // No cgroup namespace yet: init and the workload each make theirs once they are in the
+    // sandbox's cgroup, which then becomes its root.
     let flags = CloneFlags::CLONE_NEWUSER
         | CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWPID
@@ -130,32 +131,10 @@ pub(crate) fn stage1(plan: &ChildPlan) -> ! {
         }
     }
 
-    let cgroup_files = match receive_cgroup_files(plan) {
-        Ok(files) => files,
-        Err(e) => plan.fail("receiving the sandbox cgroup", e),
-    };
-    for &fd in &cgroup_files {
-        // SAFETY: `fd` is an open cgroup membership file the host process sent us.
-        let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
-        if n != 1 {
-            plan.fail("joining the sandbox cgroup", io::Error::last_os_error());
-        }
-        // SAFETY: the descriptor is ours and not used again.
-        unsafe { libc::close(fd) };
-    }
-    if let Err(e) = unshare(CloneFlags::CLONE_NEWCGROUP) {
-        plan.fail("creating the cgroup namespace", e);
-    }
-    let rlimits = if cgroup_files.is_empty() {
-        &plan.fallback_rlimits
-    } else {
-        &plan.rlimits
-    };
-
     // SAFETY: stage 1 is single-threaded (it is a fresh fork).
     match unsafe { sys::clone_parent() } {
         Err(e) => plan.fail("starting the sandbox init", e),
-        Ok(0) => init(plan, rlimits),
+        Ok(0) => init(plan),
         Ok(pid) => {
             let mut msg = vec![MSG_INIT_PID];
             msg.extend_from_slice(&pid.to_le_bytes());
@@ -166,7 +145,27 @@ pub(crate) fn stage1(plan: &ChildPlan) -> ! {
     }
 }
 
-/// Waits for the host's [`MSG_CGROUP`]; the descriptors it carried (none: no cgroup).
+/// Joins the sandbox's cgroup (the host's [`MSG_CGROUP`]) and makes it the root of a new
+/// cgroup namespace. Returns whether there was a cgroup to join.
+fn join_cgroup(plan: &ChildPlan) -> io::Result<bool> {
+    let files = receive_cgroup_files(plan)?;
+    for &fd in &files {
+        // SAFETY: `fd` is an open cgroup membership file the host process sent us.
+        let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
+        let written = if n == 1 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        };
+        // SAFETY: the descriptor is ours and not used again.
+        unsafe { libc::close(fd) };
+        written?;
+    }
+    unshare(CloneFlags::CLONE_NEWCGROUP)?;
+    Ok(!files.is_empty())
+}
+
+/// Waits for a [`MSG_CGROUP`]; the descriptors it carried (none: no cgroup).
 fn receive_cgroup_files(plan: &ChildPlan) -> io::Result<Vec<RawFd>> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut byte = [0u8; 1];
@@ -189,7 +188,7 @@ fn receive_cgroup_files(plan: &ChildPlan) -> io::Result<Vec<RawFd>> {
 }
 
 /// Pid 1 of the sandbox.
-fn init(plan: &ChildPlan, rlimits: &[(Resource, u64)]) -> ! {
+fn init(plan: &ChildPlan) -> ! {
     // Non-dumpable before any sandbox process exists: init's memory is a copy of the host
     // process's (environment included) and must never be readable through /proc/1.
     // No PR_SET_PDEATHSIG: it fires when the host *thread* that forked exits, which a
@@ -201,29 +200,6 @@ fn init(plan: &ChildPlan, rlimits: &[(Resource, u64)]) -> ! {
         plan.fail("hiding the host command line", e);
     }
     let _ = nix::unistd::setsid();
-    if let Err(e) = build_root(plan) {
-        plan.fail("building the sandbox root filesystem", e);
-    }
-
-    let workspace = match nix::fcntl::open(
-        "/workspace",
-        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    ) {
-        Ok(fd) => fd,
-        Err(e) => plan.fail("opening /workspace", e),
-    };
-    if let Err(e) = sys::send_message(plan.report(), &[MSG_READY], Some(workspace)) {
-        plan.fail("reporting readiness", e);
-    }
-    let _ = nix::unistd::close(workspace);
-
-    let mut go = [0u8; 1];
-    if !matches!(nix::unistd::read(plan.control, &mut go), Ok(1)) || go[0] != b'g' {
-        // The host gave up on this sandbox.
-        // SAFETY: see `fail`.
-        unsafe { libc::_exit(0) }
-    }
 
     // SIGCHLD is taken through a signalfd so that init can wait for children and for the
     // host's requests at once; the workload restores an empty mask before exec.
@@ -240,12 +216,52 @@ fn init(plan: &ChildPlan, rlimits: &[(Resource, u64)]) -> ! {
         Err(e) => plan.fail("creating a signalfd", e),
     };
 
+    // The workload starts now and locks itself down (cgroup, capabilities, seccomp) while
+    // init builds the root; it waits on `go` before it runs anything of the program's.
+    let (go_r, go_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+        Ok(pipe) => pipe,
+        Err(e) => plan.fail("creating the start pipe", e),
+    };
     // SAFETY: init is single-threaded.
     let workload_pid = match unsafe { nix::unistd::fork() } {
         Err(e) => plan.fail("starting the workload", e),
-        Ok(ForkResult::Child) => workload(plan, rlimits),
+        Ok(ForkResult::Child) => {
+            drop(go_w);
+            workload(plan, go_r)
+        }
         Ok(ForkResult::Parent { child }) => child,
     };
+    drop(go_r);
+
+    if let Err(e) = build_root(plan) {
+        plan.fail("building the sandbox root filesystem", e);
+    }
+    if let Err(e) = join_cgroup(plan) {
+        plan.fail("joining the sandbox cgroup", e);
+    }
+    let workspace = match nix::fcntl::open(
+        "/workspace",
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(e) => plan.fail("opening /workspace", e),
+    };
+    if let Err(e) = sys::send_message(plan.report(), &[MSG_READY], Some(workspace)) {
+        plan.fail("reporting readiness", e);
+    }
+    let _ = nix::unistd::close(workspace);
+
+    let mut go = [0u8; 1];
+    if !matches!(nix::unistd::read(plan.control, &mut go), Ok(1)) || go[0] != b'g' {
+        // The host gave up on this sandbox; the workload dies with init.
+        // SAFETY: see `fail`.
+        unsafe { libc::_exit(0) }
+    }
+    if nix::unistd::write(&go_w, b"g") != Ok(1) {
+        plan.fail("starting the workload", io::Error::last_os_error());
+    }
+    drop(go_w);
     for fd in [plan.stdout, plan.stderr].into_iter().chain(plan.socket) {
         let _ = nix::unistd::close(fd);
     }
@@ -291,6 +307,7 @@ fn build_root(plan: &ChildPlan) -> io::Result<()> {
         None::<&str>,
     )?;
     chdir(root)?;
+    // Also moves the workload's root, which is the same old root.
     pivot_root(".", ".")?;
     umount2(".", MntFlags::MNT_DETACH)?;
     chdir("/workspace")?;
@@ -375,8 +392,9 @@ fn supervise(control: RawFd, children: &nix::sys::signalfd::SignalFd, workload: 
     }
 }
 
-/// The workload process: drops everything, then becomes the program.
-fn workload(plan: &ChildPlan, rlimits: &[(Resource, u64)]) -> ! {
+/// The workload process: drops everything, waits for init's `go` (the root is built and the
+/// host has released the program), then becomes the program.
+fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd) -> ! {
     if let Err(e) = redirect_stdio(plan) {
         plan.fail("setting up standard streams", e);
     }
@@ -384,14 +402,40 @@ fn workload(plan: &ChildPlan, rlimits: &[(Resource, u64)]) -> ! {
         plan.fail("restoring the signal mask", e);
     }
     sys::cloexec_from(if plan.socket.is_some() { 4 } else { 3 });
+    let in_cgroup = match join_cgroup(plan) {
+        Ok(joined) => joined,
+        Err(e) => plan.fail("joining the sandbox cgroup", e),
+    };
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        plan.fail("setting no_new_privs", io::Error::last_os_error());
+    }
+    if let Err(e) = drop_capabilities() {
+        plan.fail("dropping capabilities", e);
+    }
+    if let Err(e) = seccomp::install(plan.workload_filters) {
+        plan.fail("installing the seccomp filter", e);
+    }
+
+    let mut byte = [0u8; 1];
+    if !matches!(nix::unistd::read(go.as_raw_fd(), &mut byte), Ok(1)) {
+        // init gave up (and the sandbox is being torn down).
+        // SAFETY: see `ChildPlan::fail`.
+        unsafe { libc::_exit(0) }
+    }
+    drop(go);
+    let rlimits = if in_cgroup {
+        &plan.rlimits
+    } else {
+        &plan.fallback_rlimits
+    };
     for &(resource, limit) in rlimits {
         if let Err(e) = setrlimit(resource, limit, limit) {
             plan.fail(&format!("setting {resource:?}"), e);
         }
     }
-    // SAFETY: prctl with integer arguments only.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        plan.fail("setting no_new_privs", io::Error::last_os_error());
+    if let Err(e) = chdir("/workspace") {
+        plan.fail("entering /workspace", e);
     }
     // The zygote's sessions mount their own filesystems, which a Landlock domain forbids;
     // each session applies Landlock itself before running any code.
@@ -399,9 +443,6 @@ fn workload(plan: &ChildPlan, rlimits: &[(Resource, u64)]) -> ! {
         if let Err(e) = crate::landlock_rules::restrict(plan.landlock_required) {
             plan.fail("applying Landlock", e);
         }
-    }
-    if let Err(e) = drop_capabilities() {
-        plan.fail("dropping capabilities", e);
     }
     let argv: Vec<*const libc::c_char> = plan
         .argv
@@ -415,9 +456,6 @@ fn workload(plan: &ChildPlan, rlimits: &[(Resource, u64)]) -> ! {
         .map(|a| a.as_ptr())
         .chain(std::iter::once(std::ptr::null()))
         .collect();
-    if let Err(e) = seccomp::install(plan.workload_filters) {
-        plan.fail("installing the seccomp filter", e);
-    }
     let mut last = io::Error::from_raw_os_error(libc::ENOENT);
     for path in &plan.exec_candidates {
         // SAFETY: path, argv and envp are NUL-terminated arrays of valid C strings that

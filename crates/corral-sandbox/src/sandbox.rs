@@ -356,10 +356,22 @@ impl Sandbox {
             limits,
         };
 
-        // Made while stage 1 builds the namespaces, then sent to it to join.
+        // Made while stage 1 builds the namespaces, then sent to init and the workload to join.
         if let Err(e) = sandbox.send_cgroup(spec) {
-            // Stage 1 waits for the cgroup: without it (the report socket closes) it gives up.
-            drop(sandbox);
+            // Dropping the sandbox kills and reaps init, once stage 1 has said which it is.
+            let mut buf = [0u8; 16];
+            while let Ok((n, _)) = sandbox.recv(&mut buf) {
+                match buf.get(..n) {
+                    Some([MSG_INIT_PID, pid @ ..]) if pid.len() == 4 => {
+                        let pid = i32::from_le_bytes(pid.try_into().expect("4 bytes"));
+                        sandbox.init = Pid::from_raw(pid);
+                        sandbox.reaped = false;
+                        break;
+                    }
+                    Some([]) | None => break,
+                    Some(_) => {}
+                }
+            }
             child::reap(stage1);
             return Err(e);
         }
@@ -444,12 +456,16 @@ impl Sandbox {
             None => Vec::new(),
         };
         let raw: Vec<_> = files.iter().map(|f| f.as_raw_fd()).collect();
-        crate::sys::send_fds(self.report.as_fd(), &[MSG_CGROUP], &raw).map_err(|source| {
-            SandboxError::Io {
-                what: "sending the cgroup to the sandbox",
-                source,
-            }
-        })
+        // One for init, one for the workload.
+        for _ in 0..2 {
+            crate::sys::send_fds(self.report.as_fd(), &[MSG_CGROUP], &raw).map_err(|source| {
+                SandboxError::Io {
+                    what: "sending the cgroup to the sandbox",
+                    source,
+                }
+            })?;
+        }
+        Ok(())
     }
 
     fn recv(&self, buf: &mut [u8]) -> Result<(usize, Option<OwnedFd>), SandboxError> {
