@@ -11,6 +11,9 @@ the kernel's fd 1 and 2, inherited, so output is never relayed. It reports on a 
 status pipe: a marker when it starts a cell (it has then read the whole line, so an
 interrupt can no longer cut the cell's text in two) and, from PROMPT_COMMAND, the exit
 status once the cell's line is finished.
+
+A `command` frame runs its program beside bash, as a child of this wrapper: bash and its
+state never see it.
 """
 
 import json
@@ -21,6 +24,7 @@ import sys
 
 MAX_FRAME = 64 << 20
 STARTED = "started"  # the status pipe's line when a cell begins
+WORKSPACE = "/workspace"  # where commands run unless told otherwise
 
 
 class Bash:
@@ -115,6 +119,56 @@ class Bash:
         self.process.wait()
 
 
+def run_command(argv, cwd, env):
+    """Runs a `command` frame's program with stdin /dev/null and stdout/stderr on fd 1/2,
+    in its own session (so its process group is its own), in `cwd` (relative to the
+    workspace), with this process's environment plus `env`. SIGINT kills the group.
+    Returns None after exit status 0, else the (name, value) of the error to report."""
+    child = None
+    interrupted = False
+
+    def kill_group():
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def on_sigint(signum, frame):
+        nonlocal interrupted
+        interrupted = True
+        if child is not None:
+            kill_group()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        try:
+            child = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                cwd=os.path.join(WORKSPACE, cwd or ""),
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
+        except OSError as error:
+            text = error.strerror or str(error)
+            return "CommandError", text if error.filename is None else f"{text}: {error.filename!r}"
+        except ValueError as error:  # a NUL byte (the host never sends one)
+            return "CommandError", str(error)
+        if interrupted:
+            kill_group()
+        # Wait without reaping: until the child is reaped, its pid cannot name another
+        # process group, so an interrupt may still kill the group.
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    status = child.wait()
+    if interrupted and status == -signal.SIGKILL:
+        status = 128 + signal.SIGINT  # a shell's status for an interrupted command
+    elif status < 0:
+        status = 128 - status  # killed by a signal, as a shell reports it
+    return None if status == 0 else ("ExitCode", str(status))
+
+
 def read_exactly(fd, size):
     """`size` bytes from `fd`, or None at end of file."""
     data = bytearray()
@@ -138,9 +192,22 @@ def log(text):
     sys.stderr.flush()
 
 
-def read_execute(fd):
-    """The next `execute` frame; None when the host hangs up. Other frames are logged and
-    skipped."""
+def is_command(message):
+    """True when `message` has the fields of a `command` frame, well typed."""
+    argv, cwd, env = message.get("argv"), message.get("cwd"), message.get("env")
+    return (
+        isinstance(message.get("id"), str)
+        and isinstance(argv, list)
+        and len(argv) > 0
+        and all(isinstance(arg, str) for arg in argv)
+        and (cwd is None or isinstance(cwd, str))
+        and (env is None or isinstance(env, dict) and all(isinstance(v, str) for v in env.values()))
+    )
+
+
+def read_frame(fd):
+    """The next `execute` or `command` frame; None when the host hangs up. Other frames are
+    logged and skipped."""
     while True:
         header = read_exactly(fd, 4)
         if header is None:
@@ -157,13 +224,17 @@ def read_execute(fd):
         except ValueError as error:
             log(f"ignoring a frame that is not JSON: {error}")
             continue
-        if not isinstance(message, dict) or message.get("type") != "execute":
-            kind = message.get("type") if isinstance(message, dict) else type(message).__name__
-            log(f"ignoring a frame of unknown type {kind!r}")
-        elif not isinstance(message.get("id"), str) or not isinstance(message.get("code"), str):
+        kind = message.get("type") if isinstance(message, dict) else type(message).__name__
+        if kind == "execute":
+            if isinstance(message.get("id"), str) and isinstance(message.get("code"), str):
+                return message
             log("ignoring an execute frame without a string id and code")
+        elif kind == "command":
+            if is_command(message):
+                return message
+            log("ignoring a command frame without a string id, argv, cwd and env")
         else:
-            return message
+            log(f"ignoring a frame of unknown type {kind!r}")
 
 
 def main(sock_fd=3):
@@ -171,8 +242,15 @@ def main(sock_fd=3):
     signal.signal(signal.SIGINT, bash.on_sigint)
     send(sock_fd, {"type": "ready", "language": "bash", "version": bash.version})
     try:
-        while (message := read_execute(sock_fd)) is not None:
+        while (message := read_frame(sock_fd)) is not None:
             exec_id = message["id"]
+            if message["type"] == "command":
+                failure = run_command(message["argv"], message.get("cwd"), message.get("env"))
+                if failure is not None:
+                    name, value = failure
+                    send(sock_fd, {"type": "error", "id": exec_id, "name": name, "value": value, "traceback": ""})
+                send(sock_fd, {"type": "done", "id": exec_id, "status": "ok" if failure is None else "error"})
+                continue
             status = bash.run(message["code"])
             exited = status is None
             if exited:

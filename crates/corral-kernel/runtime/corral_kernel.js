@@ -10,7 +10,10 @@
 // `const` included) persist between executions and `require`, `process`, `Buffer`, ...
 // work as usual. The value of a cell's last expression is its main result.
 
+const { spawn } = require('child_process');
+const fs = require('fs');
 const net = require('net');
+const os = require('os');
 const path = require('path');
 const util = require('util');
 const vm = require('vm');
@@ -20,10 +23,11 @@ const { processTopLevelAwait } = requireReplRewriter();
 const MAX_FRAME = 64 << 20;
 const MAX_RESULT = 32 << 20;
 const INTERRUPTED = 'Script execution was interrupted by `SIGINT`';
+const WORKSPACE = '/workspace'; // where commands run unless told otherwise
 
 const socket = new net.Socket({ fd: 3, readable: true, writable: true });
 let cellCount = 0;
-// Rejects the cell being awaited, when an interrupt arrives while it is pending.
+// Rejects the cell being awaited, or kills the running command, when an interrupt arrives.
 let interruptPending = null;
 
 function requireReplRewriter() {
@@ -163,6 +167,74 @@ async function execute(id, code) {
   send(encode({ type: 'done', id, status: ok ? 'ok' : 'error' }));
 }
 
+// ---- commands -----------------------------------------------------------------------------
+
+// The readable text of a failed spawn: "No such file or directory: 'prog'".
+function spawnErrorText(error, what) {
+  const known = typeof error.errno === 'number' ? util.getSystemErrorMap().get(error.errno) : undefined;
+  if (known === undefined) return error.message;
+  const text = known[1].charAt(0).toUpperCase() + known[1].slice(1);
+  return `${text}: '${what}'`;
+}
+
+// Runs a program beside the cells, with stdin /dev/null, stdout/stderr on fd 1/2 and
+// /dev/null at fd 3 (not the host's socket), in its own session (detached), in `cwd`
+// (relative to the workspace), with this process's environment plus `env`. SIGINT kills
+// its process group. Resolves to null after exit status 0, else [name, value] of the error.
+async function runCommand(argv, cwd, env) {
+  const dir = path.resolve(WORKSPACE, cwd ?? '');
+  try {
+    if (!fs.statSync(dir).isDirectory()) return ['CommandError', `Not a directory: '${dir}'`];
+  } catch (error) {
+    return ['CommandError', spawnErrorText(error, dir)];
+  }
+  let child;
+  const devNull = fs.openSync('/dev/null', 'r');
+  try {
+    child = spawn(argv[0], argv.slice(1), {
+      cwd: dir,
+      env: { ...process.env, ...env },
+      stdio: ['ignore', 1, 2, devNull],
+      detached: true,
+    });
+  } catch (error) {
+    return ['CommandError', error.message];
+  } finally {
+    fs.closeSync(devNull);
+  }
+  let interrupted = false;
+  const ended = new Promise((resolve) => {
+    child.once('error', (error) => resolve({ error }));
+    child.once('exit', (code, signal) => resolve({ code, signal }));
+  });
+  interruptPending = () => {
+    interrupted = true;
+    try {
+      process.kill(-child.pid, 'SIGKILL');
+    } catch {
+      // the group is gone already
+    }
+  };
+  try {
+    const { error, code, signal } = await ended;
+    if (error !== undefined) return ['CommandError', spawnErrorText(error, argv[0])];
+    let status = code;
+    if (interrupted && signal === 'SIGKILL') status = 128 + os.constants.signals.SIGINT;
+    else if (signal !== null) status = 128 + os.constants.signals[signal];
+    return status === 0 ? null : ['ExitCode', String(status)];
+  } finally {
+    interruptPending = null;
+  }
+}
+
+async function command(id, argv, cwd, env) {
+  const failure = await runCommand(argv, cwd, env);
+  if (failure !== null) {
+    send(encode({ type: 'error', id, name: failure[0], value: failure[1], traceback: '' }));
+  }
+  send(encode({ type: 'done', id, status: failure === null ? 'ok' : 'error' }));
+}
+
 // ---- frames from the host -----------------------------------------------------------------
 
 let queue = Promise.resolve(); // executions never overlap
@@ -178,15 +250,36 @@ function handleFrame(payload) {
     log(`ignoring a frame that is not JSON: ${error.message}`);
     return;
   }
-  if (message === null || typeof message !== 'object' || message.type !== 'execute') {
-    log(`ignoring a frame of unknown type ${JSON.stringify(message?.type)}`);
-    return;
+  const kind = message !== null && typeof message === 'object' ? message.type : undefined;
+  if (kind === 'execute') {
+    if (typeof message.id !== 'string' || typeof message.code !== 'string') {
+      log('ignoring an execute frame without a string id and code');
+      return;
+    }
+    queue = queue.then(() => execute(message.id, message.code));
+  } else if (kind === 'command') {
+    if (!isCommand(message)) {
+      log('ignoring a command frame without a string id, argv, cwd and env');
+      return;
+    }
+    queue = queue.then(() => command(message.id, message.argv, message.cwd, message.env));
+  } else {
+    log(`ignoring a frame of unknown type ${JSON.stringify(kind)}`);
   }
-  if (typeof message.id !== 'string' || typeof message.code !== 'string') {
-    log('ignoring an execute frame without a string id and code');
-    return;
-  }
-  queue = queue.then(() => execute(message.id, message.code));
+}
+
+// True when `message` has the fields of a `command` frame, well typed.
+function isCommand(message) {
+  const { id, argv, cwd, env } = message;
+  const isStrings = (list) => list.every((item) => typeof item === 'string');
+  return (
+    typeof id === 'string' &&
+    Array.isArray(argv) &&
+    argv.length > 0 &&
+    isStrings(argv) &&
+    (cwd === undefined || cwd === null || typeof cwd === 'string') &&
+    (env === undefined || env === null || (typeof env === 'object' && !Array.isArray(env) && isStrings(Object.values(env))))
+  );
 }
 
 socket.on('data', (chunk) => {
@@ -212,7 +305,8 @@ socket.on('end', () => process.exit(0));
 socket.on('error', () => process.exit(0)); // the host went away
 
 // Outside synchronous cell code (which breakOnSigint covers), SIGINT interrupts an
-// awaiting cell; while idle it is ignored instead of killing the kernel.
+// awaiting cell or kills a running command; while idle it is ignored instead of killing
+// the kernel.
 process.on('SIGINT', () => interruptPending?.());
 // A callback that throws after its cell finished (a timer, a promise nobody awaits) must
 // not kill the session: report it on stderr, like the REPL.

@@ -26,6 +26,7 @@ MIME_TYPES = (
 )
 ONESHOT_ID = "oneshot"  # the execution id of one-shot frames
 IPYTHON_DIR = "/tmp/corral-ipython"
+WORKSPACE = "/workspace"  # where commands run unless told otherwise
 
 # ---------------------------------------------------------------------------------------
 # Frames (both modes)
@@ -99,6 +100,61 @@ def _result_frame(exec_id, bundle, is_main_result):
     return _encode(error), True
 
 
+def run_command(argv, cwd, env):
+    """Runs a `command` frame's program with stdin /dev/null and stdout/stderr on fd 1/2,
+    in its own session (so its process group is its own), in `cwd` (relative to the
+    workspace), with this process's environment plus `env`. SIGINT kills the group.
+    Returns None after exit status 0, else the (name, value) of the error to report."""
+    import subprocess  # not at the top: one-shot runs load this module and never need it
+
+    child = None
+    interrupted = False
+
+    def kill_group():
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def on_sigint(signum, frame):
+        nonlocal interrupted
+        interrupted = True
+        if child is not None:
+            kill_group()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        try:
+            child = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                cwd=os.path.join(WORKSPACE, cwd or ""),
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
+        except OSError as error:
+            text = error.strerror or str(error)
+            return "CommandError", text if error.filename is None else f"{text}: {error.filename!r}"
+        except ValueError as error:  # a NUL byte (the host never sends one)
+            return "CommandError", str(error)
+        if interrupted:
+            kill_group()
+        # Wait without reaping: until the child is reaped, its pid cannot name another
+        # process group, so an interrupt may still kill the group.
+        try:
+            os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            pass  # the cell's code set SIGCHLD to SIG_IGN: the child reaped itself
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    status = child.wait()
+    if interrupted and status == -signal.SIGKILL:
+        status = 128 + signal.SIGINT  # a shell's status for an interrupted command
+    elif status < 0:
+        status = 128 - status  # killed by a signal, as a shell reports it
+    return None if status == 0 else ("ExitCode", str(status))
+
+
 # ---------------------------------------------------------------------------------------
 # Session mode
 
@@ -170,6 +226,15 @@ class _Kernel:
         self.send(_encode({"type": "done", "id": exec_id, "status": status}))
         self.exec_id = None
 
+    def command(self, exec_id, argv, cwd, env):
+        """Runs a command beside the shell: no cell, no history, no change to its state."""
+        failure = run_command(argv, cwd, env)
+        if failure is not None:
+            name, value = failure
+            self.send(_encode({"type": "error", "id": exec_id, "name": name, "value": value, "traceback": ""}))
+        status = "ok" if failure is None else "error"
+        self.send(_encode({"type": "done", "id": exec_id, "status": status}))
+
     def run(self):
         """Serves until the host closes the socket or the code calls exit()."""
         while True:
@@ -184,27 +249,48 @@ class _Kernel:
             if payload is None:
                 return
             message = _decode_host_frame(payload)
-            if message is not None:
-                self.execute(message["id"], message["code"])
-                if self.shell.exit_now:
-                    return
+            if message is None:
+                continue
+            if message["type"] == "command":
+                self.command(message["id"], message["argv"], message.get("cwd"), message.get("env"))
+                continue
+            self.execute(message["id"], message["code"])
+            if self.shell.exit_now:
+                return
+
+
+def _is_command(message):
+    """True when `message` has the fields of a `command` frame, well typed."""
+    argv, cwd, env = message.get("argv"), message.get("cwd"), message.get("env")
+    return (
+        isinstance(message.get("id"), str)
+        and isinstance(argv, list)
+        and len(argv) > 0
+        and all(isinstance(arg, str) for arg in argv)
+        and (cwd is None or isinstance(cwd, str))
+        and (env is None or isinstance(env, dict) and all(isinstance(v, str) for v in env.values()))
+    )
 
 
 def _decode_host_frame(payload):
-    """The `execute` frame in `payload`, or None (logged) for anything else."""
+    """The `execute` or `command` frame in `payload`, or None (logged) for anything else."""
     try:
         message = json.loads(payload)
     except ValueError as error:
         _log(f"ignoring a frame that is not JSON: {error}")
         return None
-    if not isinstance(message, dict) or message.get("type") != "execute":
-        kind = message.get("type") if isinstance(message, dict) else type(message).__name__
-        _log(f"ignoring a frame of unknown type {kind!r}")
-        return None
-    if not isinstance(message.get("id"), str) or not isinstance(message.get("code"), str):
+    kind = message.get("type") if isinstance(message, dict) else type(message).__name__
+    if kind == "execute":
+        if isinstance(message.get("id"), str) and isinstance(message.get("code"), str):
+            return message
         _log("ignoring an execute frame without a string id and code")
-        return None
-    return message
+    elif kind == "command":
+        if _is_command(message):
+            return message
+        _log("ignoring a command frame without a string id, argv, cwd and env")
+    else:
+        _log(f"ignoring a frame of unknown type {kind!r}")
+    return None
 
 
 def _exception_value(error):

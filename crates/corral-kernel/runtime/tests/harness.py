@@ -206,6 +206,16 @@ class Kernel:
         self.send({"type": "execute", "id": exec_id, "code": code}, sock)
         return execution
 
+    def start_command(self, argv, cwd=None, env=None, sock=None):
+        """Sends a `command` frame; returns its Execution (collect it with wait())."""
+        exec_id = f"c{self.next_id}"
+        self.next_id += 1
+        self.drain_output()
+        sock = sock or self.sock
+        execution = Execution(exec_id, sock, len(self.stdout_chunks), len(self.stderr_chunks))
+        self.send({"type": "command", "id": exec_id, "argv": argv, "cwd": cwd, "env": env or {}}, sock)
+        return execution
+
     def wait(self, execution, timeout=60, interrupt_after=None):
         """Collects frames until `done`, optionally sending SIGINT `interrupt_after`
         seconds after the start; then drains the output pipes."""
@@ -237,6 +247,9 @@ class Kernel:
 
     def execute(self, code, timeout=60, interrupt_after=None, sock=None):
         return self.wait(self.start(code, sock), timeout, interrupt_after)
+
+    def command(self, argv, cwd=None, env=None, timeout=60, interrupt_after=None):
+        return self.wait(self.start_command(argv, cwd, env), timeout, interrupt_after)
 
     def wait_exit(self, timeout=60):
         """Reads frames and output until the process has exited and closed its pipes;
