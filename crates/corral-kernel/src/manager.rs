@@ -1,5 +1,6 @@
 //! Sessions by id, as the server and the MCP server use them: create (from the warm pool
-//! where possible), execute, interrupt, restart, close, list, inspect, and idle expiry.
+//! where possible), execute, run commands, interrupt, restart, close, list, inspect, and
+//! idle expiry.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -138,6 +139,27 @@ impl SessionManager {
         let mut info = entry.info.lock().expect("lock");
         info.last_used = SystemTime::now();
         info.executions = session.executions();
+        info.death = session.death().map(|d| d.message.clone());
+        Ok(result)
+    }
+
+    /// Runs a program in session `id`'s sandbox (see [`Session::run_command`]); serialized
+    /// with its executions. It does not count as an execution.
+    pub fn run_command(
+        &self,
+        id: &str,
+        argv: &[String],
+        cwd: Option<&str>,
+        env: &[(String, String)],
+        timeout: Duration,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<ExecutionResult, ManagerError> {
+        let entry = self.entry(id)?;
+        let mut session = entry.session.lock().expect("session lock");
+        let result = session.run_command(argv, cwd, env, timeout, on_event)?;
+        *entry.last_used.lock().expect("lock") = Instant::now();
+        let mut info = entry.info.lock().expect("lock");
+        info.last_used = SystemTime::now();
         info.death = session.death().map(|d| d.message.clone());
         Ok(result)
     }

@@ -4,6 +4,8 @@
 //! never panics on any input; the property tests below feed it arbitrary byte streams split
 //! at arbitrary points.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -49,7 +51,18 @@ pub enum DoneStatus {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum HostMessage<'a> {
-    Execute { id: &'a str, code: &'a str },
+    Execute {
+        id: &'a str,
+        code: &'a str,
+    },
+    /// Run a program beside the interpreter (`cwd` relative to the workspace, `None` for the
+    /// workspace itself; `env` on top of the kernel's environment).
+    Command {
+        id: &'a str,
+        argv: &'a [String],
+        cwd: Option<&'a str>,
+        env: BTreeMap<&'a str, &'a str>,
+    },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -184,6 +197,22 @@ mod tests {
         let v: Value = serde_json::from_slice(&f[4..]).unwrap();
         assert_eq!(v["type"], "execute");
         assert_eq!(v["code"], "print('é')");
+    }
+
+    #[test]
+    fn command_frames_carry_argv_cwd_and_env() {
+        let argv = ["ls".to_string(), "-l".to_string()];
+        let f = encode(&HostMessage::Command {
+            id: "c",
+            argv: &argv,
+            cwd: None,
+            env: BTreeMap::from([("A", "1")]),
+        });
+        let v: Value = serde_json::from_slice(&f[4..]).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"type": "command", "id": "c", "argv": ["ls", "-l"], "cwd": null, "env": {"A": "1"}})
+        );
     }
 
     proptest! {

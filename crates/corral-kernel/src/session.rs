@@ -13,7 +13,7 @@ use corral_sandbox::{
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::event::{rich_result, Event, Utf8Stream};
-use crate::protocol::{encode, Decoder, DoneStatus, HostMessage, KernelMessage};
+use crate::protocol::{encode, Decoder, DoneStatus, HostMessage, KernelMessage, MAX_FRAME};
 use crate::runtime;
 
 /// How long a kernel may take to answer an interrupt before its sandbox is killed.
@@ -99,6 +99,20 @@ pub enum KernelError {
     },
     #[error("{0}")]
     Io(#[from] io::Error),
+    /// A command that cannot be sent (empty, a NUL byte, a malformed environment name, too
+    /// large); nothing was run.
+    #[error("invalid command: {0}")]
+    InvalidCommand(String),
+}
+
+/// What an exchange with the kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Code in the interpreter: an execution.
+    Cell,
+    /// A program beside the interpreter: not an execution, and its non-zero exit status is
+    /// no language error.
+    Command,
 }
 
 /// Wakes a running execution from another thread and interrupts it.
@@ -382,6 +396,60 @@ impl Session {
         timeout: Duration,
         on_event: &mut dyn FnMut(&Event),
     ) -> ExecutionResult {
+        let id = self.next_id();
+        let frame = encode(&HostMessage::Execute { id: &id, code });
+        self.exchange(&id, &frame, Kind::Cell, timeout, on_event)
+    }
+
+    /// Runs the program `argv` inside the session's sandbox, beside the interpreter (whose
+    /// state it does not touch), with stdin `/dev/null`, in `cwd` (relative to the workspace;
+    /// `None` is the workspace) and with the kernel's environment plus `env`. Events and the
+    /// timeout, interrupt and death handling are those of [`Session::execute`]; an interrupt
+    /// or a timeout kills the command's process group. The result's `exit_code` is the
+    /// program's exit status (128 + N after signal N; 130 when interrupted), and a non-zero
+    /// status is `error` without a language error. A program that cannot be started
+    /// (`CommandError`) is an error like a language error. Commands do not count as
+    /// executions.
+    pub fn run_command(
+        &mut self,
+        argv: &[String],
+        cwd: Option<&str>,
+        env: &[(String, String)],
+        timeout: Duration,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<ExecutionResult, KernelError> {
+        check_command(argv, cwd, env)?;
+        let id = self.next_id();
+        let frame = encode(&HostMessage::Command {
+            id: &id,
+            argv,
+            cwd,
+            env: env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+        });
+        if frame.len() - 4 > MAX_FRAME {
+            return Err(KernelError::InvalidCommand(format!(
+                "it encodes to {} bytes, over the limit of {MAX_FRAME}",
+                frame.len() - 4
+            )));
+        }
+        Ok(self.exchange(&id, &frame, Kind::Command, timeout, on_event))
+    }
+
+    fn next_id(&mut self) -> String {
+        let id = self.next_id.to_string();
+        self.next_id += 1;
+        id
+    }
+
+    /// Sends `frame` (whose id is `id`) and streams what the kernel answers until its `done`.
+    fn exchange(
+        &mut self,
+        id: &str,
+        frame: &[u8],
+        kind: Kind,
+        timeout: Duration,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> ExecutionResult {
         let started = Instant::now();
         let cpu_before = self.kernel.host.cpu_time();
         let mut result = ExecutionResult {
@@ -395,11 +463,10 @@ impl Session {
             self.emit_end(&mut result, started, cpu_before, on_event);
             return result;
         }
-        self.executions += 1;
-        let id = self.next_id.to_string();
-        self.next_id += 1;
-        let frame = encode(&HostMessage::Execute { id: &id, code });
-        if let Err(e) = write_all(self.kernel.socket.as_fd(), &frame) {
+        if kind == Kind::Cell {
+            self.executions += 1;
+        }
+        if let Err(e) = write_all(self.kernel.socket.as_fd(), frame) {
             self.die(
                 Status::SandboxError,
                 format!("the kernel stopped reading: {e}"),
@@ -467,7 +534,7 @@ impl Session {
                     None => self.kernel_exited(),
                     Some(n) => {
                         self.decoder.push(&buf[..n]);
-                        done = self.handle_frames(&id, &mut result, on_event);
+                        done = self.handle_frames(id, kind, &mut result, on_event);
                     }
                 }
             }
@@ -490,14 +557,20 @@ impl Session {
             result.error_message = Some(death.message.clone());
         } else if timed_out {
             result.status = Status::Timeout;
+            let (what, how) = match kind {
+                Kind::Cell => ("execution", "interrupted"),
+                Kind::Command => ("command", "killed"),
+            };
             result.error_message = Some(format!(
-                "the execution ran longer than {:.1} s and was interrupted; the session keeps its state",
+                "the {what} ran longer than {:.1} s and was {how}; the session keeps its state",
                 timeout.as_secs_f64()
             ));
-        } else if result.error.is_some() {
+        } else if let Some(e) = &result.error {
             result.status = Status::Error;
-            let e = result.error.as_ref().expect("checked");
             result.error_message = Some(format!("{}: {}", e.name, e.value));
+        } else if let Some(code) = result.exit_code.filter(|&c| c != 0) {
+            result.status = Status::Error;
+            result.error_message = Some(format!("the command exited with status {code}"));
         }
         self.emit_end(&mut result, started, cpu_before, on_event);
         result
@@ -524,10 +597,12 @@ impl Session {
         });
     }
 
-    /// Handles complete frames; true once this execution's `done` arrived.
+    /// Handles complete frames; true once this execution's `done` arrived. A command's
+    /// `ExitCode` error becomes its `exit_code`, not an error.
     fn handle_frames(
         &mut self,
         id: &str,
+        kind: Kind,
         result: &mut ExecutionResult,
         on_event: &mut dyn FnMut(&Event),
     ) -> bool {
@@ -554,6 +629,18 @@ impl Session {
                     id: eid,
                     name,
                     value,
+                    ..
+                })) if eid == id
+                    && kind == Kind::Command
+                    && name == "ExitCode"
+                    && value.parse::<i32>().is_ok() =>
+                {
+                    result.exit_code = value.parse().ok();
+                }
+                Ok(Some(KernelMessage::Error {
+                    id: eid,
+                    name,
+                    value,
                     traceback,
                 })) if eid == id => {
                     let e = LanguageError {
@@ -565,7 +652,13 @@ impl Session {
                     result.error = Some(e);
                 }
                 Ok(Some(KernelMessage::Done { id: did, status })) if did == id => {
-                    if status == DoneStatus::Error && result.error.is_none() {
+                    if kind == Kind::Command && status == DoneStatus::Ok {
+                        result.exit_code.get_or_insert(0);
+                    }
+                    if status == DoneStatus::Error
+                        && result.error.is_none()
+                        && result.exit_code.is_none()
+                    {
                         result.error = Some(LanguageError {
                             name: "Error".into(),
                             value: "the execution failed".into(),
@@ -703,6 +796,31 @@ impl Session {
         *self = fresh;
         Ok(())
     }
+}
+
+/// Checks what the kernel could not run, or could not even read: an empty argv, a NUL byte
+/// anywhere, an environment name that is empty or holds `=`.
+fn check_command(
+    argv: &[String],
+    cwd: Option<&str>,
+    env: &[(String, String)],
+) -> Result<(), KernelError> {
+    let invalid = |why: String| Err(KernelError::InvalidCommand(why));
+    if argv.is_empty() {
+        return invalid("argv is empty".into());
+    }
+    let mut strings = argv
+        .iter()
+        .map(String::as_str)
+        .chain(cwd)
+        .chain(env.iter().flat_map(|(k, v)| [k.as_str(), v.as_str()]));
+    if let Some(s) = strings.find(|s| s.contains('\0')) {
+        return invalid(format!("{s:?} contains a NUL byte"));
+    }
+    if let Some((name, _)) = env.iter().find(|(k, _)| k.is_empty() || k.contains('=')) {
+        return invalid(format!("{name:?} is not an environment variable name"));
+    }
+    Ok(())
 }
 
 fn write_all(fd: BorrowedFd<'_>, mut bytes: &[u8]) -> io::Result<()> {

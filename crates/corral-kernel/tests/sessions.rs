@@ -435,3 +435,229 @@ fn forked_sessions_resist_attacks_on_their_init_and_the_host() {
     assert_eq!(std::fs::read_to_string(&planted).unwrap(), secret);
     std::fs::remove_file(&planted).unwrap();
 }
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+fn command(session: &mut Session, argv: &[&str], cwd: Option<&str>) -> ExecutionResult {
+    session
+        .run_command(&strings(argv), cwd, &[], 20 * SECOND, &mut |_| {})
+        .expect("a valid command")
+}
+
+/// Every kind of session, Python both ways.
+fn all_sessions() -> Vec<(&'static str, Session)> {
+    let mut sessions = python_sessions();
+    for language in [Language::Bash, Language::Javascript] {
+        let s = Session::create(&SessionOptions::new(language)).expect("a session starts");
+        sessions.push((language.name(), s));
+    }
+    sessions
+}
+
+#[test]
+fn commands_run_in_the_sandbox_and_report_their_exit_code() {
+    for (how, mut s) in all_sessions() {
+        let mut events = Vec::new();
+        let r = s
+            .run_command(
+                &strings(&[
+                    "sh",
+                    "-c",
+                    "echo out; echo err >&2; pwd; id -u; echo $GREETING; exit 3",
+                ]),
+                None,
+                &[("GREETING".into(), "hi".into())],
+                20 * SECOND,
+                &mut |e| events.push(e.clone()),
+            )
+            .unwrap();
+        assert_eq!(r.status, Status::Error, "{how}: {r:?}");
+        assert_eq!(r.exit_code, Some(3), "{how}");
+        assert_eq!(r.error, None, "{how}: an exit status is no language error");
+        assert_eq!(
+            r.error_message.as_deref(),
+            Some("the command exited with status 3")
+        );
+        assert_eq!(r.stdout, "out\n/workspace\n1000\nhi\n", "{how}");
+        assert_eq!(r.stderr, "err\n", "{how}");
+        assert!(
+            matches!(
+                events.last(),
+                Some(Event::End {
+                    status: Status::Error,
+                    ..
+                })
+            ),
+            "{how}: {events:?}"
+        );
+        assert!(
+            events.iter().all(|e| matches!(
+                e,
+                Event::Stdout { .. } | Event::Stderr { .. } | Event::End { .. }
+            )),
+            "{how}: {events:?}"
+        );
+
+        // Same workspace as the interpreter; cwd relative to it or absolute.
+        let r = command(
+            &mut s,
+            &["sh", "-c", "mkdir -p sub && echo kept > sub/f"],
+            None,
+        );
+        assert_eq!(
+            (r.status, r.exit_code),
+            (Status::Success, Some(0)),
+            "{how}: {r:?}"
+        );
+        assert_eq!(
+            command(&mut s, &["cat", "f"], Some("sub")).stdout,
+            "kept\n",
+            "{how}"
+        );
+        let r = command(&mut s, &["cat", "f"], Some("/workspace/sub"));
+        assert_eq!(r.stdout, "kept\n", "{how}");
+
+        let r = command(&mut s, &["corral-no-such-program"], None);
+        assert_eq!(r.status, Status::Error, "{how}");
+        assert_eq!(r.exit_code, None, "{how}");
+        let e = r.error.expect("a CommandError");
+        assert_eq!(
+            (e.name.as_str(), e.value.as_str()),
+            (
+                "CommandError",
+                "No such file or directory: 'corral-no-such-program'"
+            ),
+            "{how}"
+        );
+        assert_eq!(s.executions(), 0, "{how}: commands are not executions");
+        assert!(s.is_alive(), "{how}");
+    }
+}
+
+#[test]
+fn commands_leave_the_interpreter_state_alone() {
+    for (how, mut s) in python_sessions() {
+        run(&mut s, "x = 1\nbefore = get_ipython().execution_count");
+        assert_eq!(command(&mut s, &["true"], None).status, Status::Success);
+        let r = run(&mut s, "(x, get_ipython().execution_count - before)");
+        assert_eq!(r.results[0].text.as_deref(), Some("(1, 1)"), "{how}: {r:?}");
+        let files = run(&mut s, "open('/workspace/from-python', 'w').write('py')");
+        assert_eq!(files.status, Status::Success, "{how}");
+        let r = command(&mut s, &["cat", "from-python"], None);
+        assert_eq!(r.stdout, "py", "{how}");
+        assert_eq!(s.executions(), 3, "{how}");
+    }
+}
+
+#[test]
+fn interrupt_and_timeout_kill_the_command_group_and_keep_the_session() {
+    for (how, mut s) in python_sessions() {
+        run(&mut s, "kept = 7");
+        let interrupter = s.interrupter();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(SECOND);
+            interrupter.interrupt();
+        });
+        let r = command(&mut s, &["sh", "-c", "sleep 300 & sleep 300"], None);
+        t.join().unwrap();
+        assert_eq!(
+            (r.status, r.exit_code),
+            (Status::Error, Some(130)),
+            "{how}: {r:?}"
+        );
+        let r = s
+            .run_command(
+                &strings(&["sh", "-c", "sleep 301 & sleep 301"]),
+                None,
+                &[],
+                SECOND,
+                &mut |_| {},
+            )
+            .unwrap();
+        assert_eq!(r.status, Status::Timeout, "{how}: {r:?}");
+        assert_eq!(r.exit_code, Some(130), "{how}");
+        assert!(s.is_alive(), "{how}: a timeout keeps the session");
+        // Nothing of either group is left, and the state is.
+        let r = run(
+            &mut s,
+            "import os, time\ntime.sleep(0.2)\n\
+             print(sum(1 for p in os.listdir('/proc') if p.isdigit() and b'sleep' in open(f'/proc/{p}/cmdline', 'rb').read()), kept)",
+        );
+        assert_eq!(r.stdout, "0 7\n", "{how}: {r:?}");
+    }
+}
+
+#[test]
+fn invalid_commands_are_refused_before_reaching_the_kernel() {
+    use corral_kernel::KernelError;
+    let mut s = Session::create(&SessionOptions::new(Language::Bash)).unwrap();
+    let env = |k: &str| vec![(k.to_string(), "v".to_string())];
+    type Case<'a> = (Vec<String>, Option<&'a str>, Vec<(String, String)>);
+    let huge = vec!["echo".to_string(), "x".repeat(65 << 20)];
+    let cases: [Case; 7] = [
+        (huge, None, vec![]),
+        (vec![], None, vec![]),
+        (strings(&["echo", "a\0b"]), None, vec![]),
+        (strings(&["true"]), Some("sub\0dir"), vec![]),
+        (strings(&["true"]), None, env("")),
+        (strings(&["true"]), None, env("A=B")),
+        (strings(&["true"]), None, env("A\0")),
+    ];
+    for (argv, cwd, env) in cases {
+        let mut events = 0;
+        let r = s.run_command(&argv, cwd, &env, SECOND, &mut |_| events += 1);
+        assert!(
+            matches!(r, Err(KernelError::InvalidCommand(_))),
+            "{argv:?} {cwd:?} {env:?}: {r:?}"
+        );
+        assert_eq!(events, 0, "nothing ran");
+    }
+    assert_eq!(command(&mut s, &["echo", "fine"], None).stdout, "fine\n");
+}
+
+#[test]
+fn manager_runs_commands_beside_executions() {
+    use corral_kernel::{KernelError, ManagerError, SessionManager};
+    let manager = SessionManager::new();
+    let info = manager
+        .create(
+            &SessionOptions::new(Language::Python),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+    manager
+        .execute(&info.id, "x = 5", 10 * SECOND, &mut |_| {})
+        .unwrap();
+    let r = manager
+        .run_command(
+            &info.id,
+            &strings(&["sh", "-c", "echo $A; exit 4"]),
+            None,
+            &[("A".into(), "b".into())],
+            10 * SECOND,
+            &mut |_| {},
+        )
+        .unwrap();
+    assert_eq!((r.stdout.as_str(), r.exit_code), ("b\n", Some(4)), "{r:?}");
+    let got = manager.get(&info.id).unwrap();
+    assert_eq!(got.executions, 1, "commands are not executions");
+    assert!(got.last_used >= info.last_used && got.death.is_none());
+    assert!(matches!(
+        manager.run_command(&info.id, &[], None, &[], SECOND, &mut |_| {}),
+        Err(ManagerError::Kernel(KernelError::InvalidCommand(_)))
+    ));
+    assert!(matches!(
+        manager.run_command(
+            "sbx-nope",
+            &strings(&["true"]),
+            None,
+            &[],
+            SECOND,
+            &mut |_| {}
+        ),
+        Err(ManagerError::NotFound(_))
+    ));
+    manager.close(&info.id).unwrap();
+}
