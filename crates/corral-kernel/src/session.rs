@@ -265,7 +265,8 @@ impl Session {
         options: SessionOptions,
     ) -> Result<Session, KernelError> {
         let (wake_read, wake_write) =
-            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+                .map_err(io::Error::from)?;
         // A kernel that stops reading must not block the host forever.
         nix::sys::socket::setsockopt(
             &kernel.socket,
@@ -382,6 +383,11 @@ impl Session {
         self.kernel.host.workspace()
     }
 
+    fn drain_wake(&self) {
+        let mut buf = [0u8; 64];
+        while read_into(self.wake_read.as_fd(), &mut buf).is_some() {}
+    }
+
     /// A handle that interrupts the current execution from another thread.
     pub fn interrupter(&self) -> Interrupter {
         Interrupter(self.wake_write.clone())
@@ -466,6 +472,10 @@ impl Session {
         if kind == Kind::Cell {
             self.executions += 1;
         }
+        // An interrupt is for the execution running when it is sent: one that came while the
+        // session was idle (a client that left just as its execution ended) must not stop
+        // this one.
+        self.drain_wake();
         if let Err(e) = write_all(self.kernel.socket.as_fd(), frame) {
             self.die(
                 Status::SandboxError,

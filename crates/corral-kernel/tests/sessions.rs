@@ -204,6 +204,10 @@ fn interrupt_and_timeout_keep_the_state() {
         assert!(s.is_alive(), "{how}: a timeout keeps the session");
         let r = run(&mut s, "kept");
         assert_eq!(r.results[0].text.as_deref(), Some("7"), "{how}: {r:?}");
+        // An interrupt sent while idle does not stop the next execution.
+        s.interrupter().interrupt();
+        let r = run(&mut s, "import time\ntime.sleep(0.5)\nkept");
+        assert_eq!(r.status, Status::Success, "{how}: {r:?}");
     }
 }
 

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     Success,
@@ -26,6 +27,7 @@ impl Status {
 
 /// One rich result (a MIME bundle); keys are present only for the types that exist.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RichResult {
     pub is_main_result: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -44,6 +46,7 @@ pub struct RichResult {
 
 /// A language-level exception.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LanguageError {
     pub name: String,
     pub value: String,
@@ -51,12 +54,14 @@ pub struct LanguageError {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FileEntry {
     pub path: String,
     pub size: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExecutionResult {
     pub status: Status,
     pub exit_code: Option<i32>,

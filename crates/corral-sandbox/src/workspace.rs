@@ -198,15 +198,55 @@ impl Workspace {
         Ok(File::from(fd))
     }
 
+    /// Removes the regular file at `path` (never a directory, and never through a link).
+    pub fn remove_file(&self, path: &Path) -> Result<(), WorkspaceError> {
+        let parts = checked_components(path)?;
+        let _as_sandbox = AsSandboxUser::new(self.owner);
+        let (name, parents) = parts.split_last().expect("checked non-empty");
+        let dir = self
+            .open_dir(parents, false)
+            .map_err(|e| WorkspaceError::io(path, e))?;
+        let fd = open_beneath(
+            dir.as_raw_fd(),
+            Path::new(name),
+            OFlag::O_PATH,
+            Mode::empty(),
+        )
+        .map_err(|e| WorkspaceError::io(path, e))?;
+        let stat = fstat(fd.as_raw_fd()).map_err(|e| WorkspaceError::io(path, e))?;
+        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+            return Err(WorkspaceError::NotRegular(path.to_path_buf()));
+        }
+        // The name is unlinked relative to the directory just checked; a sandbox racing to
+        // swap the file for something else can only make us remove its own replacement.
+        nix::unistd::unlinkat(
+            Some(dir.as_raw_fd()),
+            Path::new(name),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        )
+        .map_err(|e| WorkspaceError::io(path, e))
+    }
+
     /// Every regular file below the workspace (symlinks and special files are skipped), in
     /// sorted order.
     pub fn list(&self) -> Result<Vec<FileEntry>, WorkspaceError> {
+        self.list_below(None)
+    }
+
+    /// Every regular file below directory `dir` of the workspace (the whole workspace when
+    /// `None`), with paths relative to the workspace, in sorted order.
+    pub fn list_below(&self, dir: Option<&Path>) -> Result<Vec<FileEntry>, WorkspaceError> {
+        let parts = match dir {
+            Some(d) => checked_components(d)?,
+            None => Vec::new(),
+        };
+        let shown = dir.unwrap_or(Path::new("."));
         let _as_sandbox = AsSandboxUser::new(self.owner);
         let root = self
-            .open_dir(&[], false)
-            .map_err(|e| WorkspaceError::io(Path::new("."), e))?;
+            .open_dir(&parts, false)
+            .map_err(|e| WorkspaceError::io(shown, e))?;
         let mut out = Vec::new();
-        walk(root, PathBuf::new(), 0, &mut out)?;
+        walk(root, parts.iter().collect(), 0, &mut out)?;
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
     }
@@ -308,4 +348,63 @@ fn walk(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workspace(dir: &Path) -> Workspace {
+        let fd = nix::fcntl::open(dir, OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty()).unwrap();
+        // SAFETY: open returned a new descriptor that nothing else owns.
+        Workspace::new(unsafe { OwnedFd::from_raw_fd(fd) }, None)
+    }
+
+    #[test]
+    fn list_below_a_directory_keeps_workspace_relative_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = workspace(dir.path());
+        ws.write_file(Path::new("a.txt"), &mut &b"a"[..]).unwrap();
+        ws.write_file(Path::new("sub/b.txt"), &mut &b"bb"[..])
+            .unwrap();
+        ws.write_file(Path::new("sub/deep/c.txt"), &mut &b"ccc"[..])
+            .unwrap();
+        let below: Vec<(String, u64)> = ws
+            .list_below(Some(Path::new("sub")))
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.path, e.size))
+            .collect();
+        assert_eq!(
+            below,
+            [
+                ("sub/b.txt".to_string(), 2),
+                ("sub/deep/c.txt".to_string(), 3)
+            ]
+        );
+        assert_eq!(ws.list().unwrap().len(), 3);
+        assert!(matches!(
+            ws.list_below(Some(Path::new("../x"))),
+            Err(WorkspaceError::OutsideWorkspace(_))
+        ));
+    }
+
+    #[test]
+    fn remove_file_refuses_links_and_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::NamedTempFile::new().unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("link")).unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("d"), dir.path().join("dlink")).unwrap();
+        std::fs::write(dir.path().join("d/f"), b"x").unwrap();
+        let ws = workspace(dir.path());
+        assert!(ws.remove_file(Path::new("link")).is_err());
+        assert!(outside.path().exists(), "the link's target must survive");
+        assert!(ws.remove_file(Path::new("d")).is_err());
+        assert!(ws.remove_file(Path::new("dlink/f")).is_err());
+        assert!(ws.remove_file(Path::new("/etc/passwd")).is_err());
+        ws.remove_file(Path::new("d/f")).unwrap();
+        assert!(!dir.path().join("d/f").exists());
+        assert!(dir.path().join("link").exists());
+    }
 }

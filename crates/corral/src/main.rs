@@ -4,6 +4,7 @@ mod bench;
 mod bench_sessions;
 mod image;
 mod run;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -26,6 +27,10 @@ enum Command {
     Image(image::ImageArgs),
     /// Show which protection layers this host can apply, and which not.
     Doctor,
+    /// Serve the HTTP API (native and E2B-compatible) until SIGTERM.
+    Serve(serve::ServeArgs),
+    /// Manage the API keys of `corral serve`.
+    Key(serve::KeyArgs),
     /// Measure the performance promises of docs/benchmarks.md against in-run baselines.
     Bench(bench::BenchArgs),
 }
@@ -36,15 +41,21 @@ fn main() {
         Command::Run(args) => run::main(*args),
         Command::Image(args) => image::main(args),
         Command::Doctor => doctor(),
-        Command::Bench(args) => match bench::main(args) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("corral bench: {e:#}");
-                1
-            }
-        },
+        Command::Serve(args) => report_error("corral serve", serve::serve(args)),
+        Command::Key(args) => report_error("corral key", serve::key(args)),
+        Command::Bench(args) => report_error("corral bench", bench::main(args)),
     };
     std::process::exit(code);
+}
+
+fn report_error(what: &str, result: anyhow::Result<()>) -> i32 {
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("{what}: {e:#}");
+            1
+        }
+    }
 }
 
 fn doctor() -> i32 {

@@ -1,0 +1,295 @@
+//! The server's SQLite database: API keys (stored hashed), the sessions that exist, and the
+//! audit log of executions.
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rand::RngCore as _;
+use rusqlite::{params, Connection, OptionalExtension};
+use sha2::{Digest, Sha256};
+
+#[derive(Debug, thiserror::Error)]
+#[error("database: {0}")]
+pub struct DbError(#[from] rusqlite::Error);
+
+/// A key as `corral key ls` shows it (never the secret).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyInfo {
+    pub id: String,
+    pub name: String,
+    pub created_at: i64,
+    pub revoked: bool,
+}
+
+/// One audit-log line.
+#[derive(Debug, Clone)]
+pub struct AuditEntry<'a> {
+    pub key_id: &'a str,
+    pub session_id: Option<&'a str>,
+    /// `run`, `execute` or `command`.
+    pub kind: &'a str,
+    pub code: &'a str,
+    pub status: &'a str,
+    pub execution_time_ms: u64,
+    pub cpu_time_ms: u64,
+    pub peak_memory_bytes: u64,
+}
+
+pub struct Db {
+    conn: Mutex<Connection>,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS keys (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    hash TEXT NOT NULL UNIQUE,
+    created_at INTEGER NOT NULL,
+    revoked_at INTEGER
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    key_id TEXT NOT NULL,
+    image TEXT NOT NULL,
+    language TEXT NOT NULL,
+    server_pid INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    ended_at INTEGER,
+    end_reason TEXT
+);
+CREATE TABLE IF NOT EXISTS executions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    key_id TEXT NOT NULL,
+    session_id TEXT,
+    kind TEXT NOT NULL,
+    at INTEGER NOT NULL,
+    code_sha256 TEXT NOT NULL,
+    status TEXT NOT NULL,
+    execution_time_ms INTEGER NOT NULL,
+    cpu_time_ms INTEGER NOT NULL,
+    peak_memory_bytes INTEGER NOT NULL
+);
+";
+
+fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+pub fn hash_key(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+impl Db {
+    /// Opens (creating) the database at `path`; the file is readable by its owner only.
+    pub fn open(path: &Path) -> Result<Db, DbError> {
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let conn = Connection::open(path)?;
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+        }
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.execute_batch(SCHEMA)?;
+        Ok(Db {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes a key; returns its id and the secret, which is shown once and stored only hashed.
+    pub fn create_key(&self, name: &str) -> Result<(String, String), DbError> {
+        let mut bytes = [0u8; 24];
+        rand::rng().fill_bytes(&mut bytes);
+        let secret = format!("crl_{}", hex::encode(bytes));
+        let mut id_bytes = [0u8; 6];
+        rand::rng().fill_bytes(&mut id_bytes);
+        let id = format!("key-{}", hex::encode(id_bytes));
+        self.conn().execute(
+            "INSERT INTO keys (id, name, hash, created_at) VALUES (?1, ?2, ?3, ?4)",
+            params![id, name, hash_key(&secret), now()],
+        )?;
+        Ok((id, secret))
+    }
+
+    pub fn list_keys(&self) -> Result<Vec<KeyInfo>, DbError> {
+        let conn = self.conn();
+        let mut stmt =
+            conn.prepare("SELECT id, name, created_at, revoked_at FROM keys ORDER BY created_at")?;
+        let rows = stmt.query_map([], |r| {
+            Ok(KeyInfo {
+                id: r.get(0)?,
+                name: r.get(1)?,
+                created_at: r.get(2)?,
+                revoked: r.get::<_, Option<i64>>(3)?.is_some(),
+            })
+        })?;
+        rows.collect::<Result<_, _>>().map_err(DbError)
+    }
+
+    /// Revokes key `id`; false when there is no such live key.
+    pub fn revoke_key(&self, id: &str) -> Result<bool, DbError> {
+        let n = self.conn().execute(
+            "UPDATE keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
+            params![id, now()],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// The id of the live key whose secret is `secret`.
+    pub fn verify_key(&self, secret: &str) -> Result<Option<String>, DbError> {
+        self.conn()
+            .query_row(
+                "SELECT id FROM keys WHERE hash = ?1 AND revoked_at IS NULL",
+                params![hash_key(secret)],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(DbError)
+    }
+
+    pub fn session_started(
+        &self,
+        id: &str,
+        key_id: &str,
+        image: &str,
+        language: &str,
+    ) -> Result<(), DbError> {
+        self.conn().execute(
+            "INSERT INTO sessions (id, key_id, image, language, server_pid, created_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![id, key_id, image, language, std::process::id(), now()],
+        )?;
+        Ok(())
+    }
+
+    pub fn session_ended(&self, id: &str, reason: &str) -> Result<(), DbError> {
+        self.conn().execute(
+            "UPDATE sessions SET ended_at = ?2, end_reason = ?3 WHERE id = ?1 AND ended_at IS NULL",
+            params![id, now(), reason],
+        )?;
+        Ok(())
+    }
+
+    /// Marks dead every session a previous server process left open (it was killed before it
+    /// could tear them down); returns their ids.
+    pub fn end_orphaned_sessions(&self) -> Result<Vec<String>, DbError> {
+        let conn = self.conn();
+        let ids: Vec<String> = {
+            let mut stmt = conn
+                .prepare("SELECT id FROM sessions WHERE ended_at IS NULL AND server_pid != ?1")?;
+            let rows = stmt.query_map(params![std::process::id()], |r| r.get(0))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        conn.execute(
+            "UPDATE sessions SET ended_at = ?2, end_reason = 'orphaned: the server stopped \
+             without tearing it down' WHERE ended_at IS NULL AND server_pid != ?1",
+            params![std::process::id(), now()],
+        )?;
+        Ok(ids)
+    }
+
+    /// The end reason of session `id` (None while it is open or unknown).
+    pub fn session_end_reason(&self, id: &str) -> Result<Option<String>, DbError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT end_reason FROM sessions WHERE id = ?1",
+                params![id],
+                |r| r.get::<_, Option<String>>(0),
+            )
+            .optional()?
+            .flatten())
+    }
+
+    pub fn audit(&self, e: &AuditEntry<'_>) -> Result<(), DbError> {
+        self.conn().execute(
+            "INSERT INTO executions (key_id, session_id, kind, at, code_sha256, status, \
+             execution_time_ms, cpu_time_ms, peak_memory_bytes) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            params![
+                e.key_id,
+                e.session_id,
+                e.kind,
+                now(),
+                hex::encode(Sha256::digest(e.code.as_bytes())),
+                e.status,
+                e.execution_time_ms as i64,
+                e.cpu_time_ms as i64,
+                e.peak_memory_bytes as i64
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// How many audit-log lines there are for `session_id` (for tests and inspection).
+    pub fn audit_count(&self, session_id: &str) -> Result<u64, DbError> {
+        self.conn()
+            .query_row(
+                "SELECT COUNT(*) FROM executions WHERE session_id = ?1",
+                params![session_id],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+            .map_err(DbError)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_stored_hashed_verified_and_revoked() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("c.db")).unwrap();
+        let (id, secret) = db.create_key("ci").unwrap();
+        assert_eq!(
+            db.verify_key(&secret).unwrap().as_deref(),
+            Some(id.as_str())
+        );
+        assert_eq!(db.verify_key("crl_wrong").unwrap(), None);
+        let raw = std::fs::read(dir.path().join("c.db")).unwrap();
+        let wal = std::fs::read(dir.path().join("c.db-wal")).unwrap_or_default();
+        let needle = secret.as_bytes();
+        for bytes in [&raw, &wal] {
+            assert!(!bytes.windows(needle.len()).any(|w| w == needle));
+        }
+        assert!(db.revoke_key(&id).unwrap());
+        assert!(!db.revoke_key(&id).unwrap());
+        assert_eq!(db.verify_key(&secret).unwrap(), None);
+        assert!(db.list_keys().unwrap()[0].revoked);
+    }
+
+    #[test]
+    fn sessions_of_another_server_process_are_ended_as_orphans() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("c.db")).unwrap();
+        db.session_started("mine", "k", "default", "python")
+            .unwrap();
+        db.conn()
+            .execute(
+                "INSERT INTO sessions (id, key_id, image, language, server_pid, created_at) \
+                 VALUES ('old', 'k', 'default', 'python', 1, 0)",
+                [],
+            )
+            .unwrap();
+        assert_eq!(db.end_orphaned_sessions().unwrap(), ["old"]);
+        assert!(db
+            .session_end_reason("old")
+            .unwrap()
+            .unwrap()
+            .starts_with("orphaned"));
+        assert_eq!(db.session_end_reason("mine").unwrap(), None);
+    }
+}

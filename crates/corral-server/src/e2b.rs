@@ -1,0 +1,1245 @@
+//! The E2B-compatible face (DESIGN §6): enough of E2B's control plane and of its in-sandbox
+//! daemons (envd and the Jupyter server) for the unmodified `e2b` / `e2b-code-interpreter`
+//! SDKs, pointed here with `E2B_API_URL` and `E2B_SANDBOX_URL`. Every request is served by
+//! [`Service`](crate::service::Service), as the native API is.
+//!
+//! - Control plane, authenticated by `X-API-KEY`: `POST /v2/sandboxes`,
+//!   `POST /v2/sandboxes/{id}/connect`, `GET /sandboxes/{id}`, `DELETE /sandboxes/{id}`.
+//!   Errors are `{"code": <status>, "message": "..."}`, the shape the SDK parses.
+//! - Sandbox plane, selected by the `E2b-Sandbox-Id` header and authenticated by the
+//!   per-sandbox `X-Access-Token` handed out at creation: `POST /execute` (NDJSON),
+//!   `POST/GET /files`, `GET /health` and the Connect RPC `POST /process.Process/Start`.
+//!   A sandbox that is unknown or gone answers 502 "The sandbox … was not found", as E2B's
+//!   edge proxy does; the SDK reads that as "not running".
+//!
+//! E2B paths are mapped onto the session's workspace: relative paths and paths under
+//! `/home/user` (E2B's home) or `/workspace` name workspace files; other absolute paths are
+//! refused. Code contexts (`/contexts`), per-execution `env_vars` and PTYs are not supported.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use axum::body::{Body, Bytes};
+use axum::extract::multipart::MultipartRejection;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Multipart, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use base64::Engine as _;
+use corral_kernel::Event;
+use corral_sandbox::{ExecutionResult, Limits, Status};
+use futures_util::StreamExt as _;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::Config;
+use crate::connect::{self, Decoder, FLAG_END_STREAM};
+use crate::error::ApiError;
+use crate::http::{authenticate, blocking, presented_key, AppState};
+use crate::service::{CommandRequest, CreateSandboxRequest, ExecuteRequest, ServiceError, Tenant};
+
+/// What `clientID` says in sandbox descriptions.
+const CLIENT_ID: &str = "corral";
+/// In `[0.4.0, 0.5.7)`: the SDK sends no user header and uploads files only as multipart.
+const ENVD_VERSION: &str = "0.4.0";
+/// The template a create request without `templateID` gets.
+const DEFAULT_TEMPLATE: &str = "code-interpreter-v1";
+/// E2B's own template names, served by Corral's default image; other names are image names.
+const DEFAULT_IMAGE_TEMPLATES: &[&str] = &["code-interpreter-v1", "code-interpreter", "base"];
+/// E2B's home directory, and Corral's workspace that stands for it.
+const E2B_HOME: &str = "/home/user";
+const WORKSPACE: &str = "/workspace";
+const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
+const ACCESS_TOKEN_HEADER: &str = "x-access-token";
+const CONNECT_JSON: &str = "application/connect+json";
+/// Frames buffered per stream: a client that reads slowly holds at most this many.
+const STREAM_BUFFER: usize = 64;
+/// A client that reads nothing for this long is treated as gone.
+const SLOW_CLIENT_LIMIT: Duration = Duration::from_secs(30);
+/// Pids shown to the SDK (`start{pid}`) are counted from here; nothing else uses them.
+const FIRST_PID: u32 = 1000;
+
+/// An error in E2B's shape: `{"code": <HTTP status>, "message": "..."}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct E2bError {
+    status: StatusCode,
+    message: String,
+    retry_after_s: Option<u64>,
+}
+
+impl E2bError {
+    fn new(status: StatusCode, message: impl Into<String>) -> E2bError {
+        E2bError {
+            status,
+            message: message.into(),
+            retry_after_s: None,
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> E2bError {
+        E2bError::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// A sandbox that is unknown, killed or expired, as E2B's edge proxy says it.
+    fn not_running(id: &str) -> E2bError {
+        E2bError::new(
+            StatusCode::BAD_GATEWAY,
+            format!("The sandbox {id} was not found"),
+        )
+    }
+}
+
+impl From<ApiError> for E2bError {
+    fn from(e: ApiError) -> E2bError {
+        E2bError {
+            status: e.status,
+            message: e.message,
+            retry_after_s: e.retry_after_s,
+        }
+    }
+}
+
+impl From<ServiceError> for E2bError {
+    fn from(e: ServiceError) -> E2bError {
+        ApiError::from(e).into()
+    }
+}
+
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        let body = json!({"code": self.status.as_u16(), "message": self.message});
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(s) = self.retry_after_s {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        response
+    }
+}
+
+/// A sandbox made through this face: who owns it, the token of its sandbox plane, and the
+/// template it was asked for.
+struct Registered {
+    tenant: Tenant,
+    token: String,
+    template: String,
+}
+
+/// The sandboxes of the E2B face, by id. A sandbox closed elsewhere (native API, idle
+/// expiry) is forgotten when next seen gone, and on every creation.
+#[derive(Default)]
+struct Registry {
+    sandboxes: Mutex<HashMap<String, Registered>>,
+    next_pid: AtomicU32,
+}
+
+impl Registry {
+    fn register(&self, id: &str, tenant: Tenant, template: String) -> String {
+        let token = hex::encode(rand::random::<[u8; 32]>());
+        let entry = Registered {
+            tenant,
+            token: token.clone(),
+            template,
+        };
+        self.sandboxes
+            .lock()
+            .expect("lock")
+            .insert(id.to_string(), entry);
+        token
+    }
+
+    fn forget(&self, id: &str) {
+        self.sandboxes.lock().expect("lock").remove(id);
+    }
+
+    /// Forgets every sandbox for which `alive(tenant, id)` is false.
+    fn prune(&self, alive: impl Fn(&Tenant, &str) -> bool) {
+        self.sandboxes
+            .lock()
+            .expect("lock")
+            .retain(|id, e| alive(&e.tenant, id));
+    }
+
+    /// The token and template of `tenant`'s sandbox `id`, if this face made it.
+    fn lookup(&self, tenant: &Tenant, id: &str) -> Option<(String, String)> {
+        self.sandboxes
+            .lock()
+            .expect("lock")
+            .get(id)
+            .filter(|e| &e.tenant == tenant)
+            .map(|e| (e.token.clone(), e.template.clone()))
+    }
+
+    /// The owner of the sandbox a sandbox-plane request names, if its token is right.
+    fn authorize(&self, headers: &HeaderMap) -> Result<(String, Tenant), E2bError> {
+        let id = headers
+            .get(SANDBOX_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| {
+                E2bError::new(
+                    StatusCode::NOT_FOUND,
+                    "this route belongs to the E2B sandbox plane: send an E2b-Sandbox-Id header",
+                )
+            })?;
+        let sandboxes = self.sandboxes.lock().expect("lock");
+        let entry = sandboxes.get(id).ok_or_else(|| E2bError::not_running(id))?;
+        let presented = headers
+            .get(ACCESS_TOKEN_HEADER)
+            .map_or(&b""[..], HeaderValue::as_bytes);
+        if !tokens_match(entry.token.as_bytes(), presented) {
+            return Err(E2bError::new(
+                StatusCode::UNAUTHORIZED,
+                "missing or wrong X-Access-Token for this sandbox",
+            ));
+        }
+        Ok((id.to_string(), entry.tenant.clone()))
+    }
+
+    fn next_pid(&self) -> u32 {
+        FIRST_PID.wrapping_add(self.next_pid.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// Compares a secret without stopping at the first difference.
+fn tokens_match(expected: &[u8], presented: &[u8]) -> bool {
+    expected.len() == presented.len()
+        && expected
+            .iter()
+            .zip(presented)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+/// The E2B routes, merged into the application by [`crate::http::router`].
+pub fn router(config: &Config) -> Router<AppState> {
+    let uploads = Router::new()
+        .route("/files", get(read_file).post(write_files))
+        .layer(DefaultBodyLimit::max(config.max_body_bytes));
+    Router::new()
+        .route("/v2/sandboxes", post(create_sandbox))
+        .route("/v2/sandboxes/{id}/connect", post(connect_sandbox))
+        .route("/sandboxes/{id}", get(sandbox_info).delete(kill_sandbox))
+        .route("/execute", post(execute))
+        .route("/health", get(health))
+        .route("/process.Process/Start", post(process_start))
+        .layer(DefaultBodyLimit::max(config.max_json_bytes))
+        .merge(uploads)
+        .layer(Extension(Arc::new(Registry::default())))
+}
+
+// ---------------------------------------------------------------------------------------
+// Control plane
+
+/// The part of E2B's `NewSandbox` Corral uses; other keys are ignored.
+#[derive(Debug, Default, Deserialize)]
+struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: Option<String>,
+    #[serde(rename = "envVars")]
+    env_vars: Option<BTreeMap<String, String>>,
+    /// Seconds; Corral's idle timeout.
+    timeout: Option<u64>,
+}
+
+/// Corral's image for an E2B template: E2B's own names mean the default image.
+fn image_of_template(template: &str) -> Option<String> {
+    (!DEFAULT_IMAGE_TEMPLATES.contains(&template)).then(|| template.to_string())
+}
+
+fn sandbox_json(id: &str, template: &str, token: &str) -> Value {
+    json!({
+        "templateID": template,
+        "sandboxID": id,
+        "clientID": CLIENT_ID,
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": token,
+    })
+}
+
+async fn tenant_of(state: &AppState, headers: &HeaderMap) -> Result<Tenant, E2bError> {
+    Ok(authenticate(state, presented_key(headers)).await?)
+}
+
+async fn create_sandbox(
+    State(state): State<AppState>,
+    Extension(registry): Extension<Arc<Registry>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<Value>), E2bError> {
+    let tenant = tenant_of(&state, &headers).await?;
+    let req: NewSandbox = if body.iter().all(u8::is_ascii_whitespace) {
+        NewSandbox::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| E2bError::bad_request(format!("invalid JSON body: {e}")))?
+    };
+    let max_timeout = state.service.config().max_idle_timeout_s;
+    if let Some(t) = req.timeout.filter(|t| !(1..=max_timeout).contains(t)) {
+        return Err(E2bError::bad_request(format!(
+            "timeout {t}: it must be between 1 and {max_timeout} seconds"
+        )));
+    }
+    let template = req
+        .template_id
+        .unwrap_or_else(|| DEFAULT_TEMPLATE.to_string());
+    let create = CreateSandboxRequest {
+        image: image_of_template(&template),
+        language: None,
+        limits: None,
+        env: req.env_vars,
+        idle_timeout_s: req.timeout,
+    };
+    let (service, owner) = (state.service.clone(), tenant.clone());
+    let info = blocking(move || service.create_session(&owner, &create)).await?;
+    let service = state.service.clone();
+    registry.prune(|tenant, id| service.get(tenant, id).is_ok());
+    let token = registry.register(&info.id, tenant, template.clone());
+    Ok((
+        StatusCode::CREATED,
+        Json(sandbox_json(&info.id, &template, &token)),
+    ))
+}
+
+/// `Sandbox.connect(id)`: the same description as at creation. A session made through the
+/// native API gets a token here.
+async fn connect_sandbox(
+    State(state): State<AppState>,
+    Extension(registry): Extension<Arc<Registry>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, E2bError> {
+    let tenant = tenant_of(&state, &headers).await?;
+    let info = state.service.get(&tenant, &id)?;
+    let (token, template) = match registry.lookup(&tenant, &id) {
+        Some(known) => known,
+        None => (
+            registry.register(&id, tenant, info.image.clone()),
+            info.image,
+        ),
+    };
+    Ok(Json(sandbox_json(&id, &template, &token)))
+}
+
+/// `Sandbox.get_info(id)`: E2B's `SandboxDetail`. Sessions of this face run with the default
+/// limits, which the sizes report.
+async fn sandbox_info(
+    State(state): State<AppState>,
+    Extension(registry): Extension<Arc<Registry>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, E2bError> {
+    let tenant = tenant_of(&state, &headers).await?;
+    let info = state.service.get(&tenant, &id)?;
+    let limits = Limits::default();
+    let mut detail = json!({
+        "templateID": info.image,
+        "sandboxID": id,
+        "clientID": CLIENT_ID,
+        "envdVersion": ENVD_VERSION,
+        "startedAt": info.created_at,
+        "endAt": info.expires_at,
+        "cpuCount": limits.cpus.ceil() as u64,
+        "memoryMB": limits.memory_bytes >> 20,
+        "diskSizeMB": limits.disk_bytes >> 20,
+        "state": "running",
+        "metadata": {},
+    });
+    if let Some((token, template)) = registry.lookup(&tenant, &id) {
+        detail["templateID"] = json!(template);
+        detail["envdAccessToken"] = json!(token);
+    }
+    Ok(Json(detail))
+}
+
+async fn kill_sandbox(
+    State(state): State<AppState>,
+    Extension(registry): Extension<Arc<Registry>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<StatusCode, E2bError> {
+    let tenant = tenant_of(&state, &headers).await?;
+    let service = state.service.clone();
+    let (owner, sandbox) = (tenant.clone(), id.clone());
+    let killed = blocking(move || service.kill(&owner, &sandbox)).await;
+    if registry.lookup(&tenant, &id).is_some() {
+        registry.forget(&id);
+    }
+    killed?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+// ---------------------------------------------------------------------------------------
+// Sandbox plane
+
+/// A sandbox-plane request's sandbox: named by `E2b-Sandbox-Id`, with the right
+/// `X-Access-Token`, and still alive.
+struct PlaneSandbox {
+    id: String,
+    tenant: Tenant,
+}
+
+impl FromRequestParts<AppState> for PlaneSandbox {
+    type Rejection = E2bError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, E2bError> {
+        let registry = parts
+            .extensions
+            .get::<Arc<Registry>>()
+            .cloned()
+            .ok_or_else(|| ApiError::internal("the E2B registry is missing"))?;
+        let (id, tenant) = registry.authorize(&parts.headers)?;
+        match state.service.get(&tenant, &id) {
+            Ok(_) => Ok(PlaneSandbox { id, tenant }),
+            Err(ServiceError::NotFound(_)) => {
+                registry.forget(&id);
+                Err(E2bError::not_running(&id))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// envd's health check: 204 for a live sandbox; without `E2b-Sandbox-Id`, 204 for Corral.
+async fn health(
+    headers: HeaderMap,
+    sandbox: Result<PlaneSandbox, E2bError>,
+) -> Result<StatusCode, E2bError> {
+    if headers.contains_key(SANDBOX_ID_HEADER) {
+        sandbox?;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The workspace path of an E2B path: relative paths and paths below `/home/user` or
+/// `/workspace` are workspace paths; the workspace's own checks (no `..`, no links) follow.
+fn workspace_path(path: &str) -> Result<String, E2bError> {
+    for root in [E2B_HOME, WORKSPACE] {
+        if let Some(rest) = path.strip_prefix(root) {
+            if rest.is_empty() {
+                return Ok(String::new());
+            }
+            if let Some(rest) = rest.strip_prefix('/') {
+                return Ok(rest.to_string());
+            }
+        }
+    }
+    if path.starts_with('/') {
+        return Err(E2bError::bad_request(format!(
+            "{path}: only paths in the workspace ({E2B_HOME} or {WORKSPACE}, or relative) are reachable"
+        )));
+    }
+    Ok(path.to_string())
+}
+
+/// A working directory inside the sandbox: E2B's home and relative paths are mapped onto the
+/// workspace, other absolute paths are kept.
+fn sandbox_cwd(cwd: &str) -> String {
+    if cwd.starts_with('/') {
+        match cwd.strip_prefix(E2B_HOME) {
+            Some(rest) if rest.is_empty() || rest.starts_with('/') => format!("{WORKSPACE}{rest}"),
+            _ => cwd.to_string(),
+        }
+    } else {
+        format!("{WORKSPACE}/{cwd}")
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct FileQuery {
+    path: Option<String>,
+}
+
+fn file_query(
+    query: Result<Query<FileQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<FileQuery, E2bError> {
+    query
+        .map(|Query(q)| q)
+        .map_err(|e| E2bError::bad_request(e.body_text()))
+}
+
+/// `files.read`: the raw bytes of a workspace file.
+async fn read_file(
+    State(state): State<AppState>,
+    sandbox: PlaneSandbox,
+    query: Result<Query<FileQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, E2bError> {
+    let path = file_query(query)?
+        .path
+        .ok_or_else(|| E2bError::bad_request("the path query parameter is required"))?;
+    let rel = workspace_path(&path)?;
+    let service = state.service.clone();
+    let file = blocking(move || service.open_file(&sandbox.tenant, &sandbox.id, &rel)).await?;
+    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+fn multipart_error(status: StatusCode, text: String) -> E2bError {
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        E2bError::new(status, "the upload is over the size limit")
+    } else {
+        E2bError::bad_request(format!("reading the multipart body: {text}"))
+    }
+}
+
+/// `files.write`: every multipart `file` part is written to the workspace, at the `path`
+/// query parameter when there is one, else at the part's file name.
+async fn write_files(
+    State(state): State<AppState>,
+    sandbox: PlaneSandbox,
+    query: Result<Query<FileQuery>, axum::extract::rejection::QueryRejection>,
+    multipart: Result<Multipart, MultipartRejection>,
+) -> Result<Json<Vec<Value>>, E2bError> {
+    let query = file_query(query)?;
+    let mut multipart = multipart.map_err(|e| multipart_error(e.status(), e.body_text()))?;
+    let mut written = Vec::new();
+    while let Some(field) = multipart
+        .next_field()
+        .await
+        .map_err(|e| multipart_error(e.status(), e.body_text()))?
+    {
+        if field.name() != Some("file") {
+            continue;
+        }
+        let path = query
+            .path
+            .clone()
+            .or_else(|| field.file_name().map(str::to_string))
+            .ok_or_else(|| E2bError::bad_request("a file part without a path or file name"))?;
+        let rel = workspace_path(&path)?;
+        let data = field
+            .bytes()
+            .await
+            .map_err(|e| multipart_error(e.status(), e.body_text()))?;
+        let service = state.service.clone();
+        let (tenant, id) = (sandbox.tenant.clone(), sandbox.id.clone());
+        let entry =
+            blocking(move || service.write_file(&tenant, &id, &rel, &mut data.as_ref())).await?;
+        let name = entry
+            .path
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        written.push(json!({
+            "name": name,
+            "type": "file",
+            "path": format!("{WORKSPACE}/{}", entry.path),
+        }));
+    }
+    if written.is_empty() {
+        return Err(E2bError::bad_request("no multipart part named `file`"));
+    }
+    Ok(Json(written))
+}
+
+/// Runs blocking `work` that emits frames and streams them as the response body; when the
+/// client goes away, `on_gone` runs (it interrupts the work).
+fn stream_frames(
+    content_type: &'static str,
+    work: impl FnOnce(&mut dyn FnMut(Bytes)) + Send + 'static,
+    on_gone: impl FnOnce() + Send + 'static,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<Bytes>(STREAM_BUFFER);
+    let (done_tx, done_rx) = oneshot::channel::<()>();
+    let watcher = tx.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = watcher.closed() => {
+                let _ = tokio::task::spawn_blocking(on_gone).await;
+            }
+            _ = done_rx => {}
+        }
+    });
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let mut open = true;
+        work(&mut |frame| {
+            if open {
+                let sent =
+                    runtime.block_on(tokio::time::timeout(SLOW_CLIENT_LIMIT, tx.send(frame)));
+                open = matches!(sent, Ok(Ok(())));
+            }
+        });
+        drop(tx);
+        let _ = done_tx.send(());
+    });
+    let body =
+        Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, Infallible>));
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+fn json_line(value: &Value) -> Bytes {
+    let mut line = serde_json::to_vec(value).expect("JSON values serialize");
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+fn timestamp() -> String {
+    humantime::format_rfc3339_micros(SystemTime::now()).to_string()
+}
+
+/// The E2B line of an execution event; `End` has none (the stream ends with
+/// `number_of_executions` and `end_of_execution`).
+fn execution_line(event: &Event) -> Option<Value> {
+    Some(match event {
+        Event::Stdout { text } => json!({"type": "stdout", "text": text, "timestamp": timestamp()}),
+        Event::Stderr { text } => json!({"type": "stderr", "text": text, "timestamp": timestamp()}),
+        Event::Result(result) => {
+            let mut line = serde_json::to_value(result).expect("results serialize");
+            line["type"] = json!("result");
+            // E2B's Jupyter server shows a string value without its quotes ('abc' → abc).
+            if let Some(text) = result.text.as_deref() {
+                if let Some(unquoted) = text.strip_prefix('\'').and_then(|t| t.strip_suffix('\'')) {
+                    line["text"] = json!(unquoted);
+                }
+            }
+            line
+        }
+        Event::Error(e) => json!({
+            "type": "error", "name": e.name, "value": e.value, "traceback": e.traceback,
+        }),
+        Event::End { .. } => return None,
+    })
+}
+
+/// An `error` line for an execution that failed without a language error (timeout, memory
+/// limit, a dead kernel), so that the SDK's `execution.error` says what happened.
+fn status_error_line(result: &ExecutionResult) -> Option<Value> {
+    let name = match result.status {
+        Status::Success => return None,
+        Status::Error => "ExecutionError",
+        Status::Timeout => "TimeoutError",
+        Status::MemoryLimit => "MemoryLimitError",
+        Status::SandboxError => "SandboxError",
+    };
+    let value = result
+        .error_message
+        .clone()
+        .unwrap_or_else(|| format!("the execution ended with status {name}"));
+    Some(json!({"type": "error", "name": name, "value": value, "traceback": ""}))
+}
+
+/// `run_code`'s request; `context_id` and `env_vars` must be empty (no code contexts here).
+#[derive(Debug, Deserialize)]
+struct RunCode {
+    code: String,
+    context_id: Option<String>,
+    language: Option<String>,
+    env_vars: Option<BTreeMap<String, String>>,
+}
+
+/// `run_code`: NDJSON lines in the Jupyter server's format, one object per line.
+async fn execute(
+    State(state): State<AppState>,
+    sandbox: PlaneSandbox,
+    body: Bytes,
+) -> Result<Response, E2bError> {
+    let req: RunCode = serde_json::from_slice(&body)
+        .map_err(|e| E2bError::bad_request(format!("invalid JSON body: {e}")))?;
+    if req.context_id.is_some() {
+        return Err(E2bError::bad_request(
+            "code contexts are not supported: run code in the sandbox's default context",
+        ));
+    }
+    if req.env_vars.as_ref().is_some_and(|e| !e.is_empty()) {
+        return Err(E2bError::bad_request(
+            "per-execution env_vars are not supported: pass envs to Sandbox.create()",
+        ));
+    }
+    let PlaneSandbox { id, tenant } = sandbox;
+    {
+        let (service, tenant, id) = (state.service.clone(), tenant.clone(), id.clone());
+        blocking(move || service.check_session(&tenant, &id)).await?;
+    }
+    let run = ExecuteRequest {
+        code: req.code,
+        language: req.language,
+        timeout_s: None,
+    };
+    let service = state.service.clone();
+    let (gone_service, gone_tenant, gone_id) = (service.clone(), tenant.clone(), id.clone());
+    Ok(stream_frames(
+        "application/x-ndjson",
+        move |emit| {
+            let mut saw_error = false;
+            let outcome = service.execute(&tenant, &id, &run, &mut |event| {
+                if let Some(line) = execution_line(event) {
+                    saw_error |= matches!(event, Event::Error(_));
+                    emit(json_line(&line));
+                }
+            });
+            let failure = match outcome {
+                Ok(_) if saw_error => None,
+                Ok(result) => status_error_line(&result),
+                Err(e) => Some(json!({
+                    "type": "error", "name": "SandboxError", "value": e.to_string(), "traceback": "",
+                })),
+            };
+            if let Some(line) = failure {
+                emit(json_line(&line));
+            }
+            if let Ok(info) = service.get(&tenant, &id) {
+                emit(json_line(&json!({
+                    "type": "number_of_executions", "execution_count": info.executions,
+                })));
+            }
+            emit(json_line(&json!({"type": "end_of_execution"})));
+        },
+        move || {
+            let _ = gone_service.interrupt(&gone_tenant, &gone_id);
+        },
+    ))
+}
+
+/// A Connect error: `{"code": "<connect code>", "message": "..."}`.
+fn connect_error(code: &str, message: impl Into<String>) -> Value {
+    json!({"code": code, "message": message.into()})
+}
+
+fn connect_error_of(e: &ServiceError) -> Value {
+    let code = match e {
+        ServiceError::BadRequest(_)
+        | ServiceError::InvalidPath(_)
+        | ServiceError::UnknownImage(_)
+        | ServiceError::UnsupportedLanguage(_) => "invalid_argument",
+        ServiceError::NotFound(_) => "not_found",
+        ServiceError::SandboxDead(_) => "failed_precondition",
+        ServiceError::TooManySandboxes { .. } => "resource_exhausted",
+        ServiceError::Sandbox(_) => "internal",
+        ServiceError::ShuttingDown => "unavailable",
+    };
+    connect_error(code, e.to_string())
+}
+
+fn connect_message(value: &Value) -> Bytes {
+    connect::encode(
+        0,
+        &serde_json::to_vec(value).expect("JSON values serialize"),
+    )
+}
+
+fn connect_end_of_stream(error: Option<Value>) -> Bytes {
+    let trailer = match error {
+        Some(error) => json!({"error": error}),
+        None => json!({}),
+    };
+    connect::encode(
+        FLAG_END_STREAM,
+        &serde_json::to_vec(&trailer).expect("JSON values serialize"),
+    )
+}
+
+/// A Connect stream that fails before it starts: 200 with only the end-of-stream message.
+fn connect_failure(error: Value) -> Response {
+    (
+        [(header::CONTENT_TYPE, CONNECT_JSON)],
+        connect_end_of_stream(Some(error)),
+    )
+        .into_response()
+}
+
+fn signal_name(signal: i32) -> String {
+    nix::sys::signal::Signal::try_from(signal)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| signal.to_string())
+}
+
+/// The `end` event of a finished command, or the Connect error it ended with instead.
+fn process_end(result: &ExecutionResult) -> Result<Value, Value> {
+    let message = |fallback: &str| {
+        result
+            .error_message
+            .clone()
+            .unwrap_or_else(|| fallback.to_string())
+    };
+    match result.status {
+        Status::Timeout => {
+            return Err(connect_error(
+                "deadline_exceeded",
+                message("the command timed out"),
+            ))
+        }
+        Status::SandboxError => {
+            return Err(connect_error("internal", message("the sandbox failed")))
+        }
+        Status::Success | Status::Error | Status::MemoryLimit => {}
+    }
+    let (exit_code, exited, status) = match (result.exit_code, result.signal) {
+        (Some(code), _) => (code, true, format!("exit status {code}")),
+        (None, Some(signal)) => (-1, false, format!("signal: {}", signal_name(signal))),
+        (None, None) => (-1, false, "unknown".to_string()),
+    };
+    let mut end = json!({"exitCode": exit_code, "exited": exited, "status": status});
+    if result.status == Status::MemoryLimit {
+        end["error"] = json!(message("the memory limit was reached"));
+    } else if exit_code != 0 {
+        end["error"] = json!(status);
+    }
+    Ok(json!({"event": {"end": end}}))
+}
+
+/// `process.Process/Start`'s request, in protobuf-JSON (camelCase or snake_case names).
+#[derive(Debug, Deserialize)]
+struct StartRequest {
+    process: ProcessConfig,
+    pty: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ProcessConfig {
+    cmd: String,
+    args: Option<Vec<String>>,
+    envs: Option<BTreeMap<String, String>>,
+    cwd: Option<String>,
+}
+
+/// The command timeout a Connect client asks for (`connect-timeout-ms`), in seconds.
+fn connect_timeout_s(headers: &HeaderMap) -> Option<f64> {
+    let ms: u64 = headers
+        .get("connect-timeout-ms")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    (ms > 0).then(|| (ms as f64 / 1000.0).min(24.0 * 3600.0))
+}
+
+/// Reads the one request message of a server-streaming call, from a body of any chunking.
+async fn read_request_message(body: Body, max_len: usize) -> Result<Vec<u8>, Value> {
+    let invalid = |m: String| connect_error("invalid_argument", m);
+    let mut decoder = Decoder::new(max_len);
+    let mut messages = Vec::new();
+    let mut chunks = body.into_data_stream();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|e| invalid(format!("reading the request body: {e}")))?;
+        decoder
+            .push(&chunk, &mut messages)
+            .map_err(|e| invalid(e.to_string()))?;
+        if messages.len() > 1 {
+            return Err(invalid("a server-streaming call takes one message".into()));
+        }
+    }
+    decoder.finish().map_err(|e| invalid(e.to_string()))?;
+    match messages.pop() {
+        Some(m) if m.flags == 0 => Ok(m.payload),
+        Some(_) => Err(invalid("the request message has unexpected flags".into())),
+        None => Err(invalid("the request has no message".into())),
+    }
+}
+
+/// `commands.run`: the Connect server-streaming RPC, JSON codec. Envelopes: `start`, `data`
+/// per output chunk, `end`, then the end-of-stream message.
+async fn process_start(
+    State(state): State<AppState>,
+    Extension(registry): Extension<Arc<Registry>>,
+    sandbox: PlaneSandbox,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, E2bError> {
+    let payload = match read_request_message(body, state.service.config().max_json_bytes).await {
+        Ok(payload) => payload,
+        Err(error) => return Ok(connect_failure(error)),
+    };
+    let start: StartRequest = match serde_json::from_slice(&payload) {
+        Ok(start) => start,
+        Err(e) => {
+            return Ok(connect_failure(connect_error(
+                "invalid_argument",
+                format!("invalid StartRequest: {e}"),
+            )))
+        }
+    };
+    if start.pty.as_ref().is_some_and(|p| !p.is_null()) {
+        return Ok(connect_failure(connect_error(
+            "unimplemented",
+            "PTYs are not supported",
+        )));
+    }
+    let process = start.process;
+    let command = CommandRequest {
+        cmd: process.cmd,
+        args: Some(process.args.unwrap_or_default()),
+        cwd: process.cwd.as_deref().map(sandbox_cwd),
+        env: process.envs.filter(|e| !e.is_empty()),
+        timeout_s: connect_timeout_s(&headers),
+    };
+    let PlaneSandbox { id, tenant } = sandbox;
+    {
+        let (service, tenant, id) = (state.service.clone(), tenant.clone(), id.clone());
+        blocking(move || service.check_session(&tenant, &id)).await?;
+    }
+    let pid = registry.next_pid();
+    let service = state.service.clone();
+    let (gone_service, gone_tenant, gone_id) = (service.clone(), tenant.clone(), id.clone());
+    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text.as_bytes());
+    Ok(stream_frames(
+        CONNECT_JSON,
+        move |emit| {
+            emit(connect_message(&json!({"event": {"start": {"pid": pid}}})));
+            let outcome = service.run_command(&tenant, &id, &command, &mut |event| {
+                let data = match event {
+                    Event::Stdout { text } => json!({"stdout": b64(text)}),
+                    Event::Stderr { text } => json!({"stderr": b64(text)}),
+                    _ => return,
+                };
+                emit(connect_message(&json!({"event": {"data": data}})));
+            });
+            let error = match outcome.as_ref().map(process_end) {
+                Ok(Ok(end)) => {
+                    emit(connect_message(&end));
+                    None
+                }
+                Ok(Err(error)) => Some(error),
+                Err(e) => Some(connect_error_of(e)),
+            };
+            emit(connect_end_of_stream(error));
+        },
+        move || {
+            let _ = gone_service.interrupt(&gone_tenant, &gone_id);
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e2b_paths_map_onto_the_workspace() {
+        assert_eq!(workspace_path("data.txt").unwrap(), "data.txt");
+        assert_eq!(workspace_path("sub/data.txt").unwrap(), "sub/data.txt");
+        assert_eq!(workspace_path("/home/user/data.txt").unwrap(), "data.txt");
+        assert_eq!(workspace_path("/home/user/a/b.csv").unwrap(), "a/b.csv");
+        assert_eq!(workspace_path("/workspace/out.png").unwrap(), "out.png");
+        assert_eq!(workspace_path("/workspace").unwrap(), "");
+        // `..` stays in the path for the workspace's own checks to refuse.
+        assert_eq!(workspace_path("../etc/passwd").unwrap(), "../etc/passwd");
+        for outside in [
+            "/etc/passwd",
+            "/home/username/x",
+            "/workspaces/x",
+            "/",
+            "/tmp/x",
+        ] {
+            let err = workspace_path(outside).unwrap_err();
+            assert_eq!(err.status, StatusCode::BAD_REQUEST, "{outside}");
+        }
+    }
+
+    #[test]
+    fn working_directories_map_onto_the_workspace() {
+        assert_eq!(sandbox_cwd("/home/user"), "/workspace");
+        assert_eq!(sandbox_cwd("/home/user/proj"), "/workspace/proj");
+        assert_eq!(sandbox_cwd("proj"), "/workspace/proj");
+        assert_eq!(sandbox_cwd("/tmp"), "/tmp");
+        assert_eq!(sandbox_cwd("/home/username"), "/home/username");
+    }
+
+    #[test]
+    fn templates_of_e2b_mean_the_default_image() {
+        assert_eq!(image_of_template("code-interpreter-v1"), None);
+        assert_eq!(image_of_template("base"), None);
+        assert_eq!(image_of_template("default"), Some("default".into()));
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(tokens_match(b"secret", b"secret"));
+        assert!(!tokens_match(b"secret", b"secreT"));
+        assert!(!tokens_match(b"secret", b"secre"));
+        assert!(!tokens_match(b"secret", b""));
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn the_sandbox_plane_needs_a_known_sandbox_and_its_token() {
+        let registry = Registry::default();
+        let token = registry.register("sbx-1", Tenant("k1".into()), "base".into());
+        assert_eq!(token.len(), 64);
+        assert_ne!(
+            token,
+            registry.register("sbx-2", Tenant("k1".into()), "base".into())
+        );
+
+        let ok = registry
+            .authorize(&headers(&[
+                ("e2b-sandbox-id", "sbx-1"),
+                ("x-access-token", &token),
+            ]))
+            .unwrap();
+        assert_eq!(ok, ("sbx-1".to_string(), Tenant("k1".into())));
+
+        let wrong = registry
+            .authorize(&headers(&[
+                ("e2b-sandbox-id", "sbx-1"),
+                ("x-access-token", "nope"),
+            ]))
+            .unwrap_err();
+        assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+        let missing = registry
+            .authorize(&headers(&[("e2b-sandbox-id", "sbx-1")]))
+            .unwrap_err();
+        assert_eq!(missing.status, StatusCode::UNAUTHORIZED);
+
+        let unknown = registry
+            .authorize(&headers(&[
+                ("e2b-sandbox-id", "sbx-9"),
+                ("x-access-token", &token),
+            ]))
+            .unwrap_err();
+        assert_eq!(unknown, E2bError::not_running("sbx-9"));
+        assert_eq!(unknown.status, StatusCode::BAD_GATEWAY);
+        assert!(unknown.message.contains("was not found"));
+
+        let no_header = registry.authorize(&headers(&[])).unwrap_err();
+        assert_eq!(no_header.status, StatusCode::NOT_FOUND);
+
+        registry.forget("sbx-1");
+        let forgotten = registry
+            .authorize(&headers(&[
+                ("e2b-sandbox-id", "sbx-1"),
+                ("x-access-token", &token),
+            ]))
+            .unwrap_err();
+        assert_eq!(forgotten.status, StatusCode::BAD_GATEWAY);
+
+        registry.prune(|_, id| id != "sbx-2");
+        assert!(registry.lookup(&Tenant("k1".into()), "sbx-2").is_none());
+    }
+
+    #[test]
+    fn lookups_are_per_tenant() {
+        let registry = Registry::default();
+        let token = registry.register("sbx-1", Tenant("k1".into()), "base".into());
+        assert_eq!(
+            registry.lookup(&Tenant("k1".into()), "sbx-1"),
+            Some((token, "base".into()))
+        );
+        assert_eq!(registry.lookup(&Tenant("k2".into()), "sbx-1"), None);
+        assert_eq!(registry.next_pid() + 1, registry.next_pid());
+    }
+
+    async fn body_json(response: Response) -> (StatusCode, Value) {
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn errors_have_e2b_shape() {
+        let (status, body) = body_json(E2bError::not_running("sbx-1").into_response()).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            body,
+            json!({"code": 502, "message": "The sandbox sbx-1 was not found"})
+        );
+
+        let busy = E2bError::from(ServiceError::TooManySandboxes {
+            message: "too many".into(),
+            retry_after_s: 7,
+        });
+        let response = busy.into_response();
+        assert_eq!(response.headers()[header::RETRY_AFTER], "7");
+        let (status, body) = body_json(response).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(body, json!({"code": 429, "message": "too many"}));
+
+        let (status, body) =
+            body_json(E2bError::from(ServiceError::NotFound("no file x".into())).into_response())
+                .await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(body, json!({"code": 404, "message": "no file x"}));
+    }
+
+    #[test]
+    fn execution_events_become_jupyter_lines() {
+        let line = execution_line(&Event::Stdout {
+            text: "hi\n".into(),
+        })
+        .unwrap();
+        assert_eq!(line["type"], "stdout");
+        assert_eq!(line["text"], "hi\n");
+        let ts = line["timestamp"].as_str().unwrap();
+        assert!(humantime::parse_rfc3339(ts).is_ok(), "{ts}");
+
+        let result = corral_sandbox::RichResult {
+            is_main_result: true,
+            text: Some("42".into()),
+            html: None,
+            png: Some("iVBORw0KGgo=".into()),
+            svg: None,
+            json: None,
+            markdown: None,
+        };
+        assert_eq!(
+            execution_line(&Event::Result(result)).unwrap(),
+            json!({"type": "result", "is_main_result": true, "text": "42", "png": "iVBORw0KGgo="})
+        );
+
+        let quoted = corral_sandbox::RichResult {
+            is_main_result: true,
+            text: Some("'abc'".into()),
+            html: None,
+            png: None,
+            svg: None,
+            json: None,
+            markdown: None,
+        };
+        assert_eq!(
+            execution_line(&Event::Result(quoted)).unwrap()["text"],
+            "abc"
+        );
+
+        let error = corral_sandbox::LanguageError {
+            name: "ZeroDivisionError".into(),
+            value: "division by zero".into(),
+            traceback: "Traceback ...".into(),
+        };
+        assert_eq!(
+            execution_line(&Event::Error(error)).unwrap(),
+            json!({"type": "error", "name": "ZeroDivisionError", "value": "division by zero",
+                   "traceback": "Traceback ..."})
+        );
+        let end = Event::End {
+            status: Status::Success,
+            execution_time_ms: 1,
+            cpu_time_ms: 1,
+            peak_memory_bytes: 1,
+        };
+        assert_eq!(execution_line(&end), None);
+
+        let line = json_line(&json!({"type": "end_of_execution"}));
+        assert!(line.ends_with(b"}\n") && !line[..line.len() - 1].contains(&b'\n'));
+    }
+
+    #[test]
+    fn failures_without_a_language_error_are_reported() {
+        let mut result = ExecutionResult::sandbox_error("the kernel died");
+        assert_eq!(
+            status_error_line(&result).unwrap(),
+            json!({"type": "error", "name": "SandboxError", "value": "the kernel died", "traceback": ""})
+        );
+        result.status = Status::Timeout;
+        assert_eq!(status_error_line(&result).unwrap()["name"], "TimeoutError");
+        result.status = Status::Success;
+        assert_eq!(status_error_line(&result), None);
+    }
+
+    #[test]
+    fn command_ends() {
+        let mut result = ExecutionResult::sandbox_error("");
+        result.error_message = None;
+        result.status = Status::Success;
+        result.exit_code = Some(0);
+        assert_eq!(
+            process_end(&result).unwrap(),
+            json!({"event": {"end": {"exitCode": 0, "exited": true, "status": "exit status 0"}}})
+        );
+        result.status = Status::Error;
+        result.exit_code = Some(3);
+        assert_eq!(
+            process_end(&result).unwrap()["event"]["end"],
+            json!({"exitCode": 3, "exited": true, "status": "exit status 3", "error": "exit status 3"})
+        );
+        result.exit_code = None;
+        result.signal = Some(9);
+        result.status = Status::MemoryLimit;
+        let end = process_end(&result).unwrap();
+        assert_eq!(end["event"]["end"]["exitCode"], -1);
+        assert_eq!(end["event"]["end"]["status"], "signal: SIGKILL");
+        assert!(end["event"]["end"]["error"].is_string());
+        result.status = Status::Timeout;
+        assert_eq!(
+            process_end(&result).unwrap_err()["code"],
+            "deadline_exceeded"
+        );
+    }
+
+    #[test]
+    fn connect_timeouts_come_from_the_header() {
+        assert_eq!(
+            connect_timeout_s(&headers(&[("connect-timeout-ms", "60000")])),
+            Some(60.0)
+        );
+        assert_eq!(
+            connect_timeout_s(&headers(&[("connect-timeout-ms", "0")])),
+            None
+        );
+        assert_eq!(connect_timeout_s(&headers(&[])), None);
+        assert_eq!(
+            connect_timeout_s(&headers(&[("connect-timeout-ms", "x")])),
+            None
+        );
+    }
+
+    #[tokio::test]
+    async fn the_request_message_is_read_from_any_chunking() {
+        let payload =
+            br#"{"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi"]},"stdin":false}"#;
+        let framed = connect::encode(0, payload);
+        let chunks: Vec<Result<Bytes, Infallible>> = framed
+            .chunks(3)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        let body = Body::from_stream(futures_util::stream::iter(chunks));
+        let read = read_request_message(body, 1024).await.unwrap();
+        assert_eq!(read, payload);
+        let start: StartRequest = serde_json::from_slice(&read).unwrap();
+        assert_eq!(start.process.args.unwrap(), ["-l", "-c", "echo hi"]);
+
+        let err = read_request_message(Body::from(framed.clone()), 8)
+            .await
+            .unwrap_err();
+        assert_eq!(err["code"], "invalid_argument");
+        let err = read_request_message(Body::empty(), 8).await.unwrap_err();
+        assert!(err["message"].as_str().unwrap().contains("no message"));
+        let mut two = framed.to_vec();
+        two.extend_from_slice(&framed);
+        let err = read_request_message(Body::from(two), 1024)
+            .await
+            .unwrap_err();
+        assert!(err["message"].as_str().unwrap().contains("one message"));
+    }
+
+    #[tokio::test]
+    async fn connect_failures_are_end_of_stream_messages() {
+        let response = connect_failure(connect_error("not_found", "gone"));
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()[header::CONTENT_TYPE], CONNECT_JSON);
+        let bytes = axum::body::to_bytes(response.into_body(), 1024)
+            .await
+            .unwrap();
+        let mut decoder = Decoder::new(1024);
+        let mut frames = Vec::new();
+        decoder.push(&bytes, &mut frames).unwrap();
+        decoder.finish().unwrap();
+        assert_eq!(frames.len(), 1);
+        assert_eq!(frames[0].flags, FLAG_END_STREAM);
+        let trailer: Value = serde_json::from_slice(&frames[0].payload).unwrap();
+        assert_eq!(
+            trailer,
+            json!({"error": {"code": "not_found", "message": "gone"}})
+        );
+    }
+}

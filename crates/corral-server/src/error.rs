@@ -1,0 +1,110 @@
+//! The API's JSON errors: `{"error": {"code": "...", "message": "..."}}` with the right status.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::service::ServiceError;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub retry_after_s: Option<u64>,
+}
+
+/// The body of every error answer.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// Machine-readable: `bad_request`, `invalid_path`, `unauthorized`, `not_found`,
+    /// `sandbox_dead`, `payload_too_large`, `unknown_image`, `unsupported_language`,
+    /// `too_many_sandboxes`, `sandbox_error`, `shutting_down`.
+    pub code: String,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            retry_after_s: None,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    pub fn payload_too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "sandbox_error", message)
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        let message = e.to_string();
+        let (status, code) = match &e {
+            ServiceError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            ServiceError::InvalidPath(_) => (StatusCode::BAD_REQUEST, "invalid_path"),
+            ServiceError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ServiceError::SandboxDead(_) => (StatusCode::CONFLICT, "sandbox_dead"),
+            ServiceError::UnknownImage(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unknown_image"),
+            ServiceError::UnsupportedLanguage(_) => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "unsupported_language")
+            }
+            ServiceError::TooManySandboxes { .. } => {
+                (StatusCode::TOO_MANY_REQUESTS, "too_many_sandboxes")
+            }
+            ServiceError::Sandbox(_) => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox_error"),
+            ServiceError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+        };
+        let retry_after_s = match e {
+            ServiceError::TooManySandboxes { retry_after_s, .. } => Some(retry_after_s),
+            _ => None,
+        };
+        ApiError {
+            status,
+            code,
+            message,
+            retry_after_s,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_string(),
+                message: self.message,
+            },
+        };
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if let Some(s) = self.retry_after_s {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        response
+    }
+}

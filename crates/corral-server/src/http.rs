@@ -1,0 +1,580 @@
+//! The native HTTP API (DESIGN §5) over [`Service`]: authentication, JSON bodies with clear
+//! errors, NDJSON event streams, files, metrics, the OpenAPI document and the API page.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use corral_kernel::Event;
+use corral_sandbox::{ExecutionResult, FileEntry};
+use futures_util::StreamExt as _;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use utoipa::OpenApi;
+
+use crate::error::{ApiError, ErrorBody};
+use crate::service::{
+    CommandRequest, CreateSandboxRequest, ExecuteRequest, RunRequest, SandboxInfo, Service,
+    ServiceError, Tenant,
+};
+
+/// Events buffered per stream: a client that reads slowly holds at most this many.
+const STREAM_BUFFER: usize = 64;
+/// A client that reads nothing for this long is treated as gone and its execution interrupted.
+const SLOW_CLIENT_LIMIT: Duration = Duration::from_secs(30);
+/// One-shot runs in flight at once; more wait for a slot.
+const RUN_SLOTS: usize = 64;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub service: Arc<Service>,
+    run_slots: Arc<Semaphore>,
+}
+
+impl AppState {
+    pub fn new(service: Arc<Service>) -> AppState {
+        AppState {
+            service,
+            run_slots: Arc::new(Semaphore::new(RUN_SLOTS)),
+        }
+    }
+}
+
+/// Runs blocking engine work off the async runtime.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ServiceError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("internal error: {e}")))?
+        .map_err(ApiError::from)
+}
+
+/// The API key of a request: `Authorization: Bearer KEY`, or `X-API-KEY: KEY`.
+pub fn presented_key(headers: &HeaderMap) -> Option<String> {
+    if let Some(v) = headers.get(header::AUTHORIZATION) {
+        let v = v.to_str().ok()?;
+        let (scheme, key) = v.split_once(' ')?;
+        return scheme
+            .eq_ignore_ascii_case("bearer")
+            .then(|| key.trim().to_string());
+    }
+    headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_string())
+}
+
+/// The tenant of a request whose key (if any) is `key`.
+pub async fn authenticate(state: &AppState, key: Option<String>) -> Result<Tenant, ApiError> {
+    match key {
+        None if !state.service.config().requires_keys() => Ok(Tenant::local()),
+        None => Err(ApiError::unauthorized(
+            "an API key is required: send `Authorization: Bearer KEY` (make one with `corral key create`)",
+        )),
+        Some(key) => {
+            let service = state.service.clone();
+            let id = tokio::task::spawn_blocking(move || service.db().verify_key(&key))
+                .await
+                .map_err(|e| ApiError::internal(e.to_string()))?
+                .map_err(|e| ApiError::internal(e.to_string()))?;
+            id.map(Tenant)
+                .ok_or_else(|| ApiError::unauthorized("unknown or revoked API key"))
+        }
+    }
+}
+
+impl FromRequestParts<AppState> for Tenant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        authenticate(state, presented_key(&parts.headers)).await
+    }
+}
+
+/// A JSON body whose problems are answered in the API's error format: 400 naming the field,
+/// 413 when it is over the limit.
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::payload_too_large("the request body is over the size limit")
+            } else {
+                ApiError::bad_request(format!("reading the request body: {}", e.body_text()))
+            }
+        })?;
+        serde_json::from_slice(&bytes)
+            .map(ApiJson)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    let config = state.service.config().clone();
+    let files = Router::new()
+        .route(
+            "/v1/sandboxes/{id}/files/{*path}",
+            get(read_file).put(write_file).delete(remove_file),
+        )
+        .layer(DefaultBodyLimit::max(config.max_body_bytes));
+    Router::new()
+        .route("/v1/run", post(run))
+        .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
+        .route("/v1/sandboxes/{id}", get(get_sandbox).delete(kill_sandbox))
+        .route("/v1/sandboxes/{id}/execute", post(execute))
+        .route("/v1/sandboxes/{id}/commands", post(commands))
+        .route("/v1/sandboxes/{id}/files", get(list_files))
+        .layer(DefaultBodyLimit::max(config.max_json_bytes))
+        .merge(files)
+        .merge(crate::e2b::router(&config))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .route("/docs", get(docs))
+        .fallback(|| async { ApiError::not_found("no such route (see GET /docs)") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method (see GET /docs)",
+            )
+        })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
+        .with_state(state)
+}
+
+async fn count_requests(
+    State(state): State<AppState>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(req).await;
+    state
+        .service
+        .metrics
+        .http_requests
+        .get_or_create(&crate::metrics::HttpLabels {
+            status: response.status().as_u16(),
+        })
+        .inc();
+    response
+}
+
+fn wants_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/json") && !v.contains("ndjson"))
+}
+
+/// Sends stream lines from a blocking thread, giving up on a client that stops reading.
+struct LineSink {
+    tx: mpsc::Sender<Bytes>,
+    gone: bool,
+}
+
+impl LineSink {
+    fn send(&mut self, line: Vec<u8>) -> bool {
+        if self.gone {
+            return false;
+        }
+        let mut line = Bytes::from(line);
+        let deadline = Instant::now() + SLOW_CLIENT_LIMIT;
+        loop {
+            match self.tx.try_send(line) {
+                Ok(()) => return true,
+                Err(mpsc::error::TrySendError::Full(back)) if Instant::now() < deadline => {
+                    line = back;
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(_) => {
+                    self.gone = true;
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+fn json_line(value: &impl Serialize) -> Vec<u8> {
+    let mut line = serde_json::to_vec(value).expect("events serialize");
+    line.push(b'\n');
+    line
+}
+
+/// The `end` event of a stream (DESIGN §4), from the final result.
+#[derive(Serialize)]
+struct EndEvent<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    status: corral_sandbox::Status,
+    execution_time_ms: u64,
+    cpu_time_ms: u64,
+    peak_memory_bytes: u64,
+    /// Commands only: the command's exit status.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exit_code: Option<Option<i32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error_message: Option<&'a str>,
+}
+
+fn end_line(result: &ExecutionResult, with_exit_code: bool) -> Vec<u8> {
+    json_line(&EndEvent {
+        kind: "end",
+        status: result.status,
+        execution_time_ms: result.execution_time_ms,
+        cpu_time_ms: result.cpu_time_ms,
+        peak_memory_bytes: result.peak_memory_bytes,
+        exit_code: with_exit_code.then_some(result.exit_code),
+        error_message: result.error_message.as_deref(),
+    })
+}
+
+type Work = Box<
+    dyn FnOnce(&mut dyn FnMut(&Event)) -> Result<ExecutionResult, ServiceError> + Send + 'static,
+>;
+
+/// Runs `work` on a blocking thread and streams its events as NDJSON; when the client goes
+/// away, `on_gone` interrupts the work.
+pub fn ndjson_stream(
+    work: Work,
+    on_gone: impl FnOnce() + Send + 'static,
+    with_exit_code: bool,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<Bytes>(STREAM_BUFFER);
+    let (done_tx, done_rx) = oneshot::channel::<()>();
+    let watcher = tx.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = watcher.closed() => {
+                let _ = tokio::task::spawn_blocking(on_gone).await;
+            }
+            _ = done_rx => {}
+        }
+    });
+    tokio::task::spawn_blocking(move || {
+        let mut sink = LineSink { tx, gone: false };
+        let outcome = work(&mut |event| {
+            // The end line is written from the final result (it may carry the exit code).
+            if !matches!(event, Event::End { .. }) {
+                sink.send(json_line(event));
+            }
+        });
+        let end = match outcome {
+            Ok(result) => end_line(&result, with_exit_code),
+            Err(e) => end_line(
+                &ExecutionResult::sandbox_error(e.to_string()),
+                with_exit_code,
+            ),
+        };
+        sink.send(end);
+        drop(sink);
+        let _ = done_tx.send(());
+    });
+    let body =
+        Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, Infallible>));
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
+}
+
+/// One-shot run in a fresh sandbox.
+#[utoipa::path(post, path = "/v1/run", request_body = RunRequest, tag = "run",
+    responses(
+        (status = 200, description = "The result object (DESIGN §3), whatever the program did", body = corral_sandbox::ExecutionResult),
+        (status = 400, description = "Malformed request", body = ErrorBody),
+        (status = 422, description = "Unknown image or language", body = ErrorBody),
+    ))]
+async fn run(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    ApiJson(req): ApiJson<RunRequest>,
+) -> Result<Json<ExecutionResult>, ApiError> {
+    let _slot = state
+        .run_slots
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let service = state.service.clone();
+    let result = blocking(move || service.run(&tenant, &req, &mut |_, _| {})).await?;
+    Ok(Json(result))
+}
+
+/// Create a session.
+#[utoipa::path(post, path = "/v1/sandboxes", request_body = CreateSandboxRequest, tag = "sandboxes",
+    responses(
+        (status = 201, body = SandboxInfo),
+        (status = 400, body = ErrorBody), (status = 422, body = ErrorBody),
+        (status = 429, description = "Session limits reached; see Retry-After", body = ErrorBody),
+    ))]
+async fn create_sandbox(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    body: Bytes,
+) -> Result<(StatusCode, Json<SandboxInfo>), ApiError> {
+    // An empty body means all defaults.
+    let req: CreateSandboxRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        CreateSandboxRequest::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
+    };
+    let service = state.service.clone();
+    let info = blocking(move || service.create_session(&tenant, &req)).await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct SandboxList {
+    sandboxes: Vec<SandboxInfo>,
+}
+
+/// List this key's sessions.
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", responses((status = 200, body = SandboxList)))]
+async fn list_sandboxes(State(state): State<AppState>, tenant: Tenant) -> Json<SandboxList> {
+    Json(SandboxList {
+        sandboxes: state.service.list(&tenant),
+    })
+}
+
+/// Inspect a session.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
+async fn get_sandbox(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    Ok(Json(state.service.get(&tenant, &id)?))
+}
+
+/// Kill a session: its sandbox is torn down and nothing of it remains.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    responses((status = 204), (status = 404, body = ErrorBody)))]
+async fn kill_sandbox(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let service = state.service.clone();
+    blocking(move || service.kill(&tenant, &id)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Run code in a session: an NDJSON stream of DESIGN §4 events, or with
+/// `Accept: application/json` the folded result object.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/execute", request_body = ExecuteRequest, tag = "sandboxes",
+    responses(
+        (status = 200, description = "NDJSON events (application/x-ndjson), or the result object", body = corral_sandbox::ExecutionResult),
+        (status = 404, body = ErrorBody), (status = 409, description = "The session is dead", body = ErrorBody),
+    ))]
+async fn execute(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<ExecuteRequest>,
+) -> Result<Response, ApiError> {
+    let service = state.service.clone();
+    if wants_json(&headers) {
+        let result = blocking(move || service.execute(&tenant, &id, &req, &mut |_| {})).await?;
+        return Ok(Json(result).into_response());
+    }
+    let req = {
+        let (service, tenant, id) = (service.clone(), tenant.clone(), id.clone());
+        blocking(move || service.prepare_execute(&tenant, &id, &req).map(|_| req)).await?
+    };
+    let (gone_service, gone_tenant, gone_id) = (service.clone(), tenant.clone(), id.clone());
+    Ok(ndjson_stream(
+        Box::new(move |on_event| service.execute(&tenant, &id, &req, on_event)),
+        move || {
+            let _ = gone_service.interrupt(&gone_tenant, &gone_id);
+        },
+        false,
+    ))
+}
+
+/// Run a command inside a session's sandbox: NDJSON `stdout`/`stderr` events and an `end`
+/// event carrying `exit_code` (or, with `Accept: application/json`, the result object).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", request_body = CommandRequest, tag = "sandboxes",
+    responses(
+        (status = 200, description = "NDJSON events, or the result object", body = corral_sandbox::ExecutionResult),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+    ))]
+async fn commands(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<CommandRequest>,
+) -> Result<Response, ApiError> {
+    let service = state.service.clone();
+    if wants_json(&headers) {
+        let result = blocking(move || service.run_command(&tenant, &id, &req, &mut |_| {})).await?;
+        return Ok(Json(result).into_response());
+    }
+    let req = {
+        let (service, tenant, id) = (service.clone(), tenant.clone(), id.clone());
+        blocking(move || service.prepare_command(&tenant, &id, &req).map(|_| req)).await?
+    };
+    let (gone_service, gone_tenant, gone_id) = (service.clone(), tenant.clone(), id.clone());
+    Ok(ndjson_stream(
+        Box::new(move |on_event| service.run_command(&tenant, &id, &req, on_event)),
+        move || {
+            let _ = gone_service.interrupt(&gone_tenant, &gone_id);
+        },
+        true,
+    ))
+}
+
+/// Write a workspace file (the body is its content).
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files/{path}", tag = "files",
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 201, body = corral_sandbox::FileEntry), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 413, body = ErrorBody)))]
+async fn write_file(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path((id, path)): Path<(String, String)>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(StatusCode, Json<FileEntry>), ApiError> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::payload_too_large("the file is over the upload size limit")
+        } else {
+            ApiError::bad_request(e.body_text())
+        }
+    })?;
+    let service = state.service.clone();
+    let entry =
+        blocking(move || service.write_file(&tenant, &id, &path, &mut body.as_ref())).await?;
+    Ok((StatusCode::CREATED, Json(entry)))
+}
+
+/// Read a workspace file (raw bytes).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/{path}", tag = "files",
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn read_file(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path((id, path)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let service = state.service.clone();
+    let file = blocking(move || service.open_file(&tenant, &id, &path)).await?;
+    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+/// Delete a workspace file.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files/{path}", tag = "files",
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn remove_file(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path((id, path)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let service = state.service.clone();
+    blocking(move || service.remove_file(&tenant, &id, &path)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    /// A directory of the workspace (default: all of it).
+    dir: Option<String>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct FileList {
+    files: Vec<FileEntry>,
+}
+
+/// List the regular files below a workspace directory.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files", params(ListQuery),
+    responses((status = 200, body = FileList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn list_files(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<FileList>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let service = state.service.clone();
+    let files = blocking(move || service.list_files(&tenant, &id, query.dir.as_deref())).await?;
+    Ok(Json(FileList { files }))
+}
+
+/// Liveness; needs no key.
+#[utoipa::path(get, path = "/healthz", tag = "service", responses((status = 200)))]
+async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+/// Prometheus metrics.
+#[utoipa::path(get, path = "/metrics", tag = "service", responses((status = 200, content_type = "text/plain")))]
+async fn metrics(State(state): State<AppState>) -> Response {
+    let m = &state.service.metrics;
+    m.sessions_live.set(state.service.sessions_live() as i64);
+    m.pool_ready.set(state.service.pool_ready() as i64);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        m.encode(),
+    )
+        .into_response()
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Corral",
+        description = "Run untrusted code in disposable, locked-down sandboxes. Errors are `{\"error\": {\"code\", \"message\"}}`. Authenticate with `Authorization: Bearer KEY` (required unless the server listens on loopback)."
+    ),
+    paths(
+        run,
+        create_sandbox,
+        list_sandboxes,
+        get_sandbox,
+        kill_sandbox,
+        execute,
+        commands,
+        write_file,
+        read_file,
+        remove_file,
+        list_files,
+        healthz,
+        metrics
+    )
+)]
+pub struct ApiDoc;
+
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}
+
+/// A readable API page, rendered here from the OpenAPI document (no scripts, works offline).
+async fn docs() -> Html<String> {
+    Html(crate::docs_page::render(&ApiDoc::openapi()))
+}

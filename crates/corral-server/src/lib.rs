@@ -1,0 +1,72 @@
+//! Corral's HTTP server: the native API (DESIGN §5), the E2B-compatible face (DESIGN §6),
+//! API keys and tenancy, metrics, and the lifecycle of the sessions it owns. The engine is
+//! synchronous; [`service::Service`] holds the logic and the HTTP layer calls it from
+//! blocking threads.
+
+pub mod config;
+mod connect;
+pub mod db;
+mod docs_page;
+pub mod e2b;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod service;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use config::Config;
+pub use service::{Service, ServiceError, Tenant};
+
+/// Serves `service` on `listener` until SIGTERM or SIGINT, then shuts down: no new work is
+/// accepted, running executions get the configured grace period and are then interrupted,
+/// and every sandbox is torn down.
+pub async fn serve(service: Arc<Service>, listener: tokio::net::TcpListener) -> anyhow::Result<()> {
+    let app = http::router(http::AppState::new(service.clone()));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    tokio::select! {
+        _ = shutdown_signal() => {}
+        result = &mut server => {
+            result??;
+            return Ok(());
+        }
+    }
+    eprintln!("corral: shutting down: no new work; running executions may finish");
+    service.begin_shutdown();
+    let _ = stop_tx.send(());
+    if tokio::time::timeout(service.config().shutdown_grace(), &mut server)
+        .await
+        .is_err()
+    {
+        eprintln!("corral: grace period over: interrupting running executions");
+        service.interrupt_all();
+        if tokio::time::timeout(Duration::from_secs(5), &mut server)
+            .await
+            .is_err()
+        {
+            server.abort();
+        }
+    }
+    let closing = service.clone();
+    tokio::task::spawn_blocking(move || closing.close_all()).await?;
+    eprintln!("corral: every sandbox is torn down");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,123 @@
+//! Prometheus metrics (`GET /metrics`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExecutionLabels {
+    /// `run`, `execute` or `command`.
+    pub kind: String,
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub status: u16,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub sessions_live: Gauge,
+    pub pool_ready: Gauge,
+    pub executions: Family<ExecutionLabels, Counter>,
+    pub execution_seconds: Histogram,
+    pub session_create_seconds: Histogram,
+    pub sandbox_failures: Counter,
+    pub http_requests: Family<HttpLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("corral");
+        let m = Metrics {
+            sessions_live: Gauge::default(),
+            pool_ready: Gauge::default(),
+            executions: Family::default(),
+            // 0.5 ms .. ~65 s
+            execution_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 18)),
+            session_create_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            sandbox_failures: Counter::default(),
+            http_requests: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register("sessions_live", "Sessions alive", m.sessions_live.clone());
+        registry.register(
+            "pool_ready",
+            "Sessions forked ahead and ready in the warm pool",
+            m.pool_ready.clone(),
+        );
+        registry.register(
+            "executions",
+            "Executions by kind and final status",
+            m.executions.clone(),
+        );
+        registry.register(
+            "execution_seconds",
+            "Wall time of executions, one-shot runs and commands",
+            m.execution_seconds.clone(),
+        );
+        registry.register(
+            "session_create_seconds",
+            "Time to create a session",
+            m.session_create_seconds.clone(),
+        );
+        registry.register(
+            "sandbox_failures",
+            "Sandboxes Corral could not build or run",
+            m.sandbox_failures.clone(),
+        );
+        registry.register(
+            "http_requests",
+            "HTTP requests by response status",
+            m.http_requests.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+}
+
+impl Metrics {
+    pub fn record_execution(&self, kind: &str, status: &str, wall_ms: u64) {
+        self.executions
+            .get_or_create(&ExecutionLabels {
+                kind: kind.into(),
+                status: status.into(),
+            })
+            .inc();
+        self.execution_seconds.observe(wall_ms as f64 / 1000.0);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_every_family() {
+        let m = Metrics::default();
+        m.record_execution("execute", "success", 3);
+        m.sessions_live.set(2);
+        let text = m.encode();
+        for name in [
+            "corral_sessions_live 2",
+            "corral_pool_ready",
+            "corral_executions_total{kind=\"execute\",status=\"success\"} 1",
+            "corral_execution_seconds_bucket",
+            "corral_session_create_seconds_count",
+            "corral_sandbox_failures_total",
+        ] {
+            assert!(text.contains(name), "{name} missing from:\n{text}");
+        }
+    }
+}

@@ -1,0 +1,933 @@
+//! What the server does, without HTTP: one-shot runs, sessions owned by tenants, files and
+//! commands in sessions, the audit log. Synchronous (the engine is); the HTTP layer and the
+//! in-process MCP server call it from blocking threads.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Seek, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime};
+
+use corral_image::{ImageError, ResolvedImage, Store};
+use corral_kernel::bytecode::BytecodeCache;
+use corral_kernel::{Event, Language, ManagerError, Pool, SessionManager, SessionOptions};
+use corral_sandbox::{
+    ExecutionResult, FileEntry, InputFile, Limits, Policy, SandboxSpec, Status, WorkspaceError,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::db::{AuditEntry, Db};
+use crate::metrics::Metrics;
+
+/// Upper bounds on what a request may ask for.
+const MAX_TIMEOUT_S: f64 = 24.0 * 3600.0;
+const MAX_MEMORY_MB: u64 = 64 << 10;
+const MAX_PIDS: u64 = 32_768;
+const MAX_DISK_MB: u64 = 64 << 10;
+const MAX_CPUS: f64 = 64.0;
+
+/// The tenant a request acts for: an API key's id, or `local` for keyless loopback use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant(pub String);
+
+impl Tenant {
+    pub fn local() -> Tenant {
+        Tenant("local".into())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    InvalidPath(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    SandboxDead(String),
+    #[error("{0}")]
+    UnknownImage(String),
+    #[error("{0}")]
+    UnsupportedLanguage(String),
+    #[error("{message}")]
+    TooManySandboxes { message: String, retry_after_s: u64 },
+    #[error("{0}")]
+    Sandbox(String),
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+impl From<WorkspaceError> for ServiceError {
+    fn from(e: WorkspaceError) -> Self {
+        match e {
+            WorkspaceError::OutsideWorkspace(_) | WorkspaceError::NotRegular(_) => {
+                ServiceError::InvalidPath(e.to_string())
+            }
+            WorkspaceError::Io { ref source, .. } => match source.raw_os_error() {
+                Some(libc::ENOENT) => ServiceError::NotFound(e.to_string()),
+                // A link (RESOLVE_NO_SYMLINKS gives ELOOP), a link component, or a file
+                // where a directory was expected.
+                Some(libc::ELOOP | libc::EXDEV | libc::ENOTDIR | libc::EISDIR) => {
+                    ServiceError::InvalidPath(e.to_string())
+                }
+                Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => {
+                    ServiceError::BadRequest(format!("the workspace is full: {e}"))
+                }
+                _ => ServiceError::Sandbox(e.to_string()),
+            },
+        }
+    }
+}
+
+/// Resource limits as requests give them; absent fields take DESIGN §2's defaults.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsRequest {
+    /// Wall-clock limit in seconds (sessions: the default per-execution timeout).
+    pub timeout_s: Option<f64>,
+    pub memory_mb: Option<u64>,
+    pub cpus: Option<f64>,
+    pub pids: Option<u64>,
+    /// Size of `/workspace` (and of `/tmp`).
+    pub disk_mb: Option<u64>,
+}
+
+impl LimitsRequest {
+    pub fn to_limits(&self) -> Result<Limits, ServiceError> {
+        let mut limits = Limits::default();
+        let bad = |what: &str| Err(ServiceError::BadRequest(format!("limits.{what}")));
+        if let Some(t) = self.timeout_s {
+            if !(t > 0.0 && t <= MAX_TIMEOUT_S) {
+                return bad("timeout_s must be > 0 and at most 86400");
+            }
+            limits.timeout = Duration::from_secs_f64(t);
+        }
+        if let Some(m) = self.memory_mb {
+            if !(4..=MAX_MEMORY_MB).contains(&m) {
+                return bad("memory_mb must be between 4 and 65536");
+            }
+            limits.memory_bytes = m << 20;
+        }
+        if let Some(c) = self.cpus {
+            if !(c > 0.0 && c <= MAX_CPUS) {
+                return bad("cpus must be > 0 and at most 64");
+            }
+            limits.cpus = c;
+        }
+        if let Some(p) = self.pids {
+            if !(1..=MAX_PIDS).contains(&p) {
+                return bad("pids must be between 1 and 32768");
+            }
+            limits.pids = p;
+        }
+        if let Some(d) = self.disk_mb {
+            if !(1..=MAX_DISK_MB).contains(&d) {
+                return bad("disk_mb must be between 1 and 65536");
+            }
+            limits.disk_bytes = d << 20;
+        }
+        Ok(limits)
+    }
+}
+
+/// A file for a one-shot run's workspace: text in `content`, or bytes in `content_base64`.
+#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputFileRequest {
+    /// Relative to `/workspace`.
+    pub path: String,
+    pub content: Option<String>,
+    pub content_base64: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    pub code: String,
+    /// `python` (default), `javascript` or `bash`.
+    pub language: Option<String>,
+    /// Default: the server's default image.
+    pub image: Option<String>,
+    pub limits: Option<LimitsRequest>,
+    pub env: Option<BTreeMap<String, String>>,
+    pub files: Option<Vec<InputFileRequest>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandboxRequest {
+    pub image: Option<String>,
+    pub language: Option<String>,
+    pub limits: Option<LimitsRequest>,
+    pub env: Option<BTreeMap<String, String>>,
+    /// The session is closed after this long without use (default 600).
+    pub idle_timeout_s: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecuteRequest {
+    pub code: String,
+    /// When given, it must be the session's language.
+    pub language: Option<String>,
+    /// Default: the session's `limits.timeout_s`.
+    pub timeout_s: Option<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommandRequest {
+    /// A shell command line (run by `bash -c`), or the program when `args` is given.
+    pub cmd: String,
+    /// Arguments: when present, `cmd` runs directly, without a shell.
+    pub args: Option<Vec<String>>,
+    /// Working directory inside the sandbox (default `/workspace`).
+    pub cwd: Option<String>,
+    pub env: Option<BTreeMap<String, String>>,
+    pub timeout_s: Option<f64>,
+}
+
+/// A session as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub image: String,
+    pub language: String,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    /// When the session will be closed if it stays idle (moves with every use).
+    pub expires_at: String,
+    pub last_used_at: String,
+    /// `running` or `dead`.
+    pub state: String,
+    pub executions: u64,
+    /// Why the kernel died, when it did.
+    pub death: Option<String>,
+}
+
+/// A checked command: what runs, with what, for how long.
+#[derive(Debug, Clone)]
+pub struct PreparedCommand {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub timeout: Duration,
+}
+
+/// What the service knows of a session beyond the manager: who owns it and what it runs.
+#[derive(Debug, Clone)]
+struct Owned {
+    tenant: Tenant,
+    image: String,
+    default_timeout: Duration,
+}
+
+pub struct Service {
+    config: Config,
+    store: Store,
+    manager: Arc<SessionManager>,
+    pool: Option<Arc<Pool>>,
+    db: Db,
+    pub metrics: Metrics,
+    sessions: Mutex<HashMap<String, Owned>>,
+    /// Session slots taken by creations in progress, per tenant.
+    reserved: Mutex<HashMap<String, usize>>,
+    shutting_down: AtomicBool,
+    bytecode: Mutex<HashMap<String, Arc<BytecodeCache>>>,
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// Reads the image's env and languages into session options.
+fn session_options(
+    image: &ResolvedImage,
+    language: Language,
+    limits: Limits,
+    env: Vec<(String, String)>,
+    policy: Policy,
+) -> SessionOptions {
+    let mut options = SessionOptions::new(language);
+    options.rootfs = image.rootfs.clone();
+    options.image_env = image.env.clone();
+    options.limits = limits;
+    options.env = env;
+    options.policy = policy;
+    options
+}
+
+fn check_env(
+    env: Option<&BTreeMap<String, String>>,
+) -> Result<Vec<(String, String)>, ServiceError> {
+    let mut out = Vec::new();
+    for (k, v) in env.into_iter().flatten() {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(ServiceError::BadRequest(format!(
+                "env: {k:?} is not a valid variable name (non-empty, no '=' or NUL)"
+            )));
+        }
+        out.push((k.clone(), v.clone()));
+    }
+    Ok(out)
+}
+
+fn parse_language(name: Option<&str>) -> Result<Language, ServiceError> {
+    match name {
+        None => Ok(Language::Python),
+        Some(n) => Language::parse(n).ok_or_else(|| {
+            ServiceError::UnsupportedLanguage(format!(
+                "unknown language {n:?}: use python, javascript or bash"
+            ))
+        }),
+    }
+}
+
+fn timeout_from(seconds: Option<f64>, default: Duration) -> Result<Duration, ServiceError> {
+    match seconds {
+        None => Ok(default),
+        Some(t) if t > 0.0 && t <= MAX_TIMEOUT_S => Ok(Duration::from_secs_f64(t)),
+        Some(_) => Err(ServiceError::BadRequest(
+            "timeout_s must be > 0 and at most 86400".into(),
+        )),
+    }
+}
+
+impl Service {
+    /// Opens the database, ends the sessions a killed predecessor left, removes its stale
+    /// cgroups, and starts the warm pool of the default image when it is built.
+    pub fn start(config: Config) -> anyhow::Result<Arc<Service>> {
+        let store = Store::open(config.data_dir.as_deref());
+        let db_path = config
+            .db
+            .clone()
+            .unwrap_or_else(|| store.data_dir().join("corral.db"));
+        let db = Db::open(&db_path)?;
+        let orphans = db.end_orphaned_sessions()?;
+        if !orphans.is_empty() {
+            eprintln!(
+                "corral: {} session(s) of a previous server process were marked dead",
+                orphans.len()
+            );
+        }
+        // Cgroups of sandboxes whose owner was killed (their processes died with their
+        // control pipes); removed now rather than on the first sandbox's background sweep.
+        if let Some(layout) = corral_sandbox::cgroup_layout() {
+            layout.sweep_stale();
+        }
+        let policy = Policy {
+            strict: config.strict,
+            allow_degraded: config.allow_degraded,
+        };
+        let manager = SessionManager::new();
+        let pool = match store.resolve(&config.default_image) {
+            Ok(image) if config.pool_size > 0 && image.languages.iter().any(|l| l == "python") => {
+                match Pool::start(image.rootfs, image.env, policy, config.pool_size) {
+                    Ok(pool) => {
+                        manager.add_pool(pool.clone());
+                        Some(pool)
+                    }
+                    Err(e) => {
+                        eprintln!("corral: no warm pool for `{}`: {e}", config.default_image);
+                        None
+                    }
+                }
+            }
+            Ok(_) => None,
+            Err(e) => {
+                eprintln!(
+                    "corral: warning: {e}: requests for it fail until it is built \
+                     (`corral image build {}`)",
+                    config.default_image
+                );
+                None
+            }
+        };
+        let service = Arc::new(Service {
+            config,
+            store,
+            manager,
+            pool,
+            db,
+            metrics: Metrics::default(),
+            sessions: Mutex::new(HashMap::new()),
+            reserved: Mutex::new(HashMap::new()),
+            shutting_down: AtomicBool::new(false),
+            bytecode: Mutex::new(HashMap::new()),
+        });
+        let weak = Arc::downgrade(&service);
+        std::thread::Builder::new()
+            .name("corral-reconcile".into())
+            .spawn(move || reconcile(weak))?;
+        Ok(service)
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    pub fn pool_ready(&self) -> usize {
+        self.pool.as_ref().map_or(0, |p| p.ready_count())
+    }
+
+    pub fn sessions_live(&self) -> usize {
+        self.sessions.lock().expect("lock").len()
+    }
+
+    fn policy(&self) -> Policy {
+        Policy {
+            strict: self.config.strict,
+            allow_degraded: self.config.allow_degraded,
+        }
+    }
+
+    fn check_running(&self) -> Result<(), ServiceError> {
+        if self.shutting_down.load(Ordering::Relaxed) {
+            return Err(ServiceError::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    fn image(&self, name: Option<&str>) -> Result<ResolvedImage, ServiceError> {
+        let name = name.unwrap_or(&self.config.default_image);
+        self.store.resolve(name).map_err(|e| match e {
+            ImageError::NotBuilt { builtin: true, .. } => ServiceError::UnknownImage(format!(
+                "image `{name}` is not built yet: run `corral image build {name}` on the server"
+            )),
+            ImageError::NotBuilt { .. } => ServiceError::UnknownImage(format!(
+                "no image named `{name}` (`corral image ls` on the server lists them)"
+            )),
+            other => ServiceError::UnknownImage(other.to_string()),
+        })
+    }
+
+    fn check_language(image: &ResolvedImage, language: Language) -> Result<(), ServiceError> {
+        if image.languages.iter().any(|l| l == language.name()) {
+            Ok(())
+        } else {
+            Err(ServiceError::UnsupportedLanguage(format!(
+                "image `{}` has no {} interpreter (it has: {})",
+                image.name,
+                language.name(),
+                image.languages.join(", ")
+            )))
+        }
+    }
+
+    /// The session `id` if `tenant` owns it; another tenant's session is "not found" too.
+    fn owned(&self, tenant: &Tenant, id: &str) -> Result<Owned, ServiceError> {
+        self.sessions
+            .lock()
+            .expect("lock")
+            .get(id)
+            .filter(|o| &o.tenant == tenant)
+            .cloned()
+            .ok_or_else(|| ServiceError::NotFound(format!("no sandbox {id}")))
+    }
+
+    fn manager_error(&self, id: &str, e: ManagerError) -> ServiceError {
+        match e {
+            ManagerError::NotFound(_) => ServiceError::NotFound(format!("no sandbox {id}")),
+            other => {
+                self.metrics.sandbox_failures.inc();
+                ServiceError::Sandbox(other.to_string())
+            }
+        }
+    }
+
+    fn reserve_slot(&self, tenant: &Tenant) -> Result<(), ServiceError> {
+        let sessions = self.sessions.lock().expect("lock");
+        let mut reserved = self.reserved.lock().expect("lock");
+        let total = sessions.len() + reserved.values().sum::<usize>();
+        let mine = sessions.values().filter(|o| &o.tenant == tenant).count()
+            + reserved.get(&tenant.0).copied().unwrap_or(0);
+        if total >= self.config.max_sessions {
+            return Err(ServiceError::TooManySandboxes {
+                message: format!(
+                    "the server runs its maximum of {} sandboxes: delete one or retry later",
+                    self.config.max_sessions
+                ),
+                retry_after_s: 5,
+            });
+        }
+        if mine >= self.config.max_sessions_per_key {
+            return Err(ServiceError::TooManySandboxes {
+                message: format!(
+                    "this key has its maximum of {} sandboxes: delete one or retry later",
+                    self.config.max_sessions_per_key
+                ),
+                retry_after_s: 5,
+            });
+        }
+        *reserved.entry(tenant.0.clone()).or_default() += 1;
+        Ok(())
+    }
+
+    fn release_slot(&self, tenant: &Tenant) {
+        let mut reserved = self.reserved.lock().expect("lock");
+        if let Some(n) = reserved.get_mut(&tenant.0) {
+            *n -= 1;
+            if *n == 0 {
+                reserved.remove(&tenant.0);
+            }
+        }
+    }
+
+    pub fn create_session(
+        &self,
+        tenant: &Tenant,
+        req: &CreateSandboxRequest,
+    ) -> Result<SandboxInfo, ServiceError> {
+        self.check_running()?;
+        let language = parse_language(req.language.as_deref())?;
+        let image = self.image(req.image.as_deref())?;
+        Self::check_language(&image, language)?;
+        let limits = req.limits.clone().unwrap_or_default().to_limits()?;
+        let env = check_env(req.env.as_ref())?;
+        let idle = req
+            .idle_timeout_s
+            .unwrap_or(self.config.default_idle_timeout_s);
+        if idle == 0 || idle > self.config.max_idle_timeout_s {
+            return Err(ServiceError::BadRequest(format!(
+                "idle_timeout_s must be between 1 and {}",
+                self.config.max_idle_timeout_s
+            )));
+        }
+        self.reserve_slot(tenant)?;
+        let started = Instant::now();
+        let options = session_options(&image, language, limits, env, self.policy());
+        let created = self.manager.create(&options, Duration::from_secs(idle));
+        self.metrics
+            .session_create_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let info = match created {
+            Ok(info) => info,
+            Err(e) => {
+                self.release_slot(tenant);
+                return Err(self.manager_error("(new)", e));
+            }
+        };
+        let owned = Owned {
+            tenant: tenant.clone(),
+            image: image.name.clone(),
+            default_timeout: limits.timeout,
+        };
+        self.sessions
+            .lock()
+            .expect("lock")
+            .insert(info.id.clone(), owned.clone());
+        self.release_slot(tenant);
+        if let Err(e) = self
+            .db
+            .session_started(&info.id, &tenant.0, &image.name, language.name())
+        {
+            eprintln!("corral: {e}");
+        }
+        Ok(Self::info(&info, &owned))
+    }
+
+    fn info(info: &corral_kernel::SessionInfo, owned: &Owned) -> SandboxInfo {
+        SandboxInfo {
+            id: info.id.clone(),
+            image: owned.image.clone(),
+            language: info.language.to_string(),
+            created_at: rfc3339(info.created_at),
+            expires_at: rfc3339(info.last_used + info.idle_timeout),
+            last_used_at: rfc3339(info.last_used),
+            state: if info.death.is_some() {
+                "dead".into()
+            } else {
+                "running".into()
+            },
+            executions: info.executions,
+            death: info.death.clone(),
+        }
+    }
+
+    pub fn get(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ServiceError> {
+        let owned = self.owned(tenant, id)?;
+        let info = self
+            .manager
+            .get(id)
+            .map_err(|e| self.manager_error(id, e))?;
+        Ok(Self::info(&info, &owned))
+    }
+
+    pub fn list(&self, tenant: &Tenant) -> Vec<SandboxInfo> {
+        let owned: HashMap<String, Owned> = self
+            .sessions
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|(_, o)| &o.tenant == tenant)
+            .map(|(id, o)| (id.clone(), o.clone()))
+            .collect();
+        self.manager
+            .list()
+            .iter()
+            .filter_map(|info| owned.get(&info.id).map(|o| Self::info(info, o)))
+            .collect()
+    }
+
+    /// Closes session `id`: its sandbox is torn down and nothing of it remains.
+    pub fn kill(&self, tenant: &Tenant, id: &str) -> Result<(), ServiceError> {
+        self.owned(tenant, id)?;
+        self.sessions.lock().expect("lock").remove(id);
+        let closed = self.manager.close(id);
+        let _ = self.db.session_ended(id, "deleted");
+        closed.map_err(|e| self.manager_error(id, e))
+    }
+
+    /// Interrupts the running execution of session `id`, if any.
+    pub fn interrupt(&self, tenant: &Tenant, id: &str) -> Result<(), ServiceError> {
+        self.owned(tenant, id)?;
+        self.manager
+            .interrupt(id)
+            .map_err(|e| self.manager_error(id, e))
+    }
+
+    /// Checks that `id` is `tenant`'s live session, before a stream is opened for it.
+    pub fn check_session(&self, tenant: &Tenant, id: &str) -> Result<(), ServiceError> {
+        self.owned(tenant, id)?;
+        let info = self
+            .manager
+            .get(id)
+            .map_err(|e| self.manager_error(id, e))?;
+        match info.death {
+            Some(why) => Err(ServiceError::SandboxDead(format!(
+                "sandbox {id} is dead ({why}): delete it and create another"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn audit(
+        &self,
+        tenant: &Tenant,
+        session: Option<&str>,
+        kind: &str,
+        code: &str,
+        r: &ExecutionResult,
+    ) {
+        let status = serde_json::to_value(r.status)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        self.metrics
+            .record_execution(kind, &status, r.execution_time_ms);
+        if r.status == Status::SandboxError {
+            self.metrics.sandbox_failures.inc();
+        }
+        let entry = AuditEntry {
+            key_id: &tenant.0,
+            session_id: session,
+            kind,
+            code,
+            status: &status,
+            execution_time_ms: r.execution_time_ms,
+            cpu_time_ms: r.cpu_time_ms,
+            peak_memory_bytes: r.peak_memory_bytes,
+        };
+        if let Err(e) = self.db.audit(&entry) {
+            eprintln!("corral: audit log: {e}");
+        }
+    }
+
+    /// Checks everything about an execution request that can be the caller's fault (so that
+    /// it is answered with an error status before any stream starts); returns its timeout.
+    pub fn prepare_execute(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        req: &ExecuteRequest,
+    ) -> Result<Duration, ServiceError> {
+        self.check_running()?;
+        let owned = self.owned(tenant, id)?;
+        let info = self
+            .manager
+            .get(id)
+            .map_err(|e| self.manager_error(id, e))?;
+        if let Some(lang) = &req.language {
+            if Language::parse(lang).map(Language::name) != Some(info.language) {
+                return Err(ServiceError::UnsupportedLanguage(format!(
+                    "sandbox {id} runs {}, not {lang}",
+                    info.language
+                )));
+            }
+        }
+        self.check_session(tenant, id)?;
+        timeout_from(req.timeout_s, owned.default_timeout)
+    }
+
+    /// Runs `req.code` in session `id`, streaming events to `on_event` (`End` included).
+    pub fn execute(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        req: &ExecuteRequest,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<ExecutionResult, ServiceError> {
+        let timeout = self.prepare_execute(tenant, id, req)?;
+        let result = self
+            .manager
+            .execute(id, &req.code, timeout, on_event)
+            .map_err(|e| self.manager_error(id, e))?;
+        self.audit(tenant, Some(id), "execute", &req.code, &result);
+        if let Some(why) = self.manager.get(id).ok().and_then(|i| i.death) {
+            let _ = self.db.session_ended(id, &format!("died: {why}"));
+        }
+        Ok(result)
+    }
+
+    /// Checks a command request as [`Service::prepare_execute`] does an execution.
+    pub fn prepare_command(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        req: &CommandRequest,
+    ) -> Result<PreparedCommand, ServiceError> {
+        self.check_running()?;
+        let owned = self.owned(tenant, id)?;
+        self.check_session(tenant, id)?;
+        if req.cmd.is_empty() {
+            return Err(ServiceError::BadRequest("cmd must not be empty".into()));
+        }
+        let argv: Vec<String> = match &req.args {
+            Some(args) => std::iter::once(req.cmd.clone())
+                .chain(args.iter().cloned())
+                .collect(),
+            None => vec!["/bin/bash".into(), "-c".into(), req.cmd.clone()],
+        };
+        if argv.iter().any(|a| a.contains('\0')) {
+            return Err(ServiceError::BadRequest(
+                "cmd and args must not contain NUL bytes".into(),
+            ));
+        }
+        if let Some(cwd) = &req.cwd {
+            if !cwd.starts_with('/') || cwd.contains('\0') {
+                return Err(ServiceError::BadRequest(
+                    "cwd must be an absolute path inside the sandbox".into(),
+                ));
+            }
+        }
+        Ok(PreparedCommand {
+            argv,
+            env: check_env(req.env.as_ref())?,
+            timeout: timeout_from(req.timeout_s, owned.default_timeout)?,
+        })
+    }
+
+    /// Runs a command inside session `id`'s sandbox; the result's `exit_code` is the command's.
+    pub fn run_command(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        req: &CommandRequest,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<ExecutionResult, ServiceError> {
+        let p = self.prepare_command(tenant, id, req)?;
+        let result = self
+            .manager
+            .run_command(id, &p.argv, req.cwd.as_deref(), &p.env, p.timeout, on_event)
+            .map_err(|e| self.manager_error(id, e))?;
+        self.audit(tenant, Some(id), "command", &p.argv.join(" "), &result);
+        Ok(result)
+    }
+
+    fn with_workspace<T>(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        f: impl FnOnce(&corral_sandbox::Workspace) -> Result<T, WorkspaceError>,
+    ) -> Result<T, ServiceError> {
+        self.owned(tenant, id)?;
+        self.manager
+            .with_workspace(id, f)
+            .map_err(|e| self.manager_error(id, e))?
+            .map_err(ServiceError::from)
+    }
+
+    pub fn write_file(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        path: &str,
+        data: &mut dyn Read,
+    ) -> Result<FileEntry, ServiceError> {
+        let size = self.with_workspace(tenant, id, |ws| ws.write_file(Path::new(path), data))?;
+        Ok(FileEntry {
+            path: path.trim_start_matches("./").to_string(),
+            size,
+        })
+    }
+
+    /// Opens a workspace file for reading (regular files only, never through a link).
+    pub fn open_file(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        path: &str,
+    ) -> Result<std::fs::File, ServiceError> {
+        self.with_workspace(tenant, id, |ws| ws.open_file(Path::new(path)))
+    }
+
+    pub fn remove_file(&self, tenant: &Tenant, id: &str, path: &str) -> Result<(), ServiceError> {
+        self.with_workspace(tenant, id, |ws| ws.remove_file(Path::new(path)))
+    }
+
+    pub fn list_files(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        dir: Option<&str>,
+    ) -> Result<Vec<FileEntry>, ServiceError> {
+        let dir = dir.filter(|d| !d.is_empty() && *d != "." && *d != "/");
+        self.with_workspace(tenant, id, |ws| ws.list_below(dir.map(Path::new)))
+    }
+
+    /// Runs `req` in a fresh sandbox. Problems with the request are errors; whatever the
+    /// program does (including failing to start) is in the result.
+    pub fn run(
+        &self,
+        tenant: &Tenant,
+        req: &RunRequest,
+        on_output: &mut dyn FnMut(corral_sandbox::Stream, &[u8]),
+    ) -> Result<ExecutionResult, ServiceError> {
+        self.check_running()?;
+        let language = parse_language(req.language.as_deref())?;
+        let image = self.image(req.image.as_deref())?;
+        Self::check_language(&image, language)?;
+        let mut spec = SandboxSpec::new(Vec::new());
+        spec.limits = req.limits.clone().unwrap_or_default().to_limits()?;
+        spec.env = image.env.clone();
+        spec.env.extend(check_env(req.env.as_ref())?);
+        spec.policy = self.policy();
+        for f in req.files.iter().flatten() {
+            spec.input_files.push(input_file(f)?);
+        }
+        spec.rootfs = image.rootfs.clone();
+        let bytecode = (language == Language::Python).then(|| self.bytecode_cache(&image));
+        let file_name = match language {
+            Language::Python => "main.py",
+            Language::Javascript => "main.js",
+            Language::Bash => "main.sh",
+        };
+        let (mut result, workspace) = corral_kernel::oneshot::run(
+            spec,
+            language,
+            file_name,
+            req.code.clone().into_bytes(),
+            bytecode.as_deref(),
+            on_output,
+        );
+        if let Some(ws) = workspace {
+            match ws.list() {
+                Ok(files) => result.files = files,
+                Err(e) => result.warnings.push(format!("listing the workspace: {e}")),
+            }
+        }
+        self.audit(tenant, None, "run", &req.code, &result);
+        Ok(result)
+    }
+
+    fn bytecode_cache(&self, image: &ResolvedImage) -> Arc<BytecodeCache> {
+        self.bytecode
+            .lock()
+            .expect("lock")
+            .entry(image.name.clone())
+            .or_insert_with(|| Arc::new(BytecodeCache::new(self.store.data_dir(), &image.rootfs)))
+            .clone()
+    }
+
+    /// Refuses new work from now on.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+    }
+
+    /// Interrupts every running execution (the end of the shutdown grace period).
+    pub fn interrupt_all(&self) {
+        for info in self.manager.list() {
+            let _ = self.manager.interrupt(&info.id);
+        }
+    }
+
+    /// Tears every session down; nothing of them remains.
+    pub fn close_all(&self) {
+        let ids: Vec<String> = self
+            .sessions
+            .lock()
+            .expect("lock")
+            .drain()
+            .map(|(id, _)| id)
+            .collect();
+        for id in ids {
+            let _ = self.manager.close(&id);
+            let _ = self.db.session_ended(&id, "server shut down");
+        }
+    }
+}
+
+/// A one-shot input file, staged in an unlinked temporary file.
+fn input_file(f: &InputFileRequest) -> Result<InputFile, ServiceError> {
+    use base64::Engine as _;
+    let dest = std::path::PathBuf::from(&f.path);
+    corral_sandbox::workspace::checked_components(&dest)
+        .map_err(|e| ServiceError::InvalidPath(format!("files: {e}")))?;
+    let bytes = match (&f.content, &f.content_base64) {
+        (Some(text), None) => text.clone().into_bytes(),
+        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| {
+                ServiceError::BadRequest(format!("files: {}: content_base64: {e}", f.path))
+            })?,
+        _ => {
+            return Err(ServiceError::BadRequest(format!(
+                "files: {}: give exactly one of content and content_base64",
+                f.path
+            )))
+        }
+    };
+    let staged = tempfile::tempfile().and_then(|mut t| {
+        t.write_all(&bytes)?;
+        t.rewind()?;
+        Ok(t)
+    });
+    let source =
+        staged.map_err(|e| ServiceError::Sandbox(format!("staging an input file: {e}")))?;
+    Ok(InputFile { source, dest })
+}
+
+/// Forgets sessions the manager closed on its own (idle expiry) and records their end.
+fn reconcile(service: Weak<Service>) {
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let Some(service) = service.upgrade() else {
+            return;
+        };
+        let live: std::collections::HashSet<String> =
+            service.manager.list().into_iter().map(|i| i.id).collect();
+        let gone: Vec<String> = {
+            let mut sessions = service.sessions.lock().expect("lock");
+            let gone: Vec<String> = sessions
+                .keys()
+                .filter(|id| !live.contains(*id))
+                .cloned()
+                .collect();
+            for id in &gone {
+                sessions.remove(id);
+            }
+            gone
+        };
+        for id in gone {
+            let _ = service
+                .db
+                .session_ended(&id, "expired: idle past its timeout");
+        }
+    }
+}

@@ -1,0 +1,636 @@
+//! `corral serve` end to end: a real server process, real sandboxes, hostile clients, tenancy,
+//! shutdown and crash recovery. Sessions use the `host` image (nothing to build).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_corral");
+
+struct Server {
+    child: Child,
+    url: String,
+    db: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Server {
+    /// Starts `corral serve` on a loopback port with a fresh database and `config` (TOML).
+    fn start(config: &str) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(dir, config)
+    }
+
+    fn start_in(dir: tempfile::TempDir, config: &str) -> Server {
+        let port = free_port();
+        let db = dir.path().join("corral.db");
+        let config_path = dir.path().join("corral.toml");
+        std::fs::write(&config_path, format!("pool_size = 0\n{config}")).unwrap();
+        let child = Command::new(BIN)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--db"])
+            .arg(&db)
+            .arg("--config")
+            .arg(&config_path)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let server = Server {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            db,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while ureq::get(&format!("{}/healthz", server.url))
+            .call()
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "the server did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn key(&self, name: &str) -> String {
+        let out = Command::new(BIN)
+            .args(["key", "create", "--name", name, "--db"])
+            .arg(&self.db)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
+    /// (status, JSON body) of a request; `key` as a bearer token.
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        body: Option<&str>,
+    ) -> (u16, Value) {
+        let (status, bytes) = self.raw(method, path, key, body.map(str::as_bytes));
+        let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (status, value)
+    }
+
+    fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        body: Option<&[u8]>,
+    ) -> (u16, Vec<u8>) {
+        let mut req =
+            ureq::request(method, &format!("{}{path}", self.url)).set("Accept", "application/json");
+        if let Some(k) = key {
+            req = req.set("Authorization", &format!("Bearer {k}"));
+        }
+        let response = match body {
+            Some(b) => req.send_bytes(b),
+            None => req.call(),
+        };
+        let response = match response {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("{method} {path}: {e}"),
+        };
+        let status = response.status();
+        let mut bytes = Vec::new();
+        response.into_reader().read_to_end(&mut bytes).unwrap();
+        (status, bytes)
+    }
+
+    fn create(&self, key: Option<&str>) -> String {
+        let (status, info) = self.call("POST", "/v1/sandboxes", key, Some(r#"{"image":"host"}"#));
+        assert_eq!(status, 201, "{info}");
+        info["id"].as_str().unwrap().to_string()
+    }
+
+    fn execute(&self, id: &str, key: Option<&str>, code: &str) -> (u16, Value) {
+        let body = json!({ "code": code }).to_string();
+        self.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/execute"),
+            key,
+            Some(&body),
+        )
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn error_code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or("<no error code>")
+}
+
+/// Every process whose parent chain leads to `root` (not `root` itself).
+fn descendants(root: i32) -> Vec<(i32, u64)> {
+    let mut parent = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Some((ppid, start)) = stat(pid) {
+            parent.insert(pid, (ppid, start));
+        }
+    }
+    let mut out = Vec::new();
+    for (&pid, &(_, start)) in &parent {
+        let mut p = pid;
+        while let Some(&(pp, _)) = parent.get(&p) {
+            if pp == root {
+                out.push((pid, start));
+                break;
+            }
+            if pp <= 1 {
+                break;
+            }
+            p = pp;
+        }
+    }
+    out
+}
+
+/// (ppid, start time) from /proc/PID/stat.
+fn stat(pid: i32) -> Option<(i32, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    Some((fields[1].parse().ok()?, fields[19].parse().ok()?))
+}
+
+fn alive(pid: i32, start: u64) -> bool {
+    stat(pid).is_some_and(|(_, s)| s == start)
+}
+
+/// Cgroup directories of sandboxes owned by process `pid`, on any hierarchy.
+fn cgroups_of(pid: i32) -> Vec<PathBuf> {
+    let prefix = format!("{pid}-");
+    let mut found = Vec::new();
+    for base in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        for dir in [base.path().join("corral"), base.path()] {
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                    found.push(entry.path());
+                }
+            }
+        }
+    }
+    found
+}
+
+fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn malformed_requests_get_clear_json_errors_and_the_server_stays_up() {
+    let s = Server::start("max_json_bytes = 65536\nmax_body_bytes = 1048576");
+    let cases: &[(&str, &str, &str, u16, &str)] = &[
+        ("POST", "/v1/run", "{not json", 400, "bad_request"),
+        ("POST", "/v1/run", r#"{"code": 1}"#, 400, "bad_request"),
+        (
+            "POST",
+            "/v1/run",
+            r#"{"code": "1", "colour": "red"}"#,
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/v1/run",
+            r#"{"code": "1", "image": "nosuch"}"#,
+            422,
+            "unknown_image",
+        ),
+        (
+            "POST",
+            "/v1/run",
+            r#"{"code": "1", "image": "host", "language": "cobol"}"#,
+            422,
+            "unsupported_language",
+        ),
+        (
+            "POST",
+            "/v1/run",
+            r#"{"code": "1", "limits": {"memory_mb": 0}}"#,
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/v1/sandboxes",
+            r#"{"idle_timeout_s": -1}"#,
+            400,
+            "bad_request",
+        ),
+        ("GET", "/v1/sandboxes/sbx-nosuch", "", 404, "not_found"),
+        (
+            "POST",
+            "/v1/sandboxes/sbx-nosuch/execute",
+            r#"{"code": "1"}"#,
+            404,
+            "not_found",
+        ),
+        ("GET", "/v1/nowhere", "", 404, "not_found"),
+        ("DELETE", "/v1/run", "", 405, "method_not_allowed"),
+    ];
+    for (method, path, body, status, code) in cases {
+        let (got, answer) = s.call(method, path, None, (!body.is_empty()).then_some(*body));
+        assert_eq!(
+            (got, error_code(&answer)),
+            (*status, *code),
+            "{method} {path} {body}: {answer}"
+        );
+        assert!(!answer["error"]["message"].as_str().unwrap().is_empty());
+    }
+    let (_, unknown) = s.call(
+        "POST",
+        "/v1/run",
+        None,
+        Some(r#"{"code": "1", "colour": "red"}"#),
+    );
+    assert!(
+        unknown["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("colour"),
+        "{unknown}"
+    );
+
+    // Over the JSON body limit, and over the upload limit: 413 in the API's format, refused
+    // from the announced length.
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let answer = oversized(&addr, "POST", "/v1/run", 100_000);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains(r#""code":"payload_too_large""#), "{answer}");
+    let id = s.create(None);
+    let answer = oversized(
+        &addr,
+        "PUT",
+        &format!("/v1/sandboxes/{id}/files/big.bin"),
+        2 << 20,
+    );
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    let (status, _) = s.call(
+        "GET",
+        &format!("/v1/sandboxes/{id}/files/big.bin"),
+        None,
+        None,
+    );
+    assert_eq!(status, 404, "nothing of the refused upload was written");
+
+    let (status, result) = s.call(
+        "POST",
+        "/v1/run",
+        None,
+        Some(r#"{"code": "print(6*7)", "image": "host"}"#),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(result["stdout"], "42\n", "{result}");
+}
+
+#[test]
+fn files_api_never_leaves_the_workspace() {
+    let s = Server::start("");
+    let id = s.create(None);
+    let secret_dir = tempfile::tempdir().unwrap();
+    let secret = secret_dir.path().join("host-secret.txt");
+    std::fs::write(&secret, "HOST-SECRET").unwrap();
+    let f = |p: &str| format!("/v1/sandboxes/{id}/files/{p}");
+
+    let (status, entry) = s.call("PUT", &f("dir/a.txt"), None, Some("hello"));
+    assert_eq!((status, entry["size"].as_u64()), (201, Some(5)), "{entry}");
+    assert_eq!(
+        s.raw("GET", &f("dir/a.txt"), None, None),
+        (200, b"hello".to_vec())
+    );
+    let (_, listing) = s.call(
+        "GET",
+        &format!("/v1/sandboxes/{id}/files?dir=dir"),
+        None,
+        None,
+    );
+    assert_eq!(listing["files"], json!([{"path": "dir/a.txt", "size": 5}]));
+
+    // The sandbox plants links to a host file and to the host's root.
+    let plant = format!(
+        "import os\nos.symlink({0:?}, 'link')\nos.symlink('/', 'root')\nos.mkdir('d')\nos.symlink({0:?}, 'd/inner')\nprint('planted')",
+        secret.display().to_string()
+    );
+    let (_, planted) = s.execute(&id, None, &plant);
+    assert_eq!(planted["stdout"], "planted\n", "{planted}");
+
+    for path in [
+        "link",
+        "root/etc/passwd",
+        "d/inner",
+        "..%2F..%2Fetc%2Fpasswd",
+        "%2Fetc%2Fpasswd",
+        "dir/..%2F..%2Fx",
+    ] {
+        let (status, body) = s.raw("GET", &f(path), None, None);
+        assert!(status == 400 || status == 404, "GET {path}: {status}");
+        let text = String::from_utf8_lossy(&body);
+        assert!(
+            !text.contains("HOST-SECRET") && !text.contains("root:"),
+            "GET {path} leaked: {text}"
+        );
+        let (status, _) = s.call("PUT", &f(path), None, Some("OVERWRITTEN"));
+        assert!(status == 400 || status == 404, "PUT {path}: {status}");
+        let (status, _) = s.call("DELETE", &f(path), None, None);
+        assert!(status == 400 || status == 404, "DELETE {path}: {status}");
+    }
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "HOST-SECRET");
+    assert!(Path::new("/etc/passwd").exists());
+
+    let (status, _) = s.call("DELETE", &f("dir/a.txt"), None, None);
+    assert_eq!(status, 204);
+    let (status, body) = s.call("GET", &f("dir/a.txt"), None, None);
+    assert_eq!((status, error_code(&body)), (404, "not_found"));
+}
+
+#[test]
+fn one_key_never_sees_another_keys_sandboxes() {
+    // Listening on loopback, keys are optional but checked when given.
+    let s = Server::start("max_sessions_per_key = 2");
+    let (a, b) = (s.key("a"), s.key("b"));
+    let id = s.create(Some(&a));
+    let (_, mine) = s.execute(&id, Some(&a), "x = 7\nx");
+    assert_eq!(mine["results"][0]["text"], "7", "{mine}");
+
+    for key in [Some(b.as_str()), None] {
+        for (method, path, body) in [
+            ("GET", format!("/v1/sandboxes/{id}"), None),
+            (
+                "POST",
+                format!("/v1/sandboxes/{id}/execute"),
+                Some(r#"{"code":"x"}"#),
+            ),
+            (
+                "POST",
+                format!("/v1/sandboxes/{id}/commands"),
+                Some(r#"{"cmd":"true"}"#),
+            ),
+            ("GET", format!("/v1/sandboxes/{id}/files"), None),
+            ("PUT", format!("/v1/sandboxes/{id}/files/x"), Some("x")),
+            ("DELETE", format!("/v1/sandboxes/{id}"), None),
+        ] {
+            let (status, answer) = s.call(method, &path, key, body);
+            assert_eq!(
+                (status, error_code(&answer)),
+                (404, "not_found"),
+                "{method} {path} as {key:?}"
+            );
+        }
+        let (_, list) = s.call("GET", "/v1/sandboxes", key, None);
+        assert_eq!(list["sandboxes"], json!([]));
+    }
+    let (_, list) = s.call("GET", "/v1/sandboxes", Some(&a), None);
+    assert_eq!(list["sandboxes"][0]["id"], json!(id));
+
+    let (status, answer) = s.call("GET", "/v1/sandboxes", Some("crl_not_a_key"), None);
+    assert_eq!((status, error_code(&answer)), (401, "unauthorized"));
+
+    // Per-key limit: a third session for `a` is refused with Retry-After; `b` is unaffected.
+    s.create(Some(&a));
+    let response = ureq::post(&format!("{}/v1/sandboxes", s.url))
+        .set("Authorization", &format!("Bearer {a}"))
+        .send_string(r#"{"image":"host"}"#);
+    match response {
+        Err(ureq::Error::Status(429, r)) => assert!(r.header("Retry-After").is_some()),
+        other => panic!("expected 429, got {other:?}"),
+    }
+    s.create(Some(&b));
+
+    // A revoked key is refused.
+    let out = Command::new(BIN)
+        .args(["key", "ls", "--db"])
+        .arg(&s.db)
+        .output()
+        .unwrap();
+    let listing = String::from_utf8(out.stdout).unwrap();
+    let b_id = listing
+        .lines()
+        .find(|l| l.contains("  b  "))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap();
+    assert!(Command::new(BIN)
+        .args(["key", "revoke", b_id, "--db"])
+        .arg(&s.db)
+        .status()
+        .unwrap()
+        .success());
+    let (status, _) = s.call("GET", "/v1/sandboxes", Some(&b), None);
+    assert_eq!(status, 401);
+    assert!(!listing.contains(&b), "key ls must never print a secret");
+}
+
+#[test]
+fn execution_streams_events_and_a_disconnected_client_interrupts_it() {
+    let s = Server::start("");
+    let id = s.create(None);
+    let addr = s.url.trim_start_matches("http://").to_string();
+
+    // A streamed execution: NDJSON lines, no blank line, `end` last.
+    let body =
+        json!({"code": "print('a')\nimport sys; print('b', file=sys.stderr)\n6*7"}).to_string();
+    let lines = ndjson(&addr, &format!("/v1/sandboxes/{id}/execute"), &body);
+    let mut types: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
+    types.dedup(); // output may come in several chunks
+    assert_eq!(types, ["stdout", "stderr", "result", "end"], "{lines:?}");
+    let result = lines.iter().find(|l| l["type"] == "result").unwrap();
+    assert_eq!(result["text"], "42");
+    assert_eq!(lines.last().unwrap()["status"], "success");
+
+    // Commands stream too and end with the exit code.
+    let body = json!({"cmd": "echo out; echo err >&2; exit 3"}).to_string();
+    let lines = ndjson(&addr, &format!("/v1/sandboxes/{id}/commands"), &body);
+    let last = lines.last().unwrap();
+    assert_eq!(
+        (last["type"].as_str(), last["exit_code"].as_i64()),
+        (Some("end"), Some(3)),
+        "{lines:?}"
+    );
+    assert!(lines
+        .iter()
+        .any(|l| l["type"] == "stdout" && l["text"] == "out\n"));
+
+    // A client that goes away mid-execution: the execution is interrupted, state is kept.
+    s.execute(&id, None, "kept = 'yes'");
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    let body =
+        json!({"code": "import time\nprint('started', flush=True)\ntime.sleep(600)"}).to_string();
+    write!(
+        stream,
+        "POST /v1/sandboxes/{id}/execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    while !line.contains("started") {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "stream ended early"
+        );
+    }
+    drop(reader);
+    stream.shutdown(std::net::Shutdown::Both).unwrap();
+    let started = Instant::now();
+    let (status, after) = s.execute(&id, None, "kept");
+    assert_eq!(status, 200);
+    assert_eq!(after["results"][0]["text"], "'yes'", "{after}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the abandoned execution kept running"
+    );
+}
+
+/// Sends `len` bytes to `path`; the whole answer.
+fn oversized(addr: &str, method: &str, path: &str, len: usize) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
+    )
+    .unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    // The server may answer before it has read everything: a broken pipe here is fine.
+    let sender = std::thread::spawn(move || {
+        let _ = writer.write_all(&vec![b' '; len]);
+    });
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    sender.join().unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// POSTs `body` and reads the NDJSON answer to its end.
+fn ndjson(addr: &str, path: &str, body: &str) -> Vec<Value> {
+    let response = ureq::post(&format!("http://{addr}{path}"))
+        .send_string(body)
+        .unwrap();
+    assert_eq!(
+        response.header("Content-Type"),
+        Some("application/x-ndjson")
+    );
+    let mut text = String::new();
+    response.into_reader().read_to_string(&mut text).unwrap();
+    assert!(!text.contains("\n\n") && text.ends_with('\n'), "{text:?}");
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn sigterm_finishes_running_work_then_tears_every_sandbox_down() {
+    let s = Server::start("shutdown_grace_s = 3");
+    let id = s.create(None);
+    s.create(None);
+    wait_until("the sessions run", Duration::from_secs(10), || {
+        !descendants(s.pid()).is_empty()
+    });
+    let procs = descendants(s.pid());
+    let (url, busy) = (s.url.clone(), id.clone());
+    let running = std::thread::spawn(move || {
+        ureq::post(&format!("{url}/v1/sandboxes/{busy}/execute"))
+            .set("Accept", "application/json")
+            .send_string(r#"{"code":"import time\ntime.sleep(1)\nprint('finished')"}"#)
+            .map(|r| r.into_json::<Value>().unwrap())
+            .map_err(|e| e.to_string())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = s.pid();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let finished = running
+        .join()
+        .unwrap()
+        .expect("the running execution is allowed to finish");
+    assert_eq!(finished["stdout"], "finished\n");
+    let mut s = s;
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    for (p, start) in procs {
+        assert!(
+            !alive(p, start),
+            "sandbox process {p} survived the shutdown"
+        );
+    }
+    assert_eq!(cgroups_of(pid), Vec::<PathBuf>::new());
+}
+
+#[test]
+fn after_kill_9_a_restart_leaves_nothing_of_the_old_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let db_dir = dir.path().to_path_buf();
+    let mut s = Server::start_in(dir, "");
+    let ids = [s.create(None), s.create(None)];
+    s.execute(&ids[0], None, "import time");
+    wait_until("the sessions run", Duration::from_secs(10), || {
+        descendants(s.pid()).len() >= 2
+    });
+    let procs = descendants(s.pid());
+    let pid = s.pid();
+    assert!(!cgroups_of(pid).is_empty(), "sessions have cgroups");
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+
+    // The sandboxes die with their lifeline to the server.
+    wait_until(
+        "the orphaned sandboxes are gone",
+        Duration::from_secs(10),
+        || procs.iter().all(|&(p, start)| !alive(p, start)),
+    );
+    // The next server marks the sessions dead and removes the cgroups.
+    let dir = std::mem::replace(&mut s._dir, tempfile::tempdir().unwrap());
+    drop(s);
+    let again = Server::start_in(dir, "");
+    wait_until("stale cgroups are removed", Duration::from_secs(10), || {
+        cgroups_of(pid).is_empty()
+    });
+    let db = corral_server::db::Db::open(&db_dir.join("corral.db")).unwrap();
+    for id in &ids {
+        let reason = db.session_end_reason(id).unwrap();
+        assert!(
+            reason.as_deref().is_some_and(|r| r.starts_with("orphaned")),
+            "{id}: {reason:?}"
+        );
+        let (status, _) = again.call("GET", &format!("/v1/sandboxes/{id}"), None, None);
+        assert_eq!(status, 404);
+    }
+}

@@ -1,0 +1,271 @@
+"""Data classes for what the Corral API returns (DESIGN §3 and §5)."""
+
+from __future__ import annotations
+
+import base64
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Union
+
+__all__ = [
+    "Limits",
+    "Result",
+    "Logs",
+    "ExecutionError",
+    "Execution",
+    "FileInfo",
+    "CommandResult",
+    "RunResult",
+    "SandboxInfo",
+]
+
+#: The rich formats a :class:`Result` may carry, in the order :meth:`Result.formats` lists them.
+RESULT_FORMATS = ("text", "html", "markdown", "svg", "png", "json")
+
+
+@dataclass
+class Limits:
+    """Resource limits (all optional; the server applies DESIGN §2's defaults).
+
+    A plain ``dict`` with the same keys is accepted wherever ``limits`` is.
+    """
+
+    timeout_s: Optional[float] = None
+    memory_mb: Optional[int] = None
+    cpus: Optional[float] = None
+    pids: Optional[int] = None
+    disk_mb: Optional[int] = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+LimitsLike = Union[Limits, Mapping[str, Any]]
+
+
+@dataclass
+class Result:
+    """One rich result of an execution (a MIME bundle).
+
+    Only the formats the program produced are set; ``png`` is the base64 string as the server
+    sent it (use :meth:`png_bytes` or :meth:`save_png` for the bytes), ``json`` any JSON value.
+    """
+
+    is_main_result: bool = False
+    text: Optional[str] = None
+    html: Optional[str] = None
+    png: Optional[str] = None
+    svg: Optional[str] = None
+    json: Optional[Any] = None
+    markdown: Optional[str] = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Result":
+        return cls(
+            is_main_result=bool(data.get("is_main_result", False)),
+            text=data.get("text"),
+            html=data.get("html"),
+            png=data.get("png"),
+            svg=data.get("svg"),
+            json=data.get("json"),
+            markdown=data.get("markdown"),
+        )
+
+    def formats(self) -> List[str]:
+        """The names of the formats present, e.g. ``["text", "png"]``."""
+        return [name for name in RESULT_FORMATS if getattr(self, name) is not None]
+
+    def png_bytes(self) -> bytes:
+        """The decoded PNG; raises ``ValueError`` when this result has none."""
+        if self.png is None:
+            raise ValueError("this result has no PNG")
+        return base64.b64decode(self.png)
+
+    def save_png(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        """Writes the decoded PNG to ``path``; raises ``ValueError`` when there is none."""
+        data = self.png_bytes()
+        with open(path, "wb") as f:
+            f.write(data)
+
+    def __str__(self) -> str:
+        return self.text if self.text is not None else repr(self)
+
+
+@dataclass
+class Logs:
+    """The output chunks of an execution, in the order they arrived."""
+
+    stdout: List[str] = field(default_factory=list)
+    stderr: List[str] = field(default_factory=list)
+
+
+@dataclass
+class ExecutionError:
+    """A language-level exception raised by the executed code."""
+
+    name: str
+    value: str
+    traceback: str
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ExecutionError":
+        return cls(
+            name=str(data.get("name", "")),
+            value=str(data.get("value", "")),
+            traceback=str(data.get("traceback", "")),
+        )
+
+
+@dataclass
+class Execution:
+    """What one ``run_code`` produced.
+
+    ``status`` is the server's: ``success``, ``error`` (an exception), ``timeout``,
+    ``memory_limit`` or ``sandbox_error``. A failing program does not raise: look at
+    ``status`` and ``error``.
+    """
+
+    logs: Logs = field(default_factory=Logs)
+    results: List[Result] = field(default_factory=list)
+    error: Optional[ExecutionError] = None
+    status: str = "success"
+    execution_time_ms: int = 0
+    cpu_time_ms: int = 0
+    peak_memory_bytes: int = 0
+    #: A human-readable sentence for a status other than ``success``, when the server gives one.
+    error_message: Optional[str] = None
+
+    @property
+    def text(self) -> Optional[str]:
+        """The text of the main result (the value of the last expression), if any."""
+        for r in self.results:
+            if r.is_main_result:
+                return r.text
+        return None
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.logs.stdout)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.logs.stderr)
+
+
+@dataclass
+class FileInfo:
+    """A regular file in a sandbox's workspace (``path`` relative to ``/workspace``)."""
+
+    path: str
+    size: int
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "FileInfo":
+        return cls(path=str(data.get("path", "")), size=int(data.get("size", 0)))
+
+
+@dataclass
+class CommandResult:
+    """What ``commands.run`` produced.
+
+    ``exit_code`` is the command's (``None`` when it did not exit by itself, e.g. on timeout);
+    ``status`` is ``success`` (exit code 0), ``error``, ``timeout``, ``memory_limit`` or
+    ``sandbox_error``.
+    """
+
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: Optional[int] = None
+    status: str = "success"
+    execution_time_ms: int = 0
+    cpu_time_ms: int = 0
+    peak_memory_bytes: int = 0
+    error_message: Optional[str] = None
+
+
+@dataclass
+class RunResult:
+    """The result object of a one-shot run (DESIGN §3)."""
+
+    status: str
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    results: List[Result] = field(default_factory=list)
+    error: Optional[ExecutionError] = None
+    files: List[FileInfo] = field(default_factory=list)
+    execution_time_ms: int = 0
+    cpu_time_ms: int = 0
+    peak_memory_bytes: int = 0
+    error_message: Optional[str] = None
+    warnings: List[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RunResult":
+        error = data.get("error")
+        return cls(
+            status=str(data.get("status", "")),
+            exit_code=data.get("exit_code"),
+            signal=data.get("signal"),
+            stdout=data.get("stdout") or "",
+            stderr=data.get("stderr") or "",
+            stdout_truncated=bool(data.get("stdout_truncated", False)),
+            stderr_truncated=bool(data.get("stderr_truncated", False)),
+            results=[Result.from_dict(r) for r in data.get("results") or []],
+            error=ExecutionError.from_dict(error) if isinstance(error, dict) else None,
+            files=[FileInfo.from_dict(f) for f in data.get("files") or []],
+            execution_time_ms=int(data.get("execution_time_ms") or 0),
+            cpu_time_ms=int(data.get("cpu_time_ms") or 0),
+            peak_memory_bytes=int(data.get("peak_memory_bytes") or 0),
+            error_message=data.get("error_message"),
+            warnings=[str(w) for w in data.get("warnings") or []],
+        )
+
+    @property
+    def logs(self) -> Logs:
+        """``stdout``/``stderr`` shaped like :attr:`Execution.logs` (one chunk each)."""
+        return Logs(
+            stdout=[self.stdout] if self.stdout else [],
+            stderr=[self.stderr] if self.stderr else [],
+        )
+
+    @property
+    def text(self) -> Optional[str]:
+        """The text of the main result, if any."""
+        for r in self.results:
+            if r.is_main_result:
+                return r.text
+        return None
+
+
+@dataclass
+class SandboxInfo:
+    """A session as the server describes it (``state``, ``executions``, … are absent from the
+    create answer and therefore ``None`` there)."""
+
+    id: str
+    image: str
+    language: str
+    created_at: Optional[str] = None
+    expires_at: Optional[str] = None
+    last_used_at: Optional[str] = None
+    state: Optional[str] = None
+    executions: Optional[int] = None
+    death: Optional[str] = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SandboxInfo":
+        return cls(
+            id=str(data["id"]),
+            image=str(data.get("image", "")),
+            language=str(data.get("language", "")),
+            created_at=data.get("created_at"),
+            expires_at=data.get("expires_at"),
+            last_used_at=data.get("last_used_at"),
+            state=data.get("state"),
+            executions=data.get("executions"),
+            death=data.get("death"),
+        )

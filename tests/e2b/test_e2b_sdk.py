@@ -1,0 +1,123 @@
+"""Drive the unmodified E2B Python SDKs (`e2b`, `e2b-code-interpreter`) against Corral.
+
+    pytest tests/e2b                                                # starts a server itself
+    CORRAL_URL=http://127.0.0.1:PORT CORRAL_API_KEY=KEY pytest tests/e2b   # uses that one
+
+Needs `pip install e2b-code-interpreter pytest`. conftest.py provides the server (and fails,
+never skips, when it cannot) and points the SDK at it: both the control plane
+(POST /v2/sandboxes, DELETE /sandboxes/{id}) and the sandbox plane (/execute, /files, /health,
+/process.Process/*) go to the same Corral server. See /work/notes/e2b.md for the wire protocol
+these tests exercise.
+"""
+
+import base64
+
+import pytest
+
+from e2b import CommandExitException, FileNotFoundException, SandboxException
+from e2b_code_interpreter import Sandbox
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    """One sandbox shared by the tests below, so interpreter state carries over."""
+    sbx = Sandbox.create()
+    yield sbx
+    sbx.kill()
+
+
+def test_create_returns_a_sandbox(sandbox):
+    assert sandbox.sandbox_id
+    assert sandbox.is_running()  # GET /health on the sandbox plane
+
+
+def test_run_code_stdout(sandbox):
+    execution = sandbox.run_code("print('hello')")
+    assert execution.error is None
+    assert "".join(execution.logs.stdout) == "hello\n"
+    assert execution.logs.stderr == []
+
+
+def test_run_code_stderr(sandbox):
+    execution = sandbox.run_code("import sys\nprint('warn', file=sys.stderr)")
+    assert execution.error is None
+    assert "warn" in "".join(execution.logs.stderr)
+
+
+def test_run_code_keeps_state_between_calls(sandbox):
+    first = sandbox.run_code("x = 41")
+    assert first.error is None
+    assert first.text is None  # an assignment has no value to show
+
+    second = sandbox.run_code("x + 1")
+    assert second.error is None
+    assert second.text == "42"
+
+
+def test_run_code_matplotlib_png(sandbox):
+    execution = sandbox.run_code(
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()"
+    )
+    assert execution.error is None
+    pngs = [r.png for r in execution.results if r.png]
+    assert pngs, f"no result with png in {execution.results}"
+    assert base64.b64decode(pngs[0]).startswith(PNG_SIGNATURE)
+
+
+def test_run_code_dataframe_html(sandbox):
+    execution = sandbox.run_code(
+        "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3, 4]})"
+    )
+    assert execution.error is None
+    main = [r for r in execution.results if r.is_main_result]
+    assert len(main) == 1, execution.results
+    assert "<table" in (main[0].html or "")
+    assert main[0].text  # the plain-text repr is always there too
+
+
+def test_run_code_exception(sandbox):
+    execution = sandbox.run_code("1/0")
+    assert execution.error is not None
+    assert execution.error.name == "ZeroDivisionError"
+    assert "division by zero" in execution.error.value
+    assert isinstance(execution.error.traceback, str)
+
+
+def test_files_write_then_read(sandbox):
+    info = sandbox.files.write("data.txt", "hello")
+    assert info.name == "data.txt"
+    assert info.path.endswith("data.txt")
+    assert sandbox.files.read("data.txt") == "hello"
+
+
+def test_files_read_missing_file(sandbox):
+    with pytest.raises(FileNotFoundException):
+        sandbox.files.read("does-not-exist.txt")
+
+
+def test_commands_run_stdout_stderr(sandbox):
+    result = sandbox.commands.run("echo hi && echo err 1>&2")
+    assert result.exit_code == 0
+    assert result.stdout == "hi\n"
+    assert "err" in result.stderr
+
+
+def test_commands_run_nonzero_exit_raises(sandbox):
+    with pytest.raises(CommandExitException) as excinfo:
+        sandbox.commands.run("exit 3")
+    assert excinfo.value.exit_code == 3
+
+
+def test_kill_removes_the_sandbox():
+    # A sandbox of its own, so killing it cannot disturb the shared one.
+    sbx = Sandbox.create()
+    assert sbx.run_code("1 + 1").text == "2"
+
+    assert sbx.kill() is True  # DELETE /sandboxes/{id} -> 204
+
+    with pytest.raises(SandboxException):
+        sbx.run_code("1 + 1")
+    assert sbx.is_running() is False  # GET /health -> 502 for a gone sandbox
+    assert Sandbox.kill(sbx.sandbox_id) is False  # DELETE again -> 404

@@ -1,0 +1,161 @@
+"""Edges of the E2B face the SDK tests do not reach, spoken as raw HTTP (httpx comes with
+the SDK): credentials, the shape of errors, path mapping, and the Connect framing."""
+
+import json
+import os
+import struct
+import time
+
+import httpx
+import pytest
+
+from e2b import InvalidArgumentException
+from e2b_code_interpreter import Sandbox
+
+
+@pytest.fixture(scope="module")
+def sbx():
+    sandbox = Sandbox.create()
+    yield sandbox
+    sandbox.kill()
+
+
+@pytest.fixture(scope="module")
+def client(corral_server):
+    with httpx.Client(base_url=corral_server, timeout=60) as c:
+        yield c
+
+
+def plane(sandbox, token=None):
+    return {
+        "E2b-Sandbox-Id": sandbox.sandbox_id,
+        "E2b-Sandbox-Port": "49983",
+        "X-Access-Token": token if token is not None else sandbox._envd_access_token,
+    }
+
+
+def assert_e2b_error(response, status):
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["code"] == status and isinstance(body["message"], str), body
+
+
+def test_control_plane_errors_have_e2b_shape(client):
+    r = client.post("/v2/sandboxes", json={}, headers={"X-API-KEY": "not-a-key"})
+    assert_e2b_error(r, 401)
+    r = client.delete("/sandboxes/sbx-unknown", headers={"X-API-KEY": os.environ["E2B_API_KEY"]})
+    assert_e2b_error(r, 404)
+    r = client.post(
+        "/v2/sandboxes",
+        content=b"{not json",
+        headers={"X-API-KEY": os.environ["E2B_API_KEY"], "Content-Type": "application/json"},
+    )
+    assert_e2b_error(r, 400)
+
+
+def test_sandbox_info(sbx):
+    info = Sandbox.get_info(sbx.sandbox_id)
+    assert info.sandbox_id == sbx.sandbox_id
+    assert info.template_id == "code-interpreter-v1"
+
+
+def test_sandbox_plane_needs_the_access_token(client, sbx):
+    assert_e2b_error(client.get("/health", headers=plane(sbx, token="wrong")), 401)
+    assert_e2b_error(client.post("/execute", json={"code": "1"}, headers=plane(sbx, token="")), 401)
+    assert client.get("/health", headers=plane(sbx)).status_code == 204
+
+
+def test_sandbox_plane_without_a_sandbox(client, sbx):
+    assert client.get("/health").status_code == 204  # Corral's own
+    assert_e2b_error(client.post("/execute", json={"code": "1"}), 404)
+    assert_e2b_error(client.get("/files", params={"path": "x"}), 404)
+    unknown = {"E2b-Sandbox-Id": "sbx-unknown", "X-Access-Token": "x"}
+    r = client.get("/health", headers=unknown)
+    assert_e2b_error(r, 502)
+    assert "was not found" in r.json()["message"]
+
+
+def test_execute_lines_are_json_objects(client, sbx):
+    r = client.post(
+        "/execute",
+        json={"code": "print('a')\n6 * 7", "context_id": None, "language": None, "env_vars": None},
+        headers=plane(sbx),
+    )
+    assert r.status_code == 200
+    lines = r.text.split("\n")
+    assert lines[-1] == ""  # the last line ends with a newline ...
+    events = [json.loads(line) for line in lines[:-1]]  # ... and no line is blank
+    types = [e["type"] for e in events]
+    assert types[-2:] == ["number_of_executions", "end_of_execution"], types
+    stdout = [e for e in events if e["type"] == "stdout"]
+    assert "".join(e["text"] for e in stdout) == "a\n"
+    assert all("T" in e["timestamp"] for e in stdout)
+    result = next(e for e in events if e["type"] == "result")
+    assert result == {"type": "result", "is_main_result": True, "text": "42"}
+
+
+def test_file_paths_map_onto_the_workspace(sbx):
+    info = sbx.files.write("/home/user/sub/a.txt", "A")
+    assert info.path == "/workspace/sub/a.txt"
+    assert sbx.files.read("/workspace/sub/a.txt") == "A"
+    assert sbx.files.read("sub/a.txt") == "A"
+    assert sbx.run_code("open('sub/a.txt').read()").text == "A"
+    with pytest.raises(InvalidArgumentException):
+        sbx.files.read("/etc/passwd")
+    with pytest.raises(InvalidArgumentException):
+        sbx.files.write("../escape.txt", "x")
+
+
+def test_binary_files_round_trip(sbx):
+    data = bytes(range(256)) * 64
+    sbx.files.write("bin/data.bin", data)
+    assert bytes(sbx.files.read("bin/data.bin", format="bytes")) == data
+
+
+def test_commands_see_envs_and_cwd(sbx):
+    result = sbx.commands.run("echo $GREETING; pwd", envs={"GREETING": "hej"}, cwd="/home/user")
+    assert result.stdout == "hej\n/workspace\n"
+
+
+def test_process_start_framing(client, sbx):
+    request = json.dumps({"process": {"cmd": "/bin/bash", "args": ["-c", "echo hi"]}}).encode()
+
+    def chunks():  # a chunked request body, split inside the envelope header
+        framed = struct.pack(">BI", 0, len(request)) + request
+        yield framed[:3]
+        yield framed[3:]
+
+    r = client.post(
+        "/process.Process/Start",
+        content=chunks(),
+        headers={**plane(sbx), "Content-Type": "application/connect+json"},
+    )
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/connect+json"
+    body, frames = r.content, []
+    while body:
+        flags, length = struct.unpack(">BI", body[:5])
+        frames.append((flags, json.loads(body[5 : 5 + length])))
+        body = body[5 + length :]
+    assert "start" in frames[0][1]["event"]
+    assert frames[1][1] == {"event": {"data": {"stdout": "aGkK"}}}
+    assert frames[-2][1]["event"]["end"]["exitCode"] == 0
+    assert frames[-1] == (2, {})
+
+    compressed = struct.pack(">BI", 1, len(request)) + request
+    r = client.post("/process.Process/Start", content=compressed, headers=plane(sbx))
+    assert r.status_code == 200
+    flags, length = struct.unpack(">BI", r.content[:5])
+    assert flags == 2
+    assert json.loads(r.content[5:])["error"]["code"] == "invalid_argument"
+
+
+def test_a_client_that_goes_away_interrupts_its_execution(client, sbx):
+    code = "import time\nprint('started', flush=True)\ntime.sleep(25)\nprint('finished')"
+    with client.stream("POST", "/execute", json={"code": code}, headers=plane(sbx)) as r:
+        first = json.loads(next(r.iter_lines()))
+        assert first["type"] == "stdout" and first["text"].startswith("started")
+    started = time.monotonic()
+    execution = sbx.run_code("'still here'")  # waits for the interrupted one to end
+    assert execution.text == "still here"  # without quotes, as E2B shows strings
+    assert time.monotonic() - started < 10
