@@ -14,6 +14,7 @@ IPython session and result formatting live in corral_kernel_lib.py, loaded only 
 session mode or when a one-shot run has something to report.
 """
 
+import _imp
 import os
 import sys
 
@@ -56,17 +57,56 @@ def _frames_fd():
     return 3
 
 
+class _Compiled(BaseException):
+    """Stops exec()/eval() of source that `_compile` only wanted compiled."""
+
+
+def _compile(source, path, mode):
+    """compile(source, path, mode, dont_inherit=True), without its cost on a first call.
+
+    The first compile() in a process sets up the AST module's ~120 classes (it checks whether
+    `source` is an AST), about 2 ms: more than the rest of this runner together. exec() and
+    eval() of a string compile in C without that check, but name the code "<string>" and run
+    it. So they are stopped by a profile hook at the code's first event, before it executes
+    anything, and the code object is taken from its frame and renamed to `path` (what the
+    import system does with bytecode from a moved file). Nothing else can reach the hook: the
+    parser runs no Python code except a codec a coding cookie names, which is not "<string>"."""
+    caller = sys._getframe()
+    code = None
+
+    def hook(frame, event, arg):
+        nonlocal code
+        if event == "call" and frame.f_back is caller and frame.f_code.co_filename == "<string>":
+            code = frame.f_code
+            raise _Compiled
+
+    sys.setprofile(hook)
+    try:
+        (exec if mode == "exec" else eval)(source, {})
+    except _Compiled:
+        pass
+    except SyntaxError as error:
+        error.filename = path
+        raise
+    finally:
+        sys.setprofile(None)
+    if code is None:  # not seen (never expected): the plain way
+        return compile(source, path, mode, dont_inherit=True)
+    _imp._fix_co_filename(code, path)
+    return code
+
+
 def _compile_program(source, path, split_final_expression):
     """The program's code and, when asked, its final expression statement compiled apart
     (None if it has none) so that its value can be reported.
 
-    The split is textual, with plain compile() only: the AST module would cost every run
-    ~2.5 ms of type setup. The last top-level statement starts on a line that begins in
-    column 0; going up from the last such line, the first tail that compiles is that
-    statement (lines of an unfinished bracket or string do not compile on their own). It is
-    the final expression when it compiles as one and the lines before it as a module."""
+    The split is textual, without the AST module (its set-up alone would cost every run more
+    than 2 ms). The last top-level statement starts on a line that begins in column 0; going
+    up from the last such line, the first tail that compiles is that statement (lines of an
+    unfinished bracket or string do not compile on their own). It is the final expression
+    when it compiles as one and the lines before it as a module."""
     def whole():
-        return compile(source, path, "exec", dont_inherit=True), None
+        return _compile(source, path, "exec"), None
 
     if not split_final_expression:
         return whole()
@@ -78,15 +118,15 @@ def _compile_program(source, path, split_final_expression):
         # Blank lines keep the tail's line numbers those of the file.
         tail = b"\n" * i + b"".join(lines[i:])
         try:
-            final = compile(tail, path, "eval", dont_inherit=True)
+            final = _compile(tail, path, "eval")
         except SyntaxError:
             try:
-                compile(tail, path, "exec", dont_inherit=True)
+                _compile(tail, path, "exec")
             except SyntaxError:
                 continue  # part of a longer statement: look further up
             return whole()  # a complete statement that is not an expression
         try:
-            head = compile(b"".join(lines[:i]), path, "exec", dont_inherit=True)
+            head = _compile(b"".join(lines[:i]), path, "exec")
         except SyntaxError:
             return whole()
         return head, final

@@ -42,8 +42,8 @@ pub(crate) struct ChildPlan {
     /// Both ways: children → host reports; host → init and workload the cgroup to join (see
     /// [`MSG_CGROUP`]).
     pub report: RawFd,
-    /// Host → init: one byte `g` starts the workload, `i` interrupts it (SIGINT); EOF means
-    /// the host is gone and everything is killed.
+    /// Host → init: one byte `g` starts the workload (unless `start_at_once`), `i` interrupts
+    /// it (SIGINT); EOF means the host is gone and everything is killed.
     pub control: RawFd,
     /// Dup'ed to fd 3 of the workload when the program speaks a protocol with the host.
     pub socket: Option<RawFd>,
@@ -61,6 +61,9 @@ pub(crate) struct ChildPlan {
     /// The workload's filters (the zygote's for the zygote role).
     pub workload_filters: &'static [&'static [seccomp::sock_filter]],
     pub init_filters: &'static [&'static [seccomp::sock_filter]],
+    /// init starts the workload once the root is built and readiness is reported, without
+    /// waiting for the host's `g`.
+    pub start_at_once: bool,
 }
 
 impl ChildPlan {
@@ -252,8 +255,10 @@ fn init(plan: &ChildPlan) -> ! {
     }
     let _ = nix::unistd::close(workspace);
 
-    let mut go = [0u8; 1];
-    if !matches!(nix::unistd::read(plan.control, &mut go), Ok(1)) || go[0] != b'g' {
+    let mut go = [b'g'];
+    if !plan.start_at_once
+        && (!matches!(nix::unistd::read(plan.control, &mut go), Ok(1)) || go[0] != b'g')
+    {
         // The host gave up on this sandbox; the workload dies with init.
         // SAFETY: see `fail`.
         unsafe { libc::_exit(0) }

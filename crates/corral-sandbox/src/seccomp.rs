@@ -99,7 +99,7 @@ mod tests {
     use crate::seccomp_profile::*;
     use seccompiler::TargetArch;
     use serde_json::Value;
-    use std::collections::HashSet;
+    use std::collections::{BTreeSet, HashSet};
 
     #[cfg(target_arch = "x86_64")]
     const HOST_ARCH: TargetArch = TargetArch::x86_64;
@@ -222,6 +222,237 @@ mod tests {
             r#"{"g": {"default_action": "allow", "filter_action": {"errno": 1}, "filter": []}}"#
         )
         .contains("missing"));
+    }
+
+    /// `struct seccomp_data` as the kernel fills it on both (little-endian) architectures.
+    fn seccomp_data(nr: u32, arch: u32, args: [u64; 6]) -> [u8; 64] {
+        let mut data = [0u8; 64];
+        data[..4].copy_from_slice(&nr.to_le_bytes());
+        data[4..8].copy_from_slice(&arch.to_le_bytes());
+        for (slot, arg) in data[16..].chunks_exact_mut(8).zip(args) {
+            slot.copy_from_slice(&arg.to_le_bytes());
+        }
+        data
+    }
+
+    /// seccompiler's copy of the kernel's `sock_filter`, as libc's.
+    fn as_libc(program: &[seccompiler::sock_filter]) -> Vec<sock_filter> {
+        program
+            .iter()
+            .map(|i| sock_filter {
+                code: i.code,
+                jt: i.jt,
+                jf: i.jf,
+                k: i.k,
+            })
+            .collect()
+    }
+
+    /// How a program decided one syscall.
+    struct Decision {
+        action: u32,
+        /// The arguments it read, one bit per index.
+        args_read: u8,
+        /// Instructions it ran.
+        steps: usize,
+    }
+
+    /// A classic-BPF interpreter for the instructions seccomp programs use, with the kernel's
+    /// semantics; running off the end or an unknown instruction panics.
+    fn decide(program: &[sock_filter], data: &[u8; 64]) -> Decision {
+        let (mut acc, mut pc, mut args_read, mut steps) = (0u32, 0usize, 0u8, 0usize);
+        loop {
+            let insn = program[pc];
+            steps += 1;
+            pc += 1;
+            let k = insn.k;
+            match insn.code {
+                // BPF_LD | BPF_W | BPF_ABS
+                0x20 => {
+                    let at = k as usize;
+                    acc = u32::from_le_bytes(data[at..at + 4].try_into().unwrap());
+                    if at >= 16 {
+                        args_read |= 1 << ((at - 16) / 8);
+                    }
+                }
+                // BPF_ALU | BPF_AND | BPF_K
+                0x54 => acc &= k,
+                // BPF_RET | BPF_K
+                0x06 => {
+                    return Decision {
+                        action: k,
+                        args_read,
+                        steps,
+                    }
+                }
+                // BPF_JMP | BPF_JA
+                0x05 => pc += k as usize,
+                // BPF_JMP | BPF_JEQ, BPF_JGT, BPF_JGE, BPF_JSET with BPF_K
+                0x15 | 0x25 | 0x35 | 0x45 => {
+                    let taken = match insn.code {
+                        0x15 => acc == k,
+                        0x25 => acc > k,
+                        0x35 => acc >= k,
+                        _ => acc & k != 0,
+                    };
+                    pc += usize::from(if taken { insn.jt } else { insn.jf });
+                }
+                code => panic!("instruction {code:#06x} is not interpreted"),
+            }
+        }
+    }
+
+    /// Per argument index: the constants `program` compares that argument with, each as
+    /// itself, its neighbours, its complement, and with the upper 32 bits set or holding it.
+    fn argument_values(program: &[sock_filter]) -> [BTreeSet<u64>; 6] {
+        let mut values: [BTreeSet<u64>; 6] = Default::default();
+        let mut loaded = None;
+        for insn in program {
+            match insn.code {
+                0x20 => loaded = insn.k.checked_sub(16).map(|at| at as usize / 8),
+                0x06 => loaded = None,
+                0x54 | 0x15 | 0x25 | 0x35 | 0x45 => {
+                    if let Some(arg) = loaded {
+                        let k = insn.k;
+                        for low in [k, k ^ 1, k.wrapping_add(1), k.wrapping_sub(1), !k] {
+                            values[arg].insert(u64::from(low));
+                            values[arg].insert(u64::from(low) | 0xffff_ffff_0000_0000);
+                            values[arg].insert(u64::from(low) << 32);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        values
+    }
+
+    /// Every combination of one value per listed argument index, the others zero.
+    fn combinations(indexes: &[usize], values: &[BTreeSet<u64>; 6]) -> Vec<[u64; 6]> {
+        let mut all = vec![[0u64; 6]];
+        for &index in indexes {
+            all = all
+                .iter()
+                .flat_map(|args| {
+                    values[index].iter().map(move |&v| {
+                        let mut args = *args;
+                        args[index] = v;
+                        args
+                    })
+                })
+                .collect();
+        }
+        all
+    }
+
+    const AUDIT_ARCHES: [u32; 5] = [
+        0xc000_003e, // x86_64
+        0xc000_00b7, // aarch64
+        0x4000_0003, // i386 (int 0x80 on x86_64)
+        0x4000_0028, // arm (32-bit compat on aarch64)
+        0,
+    ];
+
+    /// The binary-search programs decide every syscall number, architecture and compared
+    /// argument value as seccompiler's linear chains of the same rules do.
+    #[test]
+    fn search_programs_decide_as_seccompilers_chains() {
+        let mut numbers: Vec<u32> = (0..1100).collect();
+        numbers.extend(0x4000_0000..0x4000_0000 + 600); // x32
+        numbers.extend([0x7fff_ffff, 0x8000_0000, u32::MAX - 1, u32::MAX]);
+        for profile in [&WORKLOAD, &INIT, &ZYGOTE] {
+            for arch in ARCHES {
+                let json = select_arch(profile, arch).unwrap();
+                let mut chains = seccompiler::compile_from_json(json.as_slice(), arch).unwrap();
+                let searches = compile(profile, arch).unwrap();
+                for (name, search) in profile.filters.iter().zip(&searches) {
+                    let chain = as_libc(&chains.remove(*name).unwrap());
+                    let search = &as_libc(search);
+                    let values = argument_values(&chain);
+                    let mut bits = values.clone();
+                    for set in &mut bits {
+                        set.extend((0..64).map(|b| 1u64 << b));
+                        set.extend([0, u64::MAX]);
+                    }
+                    let (mut checked, mut longest) = (0usize, 0);
+                    let mut check = |nr: u32, audit: u32, args: [u64; 6]| {
+                        let data = seccomp_data(nr, audit, args);
+                        let (old, new) = (decide(&chain, &data), decide(search, &data));
+                        assert_eq!(
+                            old.action, new.action,
+                            "{} {name} {arch:?}: syscall {nr} arch {audit:#x} args {args:x?}",
+                            profile.file
+                        );
+                        checked += 1;
+                        if new.args_read == 0 {
+                            longest = longest.max(new.steps);
+                        }
+                        old.args_read | new.args_read
+                    };
+                    for &nr in &numbers {
+                        for audit in AUDIT_ARCHES {
+                            if check(nr, audit, [0; 6]) == 0 {
+                                continue;
+                            }
+                            // Each argument alone over many values, then every combination of
+                            // the compared values over the arguments the rules read.
+                            let mut read = 0;
+                            for index in 0..6 {
+                                for args in combinations(&[index], &bits) {
+                                    read |= check(nr, audit, args);
+                                }
+                            }
+                            let indexes: Vec<usize> =
+                                (0..6).filter(|i| read & (1 << i) != 0).collect();
+                            for args in combinations(&indexes, &values) {
+                                check(nr, audit, args);
+                            }
+                        }
+                    }
+                    eprintln!(
+                        "{} {name} {arch:?}: {} instructions (seccompiler: {}), {checked} \
+                         decisions compared, at most {longest} steps without arguments",
+                        profile.file,
+                        search.len(),
+                        chain.len()
+                    );
+                    // The kernel emulates this for every syscall number at installation.
+                    assert!(longest <= 32, "the search is too deep: {longest} steps");
+                }
+            }
+        }
+    }
+
+    /// The argument checks whose getting wrong would matter most, on the installed program.
+    #[test]
+    fn search_program_keeps_the_argument_checks() {
+        let workload = filters(Role::Workload)[0];
+        let audit = if cfg!(target_arch = "x86_64") {
+            AUDIT_ARCHES[0]
+        } else {
+            AUDIT_ARCHES[1]
+        };
+        let eperm = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+        let allow = libc::SECCOMP_RET_ALLOW;
+        let action = |nr: c_long, args: [u64; 6]| {
+            decide(workload, &seccomp_data(nr as u32, audit, args)).action
+        };
+        // The same numbers on x86_64 and aarch64 (libc types them per target).
+        let (tiocsti, tcgets) = (0x5412, 0x5401);
+        assert_eq!(action(libc::SYS_ioctl, [0, tiocsti, 0, 0, 0, 0]), eperm);
+        assert_eq!(
+            action(libc::SYS_ioctl, [0, tiocsti | 1 << 32, 0, 0, 0, 0]),
+            eperm
+        );
+        assert_eq!(action(libc::SYS_ioctl, [0, tcgets, 0, 0, 0, 0]), allow);
+        let newuser = libc::CLONE_NEWUSER as u64;
+        assert_eq!(action(libc::SYS_clone, [newuser, 0, 0, 0, 0, 0]), eperm);
+        assert_eq!(
+            action(libc::SYS_clone, [libc::SIGCHLD as u64, 0, 0, 0, 0, 0]),
+            allow
+        );
+        assert_eq!(action(libc::SYS_ptrace, [0; 6]), eperm);
+        assert_eq!(action(libc::SYS_read, [0; 6]), allow);
     }
 
     /// Syscalls the brief forbids outright (conditionally allowed ones are probed below).

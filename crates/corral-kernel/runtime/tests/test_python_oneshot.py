@@ -181,3 +181,26 @@ def test_a_plain_program_imports_nothing_heavy(tmp_path):
 def test_a_missing_program_exits_2(tmp_path):
     status, stdout, stderr = plain([PYTHON, KERNEL, "--oneshot", "missing.py"], tmp_path)
     assert status == 2 and "can't open file" in stderr
+
+
+def test_the_program_is_compiled_as_python_compiles_it(tmp_path):
+    # Code objects carry the program's path, a coding cookie and __future__ imports work, and
+    # nothing of the runner's compiling (a profile hook) is left behind.
+    source = """\
+        # -*- coding: latin-1 -*-
+        from __future__ import annotations
+        import inspect, sys, warnings
+        def f(x: undefined_name) -> None:
+            return 1 / x
+        print(inspect.getsource(f).splitlines()[0], f.__code__.co_filename == __file__)
+        print(f.__annotations__, sys.getprofile(), 'é')
+        warnings.warn('careful')
+        f(0)
+        """
+    program = write_program(tmp_path, source)
+    run = oneshot(tmp_path, source)
+    assert (run.status, run.stdout, run.stderr) == plain([PYTHON, str(program)], tmp_path)
+    assert "def f(x: undefined_name) -> None: True" in run.stdout
+    assert f'File "{program}", line 5, in f' in run.stderr
+    run = oneshot(tmp_path, "")
+    assert (run.status, run.stdout, run.stderr) == (0, "", "")
