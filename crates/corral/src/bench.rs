@@ -13,18 +13,24 @@ pub struct BenchArgs {
     /// Timed runs per contender (after 3 warm-up runs each).
     #[arg(long, default_value_t = 60)]
     runs: usize,
-    /// Which benchmarks: all, oneshot, sessions, density.
+    /// Which benchmarks: all, oneshot, sessions, density, server.
     #[arg(long, default_value = "all")]
     only: String,
     /// Image for the session benchmarks.
     #[arg(long, default_value = "host")]
-    image: String,
+    pub image: String,
     /// Data directory holding built images (default: $CORRAL_DATA_DIR or the XDG data dir).
     #[arg(long)]
-    data_dir: Option<std::path::PathBuf>,
+    pub data_dir: Option<std::path::PathBuf>,
     /// Sessions for the density benchmark.
     #[arg(long, default_value_t = 200)]
     density_sessions: usize,
+    /// Concurrent clients of the server load test.
+    #[arg(long, default_value_t = 100)]
+    pub clients: usize,
+    /// Seconds the server load test runs its clients.
+    #[arg(long, default_value_t = 120)]
+    pub duration: u64,
 }
 
 /// Median and 95th percentile of a set of durations.
@@ -134,8 +140,11 @@ pub fn main(args: BenchArgs) -> Result<()> {
             args.density_sessions,
         )?;
     }
-    if !["all", "oneshot", "sessions", "density"].contains(&args.only.as_str()) {
-        bail!("--only takes all, oneshot, sessions or density");
+    if all || args.only == "server" {
+        crate::bench_server::run(&args)?;
+    }
+    if !["all", "oneshot", "sessions", "density", "server"].contains(&args.only.as_str()) {
+        bail!("--only takes all, oneshot, sessions, density or server");
     }
     Ok(())
 }

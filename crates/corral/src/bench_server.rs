@@ -1,0 +1,339 @@
+//! `corral bench --only server`: the load test of docs/benchmarks.md. It starts `corral serve`
+//! on loopback and measures, over HTTP: warm executions one at a time, one-shot throughput,
+//! and many clients creating, using and killing sessions at once, counting every error and
+//! the server's memory before and after. Bounded in clients and time; loopback only.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::bench::BenchArgs;
+
+struct Server {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.child.wait();
+    }
+}
+
+fn start_server(args: &BenchArgs, clients: usize) -> Result<Server> {
+    let dir = tempfile::tempdir()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let config = dir.path().join("corral.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "pool_size = 64\nmax_sessions_per_key = {}\ndefault_image = {:?}\n",
+            clients + 16,
+            args.image
+        ),
+    )?;
+    let mut command = Command::new(std::env::current_exe()?);
+    command
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--db"])
+        .arg(dir.path().join("corral.db"))
+        .arg("--config")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(d) = &args.data_dir {
+        command.arg("--data-dir").arg(d);
+    }
+    let server = Server {
+        child: command.spawn().context("starting corral serve")?,
+        url: format!("http://127.0.0.1:{port}"),
+        _dir: dir,
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ureq::get(&format!("{}/healthz", server.url))
+        .call()
+        .is_err()
+    {
+        if Instant::now() > deadline {
+            bail!("corral serve did not come up");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(server)
+}
+
+/// A metric's value from the server's Prometheus text.
+fn metric(url: &str, name: &str) -> Option<f64> {
+    let text = ureq::get(&format!("{url}/metrics"))
+        .call()
+        .ok()?
+        .into_string()
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+fn percentile(sorted: &[Duration], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1000.0
+}
+
+fn row(name: &str, mut samples: Vec<Duration>) {
+    samples.sort();
+    println!(
+        "  {name:<44} n={:<7} p50 {:>8.2} ms  p99 {:>8.2} ms",
+        samples.len(),
+        percentile(&samples, 0.50),
+        percentile(&samples, 0.99)
+    );
+}
+
+/// POSTs JSON and returns the JSON answer, failing on anything but the expected status.
+fn post(agent: &ureq::Agent, url: &str, body: &Value, expect: u16) -> Result<Value> {
+    let response = agent
+        .post(url)
+        .set("Accept", "application/json")
+        .send_json(body)
+        .map_err(|e| anyhow::anyhow!("POST {url}: {e}"))?;
+    if response.status() != expect {
+        bail!("POST {url}: status {}", response.status());
+    }
+    Ok(response.into_json()?)
+}
+
+fn execute(agent: &ureq::Agent, url: &str, id: &str, code: &str) -> Result<Value> {
+    let r = post(
+        agent,
+        &format!("{url}/v1/sandboxes/{id}/execute"),
+        &json!({"code": code}),
+        200,
+    )?;
+    if r["status"] != "success" {
+        bail!("execution ended {}: {}", r["status"], r["error_message"]);
+    }
+    Ok(r)
+}
+
+fn create(agent: &ureq::Agent, url: &str) -> Result<String> {
+    let info = post(agent, &format!("{url}/v1/sandboxes"), &json!({}), 201)?;
+    Ok(info["id"].as_str().context("no id")?.to_string())
+}
+
+fn kill(agent: &ureq::Agent, url: &str, id: &str) -> Result<()> {
+    let r = agent
+        .delete(&format!("{url}/v1/sandboxes/{id}"))
+        .call()
+        .map_err(|e| anyhow::anyhow!("DELETE: {e}"))?;
+    if r.status() != 204 {
+        bail!("DELETE: status {}", r.status());
+    }
+    Ok(())
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let server = start_server(args, args.clients)?;
+    let url = server.url.clone();
+    let pid = server.child.id();
+    println!(
+        "server benchmark: image `{}`, {} clients for {} s (pool of 64 sessions)",
+        args.image, args.clients, args.duration
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while metric(&url, "corral_pool_ready").unwrap_or(0.0) < 64.0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let rss_start = rss_mib(pid);
+
+    // 1. Warm executions, one client, keep-alive.
+    let agent = ureq::AgentBuilder::new().build();
+    let id = create(&agent, &url)?;
+    for _ in 0..20 {
+        execute(&agent, &url, &id, "1+1")?;
+    }
+    let mut warm = Vec::new();
+    for _ in 0..500 {
+        let t = Instant::now();
+        let r = execute(&agent, &url, &id, "1+1")?;
+        warm.push(t.elapsed());
+        if r["results"][0]["text"] != "2" {
+            bail!("1+1 gave {r}");
+        }
+    }
+    kill(&agent, &url, &id)?;
+
+    // 2. One-shot throughput: as many `print(1)` runs as 8 clients can push in 20 s.
+    let oneshot = load(8, Duration::from_secs(20), {
+        let url = url.clone();
+        move |agent, samples| {
+            let t = Instant::now();
+            let r = post(
+                agent,
+                &format!("{url}/v1/run"),
+                &json!({"code": "print(1)"}),
+                200,
+            )?;
+            if r["stdout"] != "1\n" {
+                bail!("print(1) gave {r}");
+            }
+            samples.lock().expect("lock").push(("run", t.elapsed()));
+            Ok(())
+        }
+    });
+
+    // 3. Many clients: create a session, execute four times, kill; over and over.
+    let sessions = load(args.clients, Duration::from_secs(args.duration), {
+        let url = url.clone();
+        move |agent, samples| {
+            let t = Instant::now();
+            let id = create(agent, &url)?;
+            let created = t.elapsed();
+            let mut times = vec![("create", created)];
+            let t = Instant::now();
+            execute(agent, &url, &id, "x = 41")?;
+            times.push(("first execute", t.elapsed()));
+            for _ in 0..3 {
+                let t = Instant::now();
+                let r = execute(agent, &url, &id, "x + 1")?;
+                times.push(("execute", t.elapsed()));
+                if r["results"][0]["text"] != "42" {
+                    bail!("x + 1 gave {r}");
+                }
+            }
+            let t = Instant::now();
+            kill(agent, &url, &id)?;
+            times.push(("kill", t.elapsed()));
+            samples.lock().expect("lock").extend(times);
+            Ok(())
+        }
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let rss_end = rss_mib(pid);
+    let live_after = metric(&url, "corral_sessions_live").unwrap_or(f64::NAN);
+
+    println!("warm `1+1` over HTTP (one client, folded JSON):");
+    row("execute", warm);
+    println!(
+        "one-shot `print(1)`, 8 clients, 20 s: {:.1} runs/s, {} errors",
+        oneshot.done as f64 / oneshot.elapsed.as_secs_f64(),
+        oneshot.errors
+    );
+    row("run", oneshot.by("run"));
+    println!(
+        "{} clients x (create, 4 executions, kill) for {:.0} s: {} cycles ({:.1}/s, {:.1} executions/s), {} errors",
+        args.clients,
+        sessions.elapsed.as_secs_f64(),
+        sessions.done,
+        sessions.done as f64 / sessions.elapsed.as_secs_f64(),
+        4.0 * sessions.done as f64 / sessions.elapsed.as_secs_f64(),
+        sessions.errors
+    );
+    for op in ["create", "first execute", "execute", "kill"] {
+        row(op, sessions.by(op));
+    }
+    for e in oneshot.first_errors.iter().chain(&sessions.first_errors) {
+        println!("  error: {e}");
+    }
+    println!(
+        "server RSS: {rss_start:.1} MiB at start, {rss_end:.1} MiB at the end; sessions live at the end: {live_after}"
+    );
+    Ok(())
+}
+
+struct Load {
+    done: u64,
+    errors: u64,
+    first_errors: Vec<String>,
+    elapsed: Duration,
+    samples: Vec<(&'static str, Duration)>,
+}
+
+impl Load {
+    fn by(&self, op: &str) -> Vec<Duration> {
+        self.samples
+            .iter()
+            .filter(|(o, _)| *o == op)
+            .map(|(_, d)| *d)
+            .collect()
+    }
+}
+
+type Samples = Arc<Mutex<Vec<(&'static str, Duration)>>>;
+
+/// Runs `cycle` on `clients` threads until `duration` has passed; every failed cycle counts.
+fn load(
+    clients: usize,
+    duration: Duration,
+    cycle: impl Fn(&ureq::Agent, &Samples) -> Result<()> + Send + Sync + 'static,
+) -> Load {
+    let cycle = Arc::new(cycle);
+    let samples: Samples = Arc::default();
+    let (done, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let first_errors = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let threads: Vec<_> = (0..clients)
+        .map(|_| {
+            let (cycle, samples, done, errors, first_errors, stop) = (
+                cycle.clone(),
+                samples.clone(),
+                done.clone(),
+                errors.clone(),
+                first_errors.clone(),
+                stop.clone(),
+            );
+            std::thread::spawn(move || {
+                let agent = ureq::AgentBuilder::new()
+                    .timeout(Duration::from_secs(120))
+                    .build();
+                while !stop.load(Ordering::Relaxed) {
+                    match cycle(&agent, &samples) {
+                        Ok(()) => done.fetch_add(1, Ordering::Relaxed),
+                        Err(e) => {
+                            let mut first = first_errors.lock().expect("lock");
+                            if first.len() < 5 {
+                                first.push(format!("{e:#}"));
+                            }
+                            errors.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(duration);
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+    let elapsed = started.elapsed();
+    let samples = std::mem::take(&mut *samples.lock().expect("lock"));
+    let first_errors = std::mem::take(&mut *first_errors.lock().expect("lock"));
+    Load {
+        done: done.load(Ordering::Relaxed),
+        errors: errors.load(Ordering::Relaxed),
+        first_errors,
+        elapsed,
+        samples,
+    }
+}
