@@ -6,7 +6,7 @@
 Needs `pip install e2b-code-interpreter pytest`. conftest.py provides the server (and fails,
 never skips, when it cannot) and points the SDK at it: both the control plane
 (POST /v2/sandboxes, DELETE /sandboxes/{id}) and the sandbox plane (/execute, /files, /health,
-/process.Process/*) go to the same Corral server. See /work/notes/e2b.md for the wire protocol
+/process.Process/*) go to the same Corral server. See docs/e2b.md for the wire protocol
 these tests exercise.
 """
 
@@ -121,3 +121,12 @@ def test_kill_removes_the_sandbox():
         sbx.run_code("1 + 1")
     assert sbx.is_running() is False  # GET /health -> 502 for a gone sandbox
     assert Sandbox.kill(sbx.sandbox_id) is False  # DELETE again -> 404
+
+
+def test_set_timeout_moves_the_expiry(sandbox):
+    import datetime
+
+    sandbox.set_timeout(3600)  # POST /sandboxes/{id}/timeout
+    info = sandbox.get_info()  # GET /sandboxes/{id}
+    left = info.end_at - datetime.datetime.now(datetime.timezone.utc)
+    assert datetime.timedelta(minutes=50) < left <= datetime.timedelta(hours=1, minutes=1)

@@ -170,6 +170,12 @@ impl SessionManager {
         Ok(())
     }
 
+    /// Sets how long session `id` may stay idle from now on.
+    pub fn set_idle_timeout(&self, id: &str, idle_timeout: Duration) -> Result<(), ManagerError> {
+        self.entry(id)?.info.lock().expect("lock").idle_timeout = idle_timeout;
+        Ok(())
+    }
+
     /// Replaces the kernel of session `id` (state is lost, files are kept).
     pub fn restart(&self, id: &str) -> Result<SessionInfo, ManagerError> {
         let entry = self.entry(id)?;

@@ -226,6 +226,7 @@ pub fn router(config: &Config) -> Router<AppState> {
         .route("/v2/sandboxes", post(create_sandbox))
         .route("/v2/sandboxes/{id}/connect", post(connect_sandbox))
         .route("/sandboxes/{id}", get(sandbox_info).delete(kill_sandbox))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
         .route("/execute", post(execute))
         .route("/health", get(health))
         .route("/process.Process/Start", post(process_start))
@@ -372,6 +373,27 @@ async fn kill_sandbox(
         registry.forget(&id);
     }
     killed?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+struct Timeout {
+    /// Seconds from now.
+    timeout: u64,
+}
+
+/// `Sandbox.set_timeout(n)`: the session now expires `n` seconds after its last use.
+async fn set_timeout(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, E2bError> {
+    let tenant = tenant_of(&state, &headers).await?;
+    let req: Timeout = serde_json::from_slice(&body)
+        .map_err(|e| E2bError::bad_request(format!("invalid JSON body: {e}")))?;
+    let service = state.service.clone();
+    blocking(move || service.set_idle_timeout(&tenant, &id, req.timeout)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

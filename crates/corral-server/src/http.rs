@@ -578,3 +578,103 @@ async fn openapi() -> Json<utoipa::openapi::OpenApi> {
 async fn docs() -> Html<String> {
     Html(crate::docs_page::render(&ApiDoc::openapi()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use tower::ServiceExt as _;
+
+    /// A router that only parses bodies the way the API does, answering 200 when parsed.
+    fn parser() -> Router {
+        async fn ok<T>(_: ApiJson<T>) -> StatusCode {
+            StatusCode::OK
+        }
+        Router::new()
+            .route("/run", post(ok::<RunRequest>))
+            .route("/create", post(ok::<CreateSandboxRequest>))
+            .route("/execute", post(ok::<ExecuteRequest>))
+            .route("/commands", post(ok::<CommandRequest>))
+            .layer(DefaultBodyLimit::max(1024))
+    }
+
+    fn answer(route: &str, body: Vec<u8>) -> (StatusCode, Vec<u8>) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let request = axum::http::Request::post(route)
+                .body(Body::from(body))
+                .unwrap();
+            let response = parser().oneshot(request).await.unwrap();
+            let status = response.status();
+            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            (status, bytes.to_vec())
+        })
+    }
+
+    fn is_api_error(bytes: &[u8], code: &str) -> bool {
+        serde_json::from_slice::<serde_json::Value>(bytes)
+            .is_ok_and(|v| v["error"]["code"] == code && v["error"]["message"].is_string())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Whatever the bytes, a body is parsed or refused with a 400 in the API's format.
+        #[test]
+        fn arbitrary_bodies_are_parsed_or_refused_cleanly(
+            route in prop::sample::select(vec!["/run", "/create", "/execute", "/commands"]),
+            body in prop::collection::vec(any::<u8>(), 0..512),
+        ) {
+            let (status, bytes) = answer(route, body);
+            prop_assert!(status == StatusCode::OK || (status == StatusCode::BAD_REQUEST && is_api_error(&bytes, "bad_request")));
+        }
+
+        /// JSON of the right outer shape with arbitrary field names and values.
+        #[test]
+        fn arbitrary_json_objects_are_parsed_or_refused_cleanly(
+            route in prop::sample::select(vec!["/run", "/create", "/execute", "/commands"]),
+            fields in prop::collection::btree_map(
+                prop::sample::select(vec!["code", "language", "image", "limits", "env", "files", "cmd", "args", "cwd", "timeout_s", "idle_timeout_s", "other"]),
+                prop_oneof![
+                    Just(serde_json::Value::Null),
+                    any::<i64>().prop_map(serde_json::Value::from),
+                    any::<f64>().prop_map(serde_json::Value::from),
+                    ".{0,20}".prop_map(serde_json::Value::from),
+                    Just(serde_json::json!({"timeout_s": -1, "memory_mb": 1e30})),
+                    Just(serde_json::json!(["a", 1])),
+                ],
+                0..6,
+            ),
+        ) {
+            let body = serde_json::to_vec(&fields).unwrap();
+            let (status, bytes) = answer(route, body);
+            prop_assert!(status == StatusCode::OK || (status == StatusCode::BAD_REQUEST && is_api_error(&bytes, "bad_request")));
+        }
+    }
+
+    #[test]
+    fn unknown_fields_and_oversized_bodies_are_named() {
+        let (status, bytes) = answer("/run", br#"{"code":"1","colour":"red"}"#.to_vec());
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(String::from_utf8_lossy(&bytes).contains("colour"));
+        let (status, bytes) = answer("/run", vec![b' '; 4096]);
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(is_api_error(&bytes, "payload_too_large"));
+    }
+
+    #[test]
+    fn keys_come_from_bearer_or_x_api_key() {
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, "Bearer  k1 ".parse().unwrap());
+        assert_eq!(presented_key(&h).as_deref(), Some("k1"));
+        h.insert(header::AUTHORIZATION, "Basic dXNlcjo=".parse().unwrap());
+        assert_eq!(presented_key(&h), None);
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", "k2".parse().unwrap());
+        assert_eq!(presented_key(&h).as_deref(), Some("k2"));
+    }
+}

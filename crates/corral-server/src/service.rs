@@ -584,6 +584,26 @@ impl Service {
         closed.map_err(|e| self.manager_error(id, e))
     }
 
+    /// Sets session `id`'s idle timeout (the session then expires that long after its last use).
+    pub fn set_idle_timeout(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        seconds: u64,
+    ) -> Result<SandboxInfo, ServiceError> {
+        if seconds == 0 || seconds > self.config.max_idle_timeout_s {
+            return Err(ServiceError::BadRequest(format!(
+                "the idle timeout must be between 1 and {} seconds",
+                self.config.max_idle_timeout_s
+            )));
+        }
+        self.owned(tenant, id)?;
+        self.manager
+            .set_idle_timeout(id, Duration::from_secs(seconds))
+            .map_err(|e| self.manager_error(id, e))?;
+        self.get(tenant, id)
+    }
+
     /// Interrupts the running execution of session `id`, if any.
     pub fn interrupt(&self, tenant: &Tenant, id: &str) -> Result<(), ServiceError> {
         self.owned(tenant, id)?;

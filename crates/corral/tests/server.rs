@@ -34,12 +34,17 @@ impl Server {
     }
 
     fn start_in(dir: tempfile::TempDir, config: &str) -> Server {
+        Self::start_on("127.0.0.1", dir, config)
+    }
+
+    /// As [`Server::start`], listening on `host` (requests still go to loopback).
+    fn start_on(host: &str, dir: tempfile::TempDir, config: &str) -> Server {
         let port = free_port();
         let db = dir.path().join("corral.db");
         let config_path = dir.path().join("corral.toml");
         std::fs::write(&config_path, format!("pool_size = 0\n{config}")).unwrap();
         let child = Command::new(BIN)
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--db"])
+            .args(["serve", "--listen", &format!("{host}:{port}"), "--db"])
             .arg(&db)
             .arg("--config")
             .arg(&config_path)
@@ -633,4 +638,40 @@ fn after_kill_9_a_restart_leaves_nothing_of_the_old_server() {
         let (status, _) = again.call("GET", &format!("/v1/sandboxes/{id}"), None, None);
         assert_eq!(status, 404);
     }
+}
+
+#[test]
+fn off_loopback_every_request_needs_a_key() {
+    let s = Server::start_on("0.0.0.0", tempfile::tempdir().unwrap(), "");
+    let (status, answer) = s.call("GET", "/v1/sandboxes", None, None);
+    assert_eq!((status, error_code(&answer)), (401, "unauthorized"));
+    let (status, answer) = s.call("POST", "/v1/run", None, Some(r#"{"code":"1"}"#));
+    assert_eq!((status, error_code(&answer)), (401, "unauthorized"));
+    let (status, _) = s.call("GET", "/healthz", None, None);
+    assert_eq!(status, 200, "health needs no key");
+    let key = s.key("remote");
+    let (status, list) = s.call("GET", "/v1/sandboxes", Some(&key), None);
+    assert_eq!((status, &list["sandboxes"]), (200, &json!([])));
+}
+
+#[test]
+fn idle_sessions_expire_and_are_recorded() {
+    let s = Server::start("");
+    let (status, info) = s.call(
+        "POST",
+        "/v1/sandboxes",
+        None,
+        Some(r#"{"image":"host","idle_timeout_s":1}"#),
+    );
+    assert_eq!(status, 201, "{info}");
+    let id = info["id"].as_str().unwrap().to_string();
+    wait_until("the idle session expires", Duration::from_secs(15), || {
+        s.call("GET", &format!("/v1/sandboxes/{id}"), None, None).0 == 404
+    });
+    let db = corral_server::db::Db::open(&s.db).unwrap();
+    wait_until("its end is recorded", Duration::from_secs(5), || {
+        db.session_end_reason(&id)
+            .unwrap()
+            .is_some_and(|r| r.starts_with("expired"))
+    });
 }
