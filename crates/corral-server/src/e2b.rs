@@ -41,7 +41,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::Config;
 use crate::connect::{self, Decoder, FLAG_END_STREAM};
 use crate::error::ApiError;
-use crate::http::{authenticate, blocking, presented_key, AppState};
+use crate::http::{authenticate, blocking, AppState};
 use crate::service::{CommandRequest, CreateSandboxRequest, ExecuteRequest, ServiceError, Tenant};
 
 /// What `clientID` says in sandbox descriptions.
@@ -265,7 +265,7 @@ fn sandbox_json(id: &str, template: &str, token: &str) -> Value {
 }
 
 async fn tenant_of(state: &AppState, headers: &HeaderMap) -> Result<Tenant, E2bError> {
-    Ok(authenticate(state, presented_key(headers)).await?)
+    Ok(authenticate(state, headers).await?)
 }
 
 async fn create_sandbox(

@@ -22,7 +22,7 @@ pub struct ErrorBody {
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
-    /// Machine-readable: `bad_request`, `invalid_path`, `unauthorized`, `not_found`,
+    /// Machine-readable: `bad_request`, `invalid_path`, `unauthorized`, `forbidden`, `not_found`,
     /// `sandbox_dead`, `payload_too_large`, `unknown_image`, `unsupported_language`,
     /// `too_many_sandboxes`, `sandbox_error`, `shutting_down`.
     pub code: String,

@@ -73,10 +73,50 @@ pub fn presented_key(headers: &HeaderMap) -> Option<String> {
         .map(|v| v.trim().to_string())
 }
 
-/// The tenant of a request whose key (if any) is `key`.
-pub async fn authenticate(state: &AppState, key: Option<String>) -> Result<Tenant, ApiError> {
-    match key {
-        None if !state.service.config().requires_keys() => Ok(Tenant::local()),
+/// Whether a keyless request can only have come from a local program: its `Host` names
+/// loopback (a DNS-rebound name does not) and any `Origin` is a loopback page. A web page the
+/// user visits can neither read from nor post to a keyless server.
+pub fn from_local_program(headers: &HeaderMap) -> bool {
+    fn loopback_host(authority: &str) -> bool {
+        let host = match authority.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or(""),
+            None => authority.split(':').next().unwrap_or(""),
+        };
+        host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    }
+    let host_ok = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .is_none_or(loopback_host);
+    let origin_ok = headers
+        .get(header::ORIGIN)
+        .and_then(|o| o.to_str().ok())
+        .is_none_or(|o| {
+            o.strip_prefix("http://")
+                .or_else(|| o.strip_prefix("https://"))
+                .is_some_and(loopback_host)
+        });
+    host_ok && origin_ok
+}
+
+/// The tenant of a request: its key's, or `local` for a keyless request to a loopback server.
+pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Tenant, ApiError> {
+    match presented_key(headers) {
+        None if !state.service.config().requires_keys() => {
+            if from_local_program(headers) {
+                Ok(Tenant::local())
+            } else {
+                Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    "a request without a key must come from a local program (Host and Origin \
+                     on loopback); send `Authorization: Bearer KEY`",
+                ))
+            }
+        }
         None => Err(ApiError::unauthorized(
             "an API key is required: send `Authorization: Bearer KEY` (make one with `corral key create`)",
         )),
@@ -96,7 +136,7 @@ impl FromRequestParts<AppState> for Tenant {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        authenticate(state, presented_key(&parts.headers)).await
+        authenticate(state, &parts.headers).await
     }
 }
 
@@ -664,6 +704,39 @@ mod tests {
         let (status, bytes) = answer("/run", vec![b' '; 4096]);
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
         assert!(is_api_error(&bytes, "payload_too_large"));
+    }
+
+    #[test]
+    fn keyless_requests_must_come_from_local_programs() {
+        let headers = |pairs: &[(header::HeaderName, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(k, v.parse().unwrap());
+            }
+            h
+        };
+        for ok in [
+            headers(&[]),
+            headers(&[(header::HOST, "127.0.0.1:8420")]),
+            headers(&[
+                (header::HOST, "localhost:8420"),
+                (header::ORIGIN, "http://localhost:3000"),
+            ]),
+            headers(&[(header::HOST, "[::1]:8420")]),
+        ] {
+            assert!(from_local_program(&ok), "{ok:?}");
+        }
+        for bad in [
+            headers(&[(header::HOST, "evil.example:8420")]),
+            headers(&[(header::HOST, "127.0.0.1.evil.example")]),
+            headers(&[
+                (header::HOST, "127.0.0.1:8420"),
+                (header::ORIGIN, "https://evil.example"),
+            ]),
+            headers(&[(header::HOST, "127.0.0.1:8420"), (header::ORIGIN, "null")]),
+        ] {
+            assert!(!from_local_program(&bad), "{bad:?}");
+        }
     }
 
     #[test]

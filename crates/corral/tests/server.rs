@@ -289,6 +289,17 @@ fn malformed_requests_get_clear_json_errors_and_the_server_stays_up() {
         "{unknown}"
     );
 
+    // A web page cannot drive a keyless loopback server.
+    match ureq::post(&format!("{}/v1/run", s.url))
+        .set("Origin", "https://evil.example")
+        .send_string(r#"{"code":"print(1)","image":"host"}"#)
+    {
+        Err(ureq::Error::Status(403, r)) => {
+            assert!(r.into_string().unwrap().contains("forbidden"))
+        }
+        other => panic!("expected 403, got {other:?}"),
+    }
+
     // Over the JSON body limit, and over the upload limit: 413 in the API's format, refused
     // from the announced length.
     let addr = s.url.trim_start_matches("http://").to_string();
