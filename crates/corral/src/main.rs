@@ -4,6 +4,7 @@ mod bench;
 mod bench_server;
 mod bench_sessions;
 mod image;
+mod mcp;
 mod run;
 mod serve;
 
@@ -32,6 +33,10 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Manage the API keys of `corral serve`.
     Key(serve::KeyArgs),
+    /// Serve the sandbox tools to MCP clients, on stdio or streamable HTTP.
+    Mcp(mcp::McpArgs),
+    /// Print the tools as function-calling definitions (JSON) for agent frameworks.
+    Tools(mcp::ToolsArgs),
     /// Measure the performance promises of docs/benchmarks.md against in-run baselines.
     Bench(bench::BenchArgs),
 }
@@ -44,6 +49,8 @@ fn main() {
         Command::Doctor => doctor(),
         Command::Serve(args) => report_error("corral serve", serve::serve(args)),
         Command::Key(args) => report_error("corral key", serve::key(args)),
+        Command::Mcp(args) => report_error("corral mcp", mcp::mcp(args)),
+        Command::Tools(args) => report_error("corral tools", mcp::tools(args)),
         Command::Bench(args) => report_error("corral bench", bench::main(args)),
     };
     std::process::exit(code);
