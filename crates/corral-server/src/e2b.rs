@@ -17,10 +17,9 @@
 //! refused. Code contexts (`/contexts`), per-execution `env_vars` and PTYs are not supported.
 
 use std::collections::{BTreeMap, HashMap};
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use axum::body::{Body, Bytes};
 use axum::extract::multipart::MultipartRejection;
@@ -36,12 +35,11 @@ use corral_sandbox::{ExecutionResult, Limits, Status};
 use futures_util::StreamExt as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::{mpsc, oneshot};
 
 use crate::config::Config;
 use crate::connect::{self, Decoder, FLAG_END_STREAM};
 use crate::error::ApiError;
-use crate::http::{authenticate, blocking, AppState};
+use crate::http::{authenticate, blocking, stream_frames, AppState};
 use crate::service::{CommandRequest, CreateSandboxRequest, ExecuteRequest, ServiceError, Tenant};
 
 /// What `clientID` says in sandbox descriptions.
@@ -58,10 +56,6 @@ const WORKSPACE: &str = "/workspace";
 const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 const CONNECT_JSON: &str = "application/connect+json";
-/// Frames buffered per stream: a client that reads slowly holds at most this many.
-const STREAM_BUFFER: usize = 64;
-/// A client that reads nothing for this long is treated as gone.
-const SLOW_CLIENT_LIMIT: Duration = Duration::from_secs(30);
 /// Pids shown to the SDK (`start{pid}`) are counted from here; nothing else uses them.
 const FIRST_PID: u32 = 1000;
 
@@ -563,42 +557,6 @@ async fn write_files(
         return Err(E2bError::bad_request("no multipart part named `file`"));
     }
     Ok(Json(written))
-}
-
-/// Runs blocking `work` that emits frames and streams them as the response body; when the
-/// client goes away, `on_gone` runs (it interrupts the work).
-fn stream_frames(
-    content_type: &'static str,
-    work: impl FnOnce(&mut dyn FnMut(Bytes)) + Send + 'static,
-    on_gone: impl FnOnce() + Send + 'static,
-) -> Response {
-    let (tx, rx) = mpsc::channel::<Bytes>(STREAM_BUFFER);
-    let (done_tx, done_rx) = oneshot::channel::<()>();
-    let watcher = tx.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = watcher.closed() => {
-                let _ = tokio::task::spawn_blocking(on_gone).await;
-            }
-            _ = done_rx => {}
-        }
-    });
-    let runtime = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || {
-        let mut open = true;
-        work(&mut |frame| {
-            if open {
-                let sent =
-                    runtime.block_on(tokio::time::timeout(SLOW_CLIENT_LIMIT, tx.send(frame)));
-                open = matches!(sent, Ok(Ok(())));
-            }
-        });
-        drop(tx);
-        let _ = done_tx.send(());
-    });
-    let body =
-        Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, Infallible>));
-    ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 fn json_line(value: &Value) -> Bytes {
@@ -1220,7 +1178,7 @@ mod tests {
         let payload =
             br#"{"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi"]},"stdin":false}"#;
         let framed = connect::encode(0, payload);
-        let chunks: Vec<Result<Bytes, Infallible>> = framed
+        let chunks: Vec<Result<Bytes, std::convert::Infallible>> = framed
             .chunks(3)
             .map(|c| Ok(Bytes::copy_from_slice(c)))
             .collect();

@@ -3,7 +3,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
@@ -222,33 +222,40 @@ fn wants_json(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.contains("application/json") && !v.contains("ndjson"))
 }
 
-/// Sends stream lines from a blocking thread, giving up on a client that stops reading.
-struct LineSink {
-    tx: mpsc::Sender<Bytes>,
-    gone: bool,
-}
-
-impl LineSink {
-    fn send(&mut self, line: Vec<u8>) -> bool {
-        if self.gone {
-            return false;
-        }
-        let mut line = Bytes::from(line);
-        let deadline = Instant::now() + SLOW_CLIENT_LIMIT;
-        loop {
-            match self.tx.try_send(line) {
-                Ok(()) => return true,
-                Err(mpsc::error::TrySendError::Full(back)) if Instant::now() < deadline => {
-                    line = back;
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                Err(_) => {
-                    self.gone = true;
-                    return false;
-                }
+/// Runs blocking `work` that emits frames and streams them as the response body; when the
+/// client goes away, `on_gone` runs (it interrupts the work).
+pub fn stream_frames(
+    content_type: &'static str,
+    work: impl FnOnce(&mut dyn FnMut(Bytes)) + Send + 'static,
+    on_gone: impl FnOnce() + Send + 'static,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<Bytes>(STREAM_BUFFER);
+    let (done_tx, done_rx) = oneshot::channel::<()>();
+    let watcher = tx.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = watcher.closed() => {
+                let _ = tokio::task::spawn_blocking(on_gone).await;
             }
+            _ = done_rx => {}
         }
-    }
+    });
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let mut open = true;
+        work(&mut |frame| {
+            if open {
+                let sent =
+                    runtime.block_on(tokio::time::timeout(SLOW_CLIENT_LIMIT, tx.send(frame)));
+                open = matches!(sent, Ok(Ok(())));
+            }
+        });
+        drop(tx);
+        let _ = done_tx.send(());
+    });
+    let body =
+        Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, Infallible>));
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 fn json_line(value: &impl Serialize) -> Vec<u8> {
@@ -296,39 +303,26 @@ pub fn ndjson_stream(
     on_gone: impl FnOnce() + Send + 'static,
     with_exit_code: bool,
 ) -> Response {
-    let (tx, rx) = mpsc::channel::<Bytes>(STREAM_BUFFER);
-    let (done_tx, done_rx) = oneshot::channel::<()>();
-    let watcher = tx.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = watcher.closed() => {
-                let _ = tokio::task::spawn_blocking(on_gone).await;
-            }
-            _ = done_rx => {}
-        }
-    });
-    tokio::task::spawn_blocking(move || {
-        let mut sink = LineSink { tx, gone: false };
-        let outcome = work(&mut |event| {
-            // The end line is written from the final result (it may carry the exit code).
-            if !matches!(event, Event::End { .. }) {
-                sink.send(json_line(event));
-            }
-        });
-        let end = match outcome {
-            Ok(result) => end_line(&result, with_exit_code),
-            Err(e) => end_line(
-                &ExecutionResult::sandbox_error(e.to_string()),
-                with_exit_code,
-            ),
-        };
-        sink.send(end);
-        drop(sink);
-        let _ = done_tx.send(());
-    });
-    let body =
-        Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, Infallible>));
-    ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
+    stream_frames(
+        "application/x-ndjson",
+        move |send| {
+            let outcome = work(&mut |event| {
+                // The end line is written from the final result (it may carry the exit code).
+                if !matches!(event, Event::End { .. }) {
+                    send(Bytes::from(json_line(event)));
+                }
+            });
+            let end = match outcome {
+                Ok(result) => end_line(&result, with_exit_code),
+                Err(e) => end_line(
+                    &ExecutionResult::sandbox_error(e.to_string()),
+                    with_exit_code,
+                ),
+            };
+            send(Bytes::from(end));
+        },
+        on_gone,
+    )
 }
 
 /// One-shot run in a fresh sandbox.
