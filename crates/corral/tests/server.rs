@@ -507,7 +507,7 @@ fn execution_streams_events_and_a_disconnected_client_interrupts_it() {
         json!({"code": "import time\nprint('started', flush=True)\ntime.sleep(600)"}).to_string();
     write!(
         stream,
-        "POST /v1/sandboxes/{id}/execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/sandboxes/{id}/execute HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -537,7 +537,7 @@ fn oversized(addr: &str, method: &str, path: &str, len: usize) -> String {
     let mut stream = TcpStream::connect(addr).unwrap();
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
          Content-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
     )
     .unwrap();
