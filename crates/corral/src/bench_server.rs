@@ -201,7 +201,21 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
     });
 
-    // 3. Many clients: create a session, execute four times, kill; over and over.
+    // 3. Many clients: create a session, execute four times, kill; over and over. The server's
+    // memory is sampled throughout: it must not grow with the work done.
+    let rss_before_load = rss_mib(pid);
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let sampling = sampling.clone();
+        std::thread::spawn(move || {
+            let mut series = Vec::new();
+            while sampling.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_secs(10));
+                series.push(rss_mib(pid));
+            }
+            series
+        })
+    };
     let sessions = load(args.clients, Duration::from_secs(args.duration), {
         let url = url.clone();
         move |agent, samples| {
@@ -227,6 +241,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             Ok(())
         }
     });
+    sampling.store(false, Ordering::Relaxed);
+    let series = sampler.join().expect("sampler");
     std::thread::sleep(Duration::from_secs(3));
     let rss_end = rss_mib(pid);
     let live_after = metric(&url, "corral_sessions_live").unwrap_or(f64::NAN);
@@ -254,8 +270,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     for e in oneshot.first_errors.iter().chain(&sessions.first_errors) {
         println!("  error: {e}");
     }
+    let series: Vec<String> = series.iter().map(|m| format!("{m:.1}")).collect();
     println!(
-        "server RSS: {rss_start:.1} MiB at start, {rss_end:.1} MiB at the end; sessions live at the end: {live_after}"
+        "server RSS (MiB): {rss_start:.1} idle at start, {rss_before_load:.1} before the \
+         many-client load, every 10 s during it [{}], {rss_end:.1} at the end; sessions live at \
+         the end: {live_after}",
+        series.join(", ")
     );
     Ok(())
 }
