@@ -28,6 +28,17 @@ fn host_processes_invisible() {
             );
         }
     }
+    // Every visible process's cgroup lies inside the sandbox's cgroup namespace (init, which
+    // stays outside the sandbox's cgroup, has that file masked).
+    let groups = o.values("CGROUP");
+    assert!(!groups.is_empty(), "{}", o.dump());
+    for g in groups {
+        assert!(
+            !g.contains("/.."),
+            "host cgroup path visible: {g}\n{}",
+            o.dump()
+        );
+    }
     if host_pid > 64 {
         o.assert_blocked("hostpid-proc", NO_FILE);
         o.assert_blocked("hostpid-kill0", &["ESRCH"]);

@@ -25,11 +25,13 @@ pub(crate) const MSG_INIT_PID: u8 = b'P';
 pub(crate) const MSG_ERROR: u8 = b'E';
 pub(crate) const MSG_READY: u8 = b'R';
 pub(crate) const MSG_EXIT: u8 = b'X';
-/// Host → sandbox, twice (one for init, one for the workload, read by whichever comes
-/// first): the membership files of the sandbox's cgroup (one per hierarchy) as SCM_RIGHTS, or
-/// none when the sandbox runs without a cgroup. The host creates the cgroup while stage 1
-/// builds the namespaces; the files it opened carry its credentials, which is what the kernel
-/// checks when a sandbox process writes to them from inside its user namespace.
+/// Host → workload, once: the membership files of the sandbox's cgroup (one per hierarchy) as
+/// SCM_RIGHTS, or none when the sandbox runs without a cgroup. The host creates the cgroup
+/// while stage 1 builds the namespaces; the files it opened carry its credentials, which is
+/// what the kernel checks when a sandbox process writes to them from inside its user
+/// namespace. init stays out of the cgroup: it holds only the program's process tree, which is
+/// empty once init reports the exit, so the host can read and remove the cgroup while init
+/// and its namespaces are still being torn down.
 pub(crate) const MSG_CGROUP: u8 = b'C';
 /// Most cgroup hierarchies a sandbox joins (v1: memory, pids, cpu, cpuacct, freezer).
 const MAX_CGROUP_FILES: usize = 8;
@@ -39,7 +41,7 @@ pub(crate) struct ChildPlan {
     pub ops: Vec<Op>,
     /// Root mode: switch to these host ids first.
     pub switch_to: Option<(Uid, Gid)>,
-    /// Both ways: children → host reports; host → init and workload the cgroup to join (see
+    /// Both ways: children → host reports; host → workload the cgroup to join (see
     /// [`MSG_CGROUP`]).
     pub report: RawFd,
     /// Host → init: one byte `g` starts the workload (unless `start_at_once`), `i` interrupts
@@ -238,9 +240,6 @@ fn init(plan: &ChildPlan) -> ! {
 
     if let Err(e) = build_root(plan) {
         plan.fail("building the sandbox root filesystem", e);
-    }
-    if let Err(e) = join_cgroup(plan) {
-        plan.fail("joining the sandbox cgroup", e);
     }
     let workspace = match nix::fcntl::open(
         "/workspace",

@@ -52,8 +52,10 @@ const HOST_ETC_WHITELIST: [&str; 5] = [
 const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 
 /// `/proc` files hidden behind `/dev/null`: they describe the whole host, not the sandbox.
-/// (`keys` would list the caller's own keys in rootless mode.)
-const PROC_MASKED: [&str; 4] = ["timer_list", "sched_debug", "kcore", "keys"];
+/// (`keys` would list the caller's own keys in rootless mode; `1/cgroup` is init's, which
+/// stays in the host's cgroup, so its path would climb out of the sandbox's cgroup namespace
+/// into the host's tree.)
+const PROC_MASKED: [&str; 5] = ["timer_list", "sched_debug", "kcore", "keys", "1/cgroup"];
 
 pub const SANDBOX_UID: u32 = 1000;
 pub const SANDBOX_GID: u32 = 1000;

@@ -125,7 +125,10 @@ pub fn cgroup_layout() -> Option<&'static Layout> {
     if let Some(layout) = layout.filter(|_| detected) {
         let _ = std::thread::Builder::new()
             .name("corral-sweep".into())
-            .spawn(|| layout.sweep_stale());
+            .spawn(|| {
+                crate::sys::run_only_when_idle();
+                layout.sweep_stale()
+            });
     }
     layout
 }
@@ -366,7 +369,7 @@ impl Sandbox {
             limits,
         };
 
-        // Made while stage 1 builds the namespaces, then sent to init and the workload to join.
+        // Made while stage 1 builds the namespaces, then sent to the workload to join.
         if let Err(e) = sandbox.send_cgroup(spec) {
             // Dropping the sandbox kills and reaps init, once stage 1 has said which it is.
             let mut buf = [0u8; 16];
@@ -466,16 +469,12 @@ impl Sandbox {
             None => Vec::new(),
         };
         let raw: Vec<_> = files.iter().map(|f| f.as_raw_fd()).collect();
-        // One for init, one for the workload.
-        for _ in 0..2 {
-            crate::sys::send_fds(self.report.as_fd(), &[MSG_CGROUP], &raw).map_err(|source| {
-                SandboxError::Io {
-                    what: "sending the cgroup to the sandbox",
-                    source,
-                }
-            })?;
-        }
-        Ok(())
+        crate::sys::send_fds(self.report.as_fd(), &[MSG_CGROUP], &raw).map_err(|source| {
+            SandboxError::Io {
+                what: "sending the cgroup to the sandbox",
+                source,
+            }
+        })
     }
 
     fn recv(&self, buf: &mut [u8]) -> Result<(usize, Option<OwnedFd>), SandboxError> {
@@ -566,29 +565,24 @@ impl Sandbox {
         // init exits by itself once the program is gone; closing the control pipe makes it
         // kill whatever is left first.
         self.control = None;
-        let usage = self.reap_init();
-        self.finish_stats(usage)
-    }
-
-    fn finish_stats(&mut self, usage: Option<libc::rusage>) -> Finish {
-        let oom_killed = self.cgroup.as_ref().map_or(0, Cgroup::oom_kills) > 0;
-        let peak_memory_bytes = self
-            .cgroup
-            .as_ref()
-            .and_then(Cgroup::peak_memory)
-            .unwrap_or(usage.map_or(0, |u| u.ru_maxrss.max(0) as u64 * 1024));
+        // The cgroup holds the program's processes only (not init), all reaped once init has
+        // reported the exit: it is read and removed while init's namespaces are torn down.
+        // (Without a report, removing it kills and waits out what is left.)
+        let cgroup = self.cgroup.take();
+        let oom_killed = cgroup.as_ref().map_or(0, Cgroup::oom_kills) > 0;
+        let peak_memory = cgroup.as_ref().and_then(Cgroup::peak_memory);
         // rusage misses processes the kernel reaped itself (a killed tree): prefer the cgroup.
-        let cpu_time = self
-            .cgroup
-            .as_ref()
-            .and_then(Cgroup::cpu_time)
-            .unwrap_or_else(|| {
-                usage.map_or(Duration::ZERO, |u| {
-                    let tv =
-                        |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-                    tv(u.ru_utime) + tv(u.ru_stime)
-                })
-            });
+        let cpu_time = cgroup.as_ref().and_then(Cgroup::cpu_time);
+        drop(cgroup);
+        let usage = self.reap_init();
+        let peak_memory_bytes =
+            peak_memory.unwrap_or(usage.map_or(0, |u| u.ru_maxrss.max(0) as u64 * 1024));
+        let cpu_time = cpu_time.unwrap_or_else(|| {
+            usage.map_or(Duration::ZERO, |u| {
+                let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+                tv(u.ru_utime) + tv(u.ru_stime)
+            })
+        });
         Finish {
             cpu_time,
             peak_memory_bytes,
@@ -691,7 +685,11 @@ impl Sandbox {
                 if i == 2 {
                     match self.read_report() {
                         Report::Closed => open[2] = false,
-                        Report::Exited(raw) => exit_status = Some(raw),
+                        // init's last word: the host tears down while init exits.
+                        Report::Exited(raw) => {
+                            exit_status = Some(raw);
+                            open[2] = false;
+                        }
                         Report::SetupError(msg) => setup_error = Some(msg),
                     }
                     continue;
@@ -715,7 +713,7 @@ impl Sandbox {
         }
         let execution_time = started.elapsed();
         if !open[2] && exit_status.is_none() && !timed_out {
-            // init vanished without a report (e.g. killed by the OOM killer): make sure
+            // init vanished without a report (killed from outside): make sure
             // nothing else is left.
             self.kill();
         }

@@ -84,6 +84,14 @@ pub unsafe fn clone_parent() -> io::Result<libc::pid_t> {
     }
 }
 
+/// Moves the calling thread to `SCHED_IDLE`: it runs only on a CPU nothing else wants, so
+/// housekeeping never delays a sandbox's start. Best effort.
+pub fn run_only_when_idle() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param the kernel only reads.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+}
+
 /// Brings the loopback interface of the current network namespace up.
 pub fn loopback_up() -> io::Result<()> {
     let sock = nix::sys::socket::socket(

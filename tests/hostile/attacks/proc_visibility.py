@@ -8,6 +8,13 @@ for pid in pids:
     except OSError as ex:
         cmd = '<%s>' % ename(ex.errno)
     print('PROC %d %s' % (pid, cmd[:200]))
+    # Cgroup paths are shown relative to our cgroup namespace: one that climbs out of it
+    # ("/..") names the host's cgroup tree.
+    try:
+        groups = read_file('/proc/%d/cgroup' % pid).decode(errors='replace').split()
+    except OSError as ex:
+        groups = ['<%s>' % ename(ex.errno)]
+    print('CGROUP %d %s' % (pid, ' '.join(groups)))
 probe('hostpid-proc', lambda: os.stat('/proc/%d' % host_pid))
 probe('hostpid-kill0', lambda: os.kill(host_pid, 0))
 # Brute-force signal 0 over a pid range: count who answers.
