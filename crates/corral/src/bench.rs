@@ -224,6 +224,17 @@ fn oneshot(args: &BenchArgs) -> Result<()> {
         ratio(corral.p50, bare.p50),
         ratio(corral.p95, bare.p95)
     );
+    // The ratio to bare Python moves with the machine's state (a VM whose vCPUs idle runs
+    // Python slower); the fixed cost each sandbox adds is what Corral controls.
+    let over = |a: Duration, b: Duration| (a.as_secs_f64() - b.as_secs_f64()) * 1e3;
+    println!(
+        "fixed cost over bare python, p50: corral {:.2} ms{}",
+        over(corral.p50, bare.p50),
+        summaries
+            .get(2)
+            .map(|bwrap| format!(", bwrap {:.2} ms", over(bwrap.p50, bare.p50)))
+            .unwrap_or_default()
+    );
     if let [_, _, returned, gone] = &summaries[..] {
         println!(
             "corral / bwrap:        p50 {:.3}x  p95 {:.3}x   (required <= 1.0x)",
