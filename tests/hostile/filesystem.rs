@@ -320,9 +320,16 @@ fn cwd_dotdot_chroot_and_pivot_root_stay_inside() {
 #[test]
 fn inherited_fds_do_not_reach_the_host() {
     let _g = shared();
+    for caller in CALLERS {
+        check_no_host_fds(caller);
+    }
+}
+
+fn check_no_host_fds(caller: Caller) {
     let s = HostSecret::plant();
     let o = Run::python(include_str!("attacks/leaked_fds.py"))
         .env("HOST_SECRET_PATH", s.path_str())
+        .caller(caller)
         .run();
     o.assert_completed();
     o.assert_no_escape();

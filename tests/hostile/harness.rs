@@ -58,6 +58,20 @@ pub fn marker(tag: &str) -> String {
     format!("hx{tag}{a:016x}{:08x}", h2.finish() as u32)
 }
 
+/// Who starts the sandbox. The engine creates it one way for a single-threaded caller and
+/// another for a multithreaded one, so attacks on what that start sets up run through both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// `corral run`, a single-threaded process: init is cloned straight into the sandbox's
+    /// namespaces.
+    Command,
+    /// The engine called from a multithreaded process (as the server does), in this test
+    /// process: a forked stage 1 makes the namespaces and init.
+    Threaded,
+}
+
+pub const CALLERS: [Caller; 2] = [Caller::Command, Caller::Threaded];
+
 /// One `corral run` invocation under construction.
 pub struct Run {
     lang: &'static str,
@@ -66,6 +80,7 @@ pub struct Run {
     host_env: Vec<(String, String)>,
     timeout_secs: u64,
     json: bool,
+    caller: Caller,
 }
 
 impl Run {
@@ -90,7 +105,13 @@ impl Run {
             // Small default so a hung sandbox cannot stall the suite.
             timeout_secs: 15,
             json: true,
+            caller: Caller::Command,
         }
+    }
+
+    pub fn caller(mut self, caller: Caller) -> Self {
+        self.caller = caller;
+        self
     }
 
     /// `--env K=V`: a parameter for the attack program.
@@ -183,7 +204,55 @@ impl Run {
     }
 
     pub fn run(self) -> Outcome {
-        self.spawn().wait()
+        match self.caller {
+            Caller::Command => self.spawn().wait(),
+            Caller::Threaded => self.run_in_threaded_caller(),
+        }
+    }
+
+    /// The one-shot path of `corral run` (the same runner, the host image), called from a
+    /// thread of this process while another thread exists. Takes `--env` and the timeout.
+    fn run_in_threaded_caller(self) -> Outcome {
+        assert_eq!(self.lang, "python", "threaded runs take Python attacks");
+        let mut spec = corral_sandbox::SandboxSpec::new(Vec::new());
+        spec.limits.timeout = Duration::from_secs(self.timeout_secs);
+        for pair in self.args.chunks(2) {
+            let [flag, value] = pair else {
+                panic!("threaded runs take --env K=V only")
+            };
+            assert_eq!(flag, "--env", "threaded runs take --env K=V only");
+            let (k, v) = value
+                .to_str()
+                .and_then(|kv| kv.split_once('='))
+                .expect("K=V");
+            spec.env.push((k.to_string(), v.to_string()));
+        }
+        let started = Instant::now();
+        let result = thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let threads = std::fs::read_dir("/proc/self/task").unwrap().count();
+                    assert!(threads > 1, "the caller must be multithreaded");
+                    let code = self.code.clone().into_bytes();
+                    let python = corral_kernel::Language::Python;
+                    corral_kernel::oneshot::run(spec, python, "main.py", code, None, &mut |_, _| {})
+                        .0
+                })
+                .join()
+                .expect("the engine panicked")
+        });
+        let json = serde_json::to_value(&result).expect("the result serializes");
+        let o = Outcome {
+            exit: std::os::unix::process::ExitStatusExt::from_raw(0),
+            raw_stdout: json.to_string(),
+            raw_stderr: String::new(),
+            json: Some(json),
+            wall: started.elapsed(),
+        };
+        if std::env::var_os("HOSTILE_VERBOSE").is_some() {
+            eprintln!("{}", o.dump());
+        }
+        o
     }
 }
 

@@ -6,7 +6,16 @@ use crate::harness::*;
 #[test]
 fn no_capabilities_no_new_privs_and_seccomp() {
     let _g = shared();
-    let o = Run::python(include_str!("attacks/caps_status.py")).run();
+    for caller in CALLERS {
+        check_caps_and_identity(
+            Run::python(include_str!("attacks/caps_status.py"))
+                .caller(caller)
+                .run(),
+        );
+    }
+}
+
+fn check_caps_and_identity(o: Outcome) {
     o.assert_completed();
     let status = |k: &str| -> String {
         o.values("STATUS")
@@ -42,7 +51,16 @@ fn no_capabilities_no_new_privs_and_seccomp() {
 #[test]
 fn setuid_to_root_fails() {
     let _g = shared();
-    let o = Run::python(include_str!("attacks/setuid_root.py")).run();
+    for caller in CALLERS {
+        check_setuid_blocked(
+            Run::python(include_str!("attacks/setuid_root.py"))
+                .caller(caller)
+                .run(),
+        );
+    }
+}
+
+fn check_setuid_blocked(o: Outcome) {
     o.assert_completed();
     o.assert_no_escape();
     for what in [

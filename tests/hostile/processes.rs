@@ -10,8 +10,15 @@ use std::time::{Duration, Instant};
 fn host_processes_invisible() {
     let _g = shared();
     let host_pid = std::process::id();
+    for caller in CALLERS {
+        check_processes_invisible(caller, host_pid);
+    }
+}
+
+fn check_processes_invisible(caller: Caller, host_pid: u32) {
     let o = Run::python(include_str!("attacks/proc_visibility.py"))
         .env("HOST_PID", host_pid.to_string())
+        .caller(caller)
         .run();
     o.assert_completed();
     o.assert_no_escape();

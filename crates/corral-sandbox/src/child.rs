@@ -83,12 +83,56 @@ impl ChildPlan {
     }
 }
 
-/// Stage 1: a child of the host process.
-pub(crate) fn stage1(plan: &ChildPlan) -> ! {
-    let mut keep = vec![plan.report, plan.control, plan.stdout, plan.stderr];
-    keep.extend(plan.socket);
-    sys::close_all_except(&keep);
+/// The namespaces of every sandbox. No cgroup namespace yet: the workload makes its own once
+/// it is in the sandbox's cgroup, which then becomes its root.
+pub(crate) const NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWUSER
+    .union(CloneFlags::CLONE_NEWNS)
+    .union(CloneFlags::CLONE_NEWPID)
+    .union(CloneFlags::CLONE_NEWNET)
+    .union(CloneFlags::CLONE_NEWIPC)
+    .union(CloneFlags::CLONE_NEWUTS);
+pub(crate) const NAMESPACES_FAILED: &str =
+    "creating namespaces (user, mount, pid, net, ipc, uts, cgroup); check that user \
+     namespaces are enabled (sysctl user.max_user_namespaces > 0, \
+     kernel.unprivileged_userns_clone=1, no AppArmor userns restriction)";
+/// Host → init on the control pipe, when the host made init itself: its id maps are written.
+pub(crate) const MAPS_WRITTEN: u8 = b'm';
 
+/// Maps the sandbox user and group (and nothing else) to `host_uid`/`host_gid` in the user
+/// namespace of the process whose `/proc` directory is `proc_dir`. An unprivileged writer
+/// must deny `setgroups` first; a privileged one leaves it allowed so that init can drop the
+/// host's supplementary groups.
+pub(crate) fn write_id_maps(
+    proc_dir: &str,
+    host_uid: u32,
+    host_gid: u32,
+    deny_setgroups: bool,
+) -> io::Result<()> {
+    let maps = [
+        ("setgroups", "deny".to_string()),
+        ("uid_map", format!("{SANDBOX_UID} {host_uid} 1")),
+        ("gid_map", format!("{SANDBOX_GID} {host_gid} 1")),
+    ];
+    for (file, content) in maps.iter().skip(usize::from(!deny_setgroups)) {
+        std::fs::write(format!("{proc_dir}/{file}"), content)
+            .map_err(|e| io::Error::new(e.kind(), format!("writing {proc_dir}/{file}: {e}")))?;
+    }
+    Ok(())
+}
+
+impl ChildPlan {
+    /// Closes every descriptor the host process had open but the sandbox's own.
+    fn close_host_descriptors(&self) {
+        let mut keep = vec![self.report, self.control, self.stdout, self.stderr];
+        keep.extend(self.socket);
+        sys::close_all_except(&keep);
+    }
+}
+
+/// Stage 1: a child of a multithreaded host process (see [`init_in_namespaces`] for the
+/// single-threaded case). It makes the namespaces and init, which it leaves to the host.
+pub(crate) fn stage1(plan: &ChildPlan) -> ! {
+    plan.close_host_descriptors();
     if let Some((uid, gid)) = plan.switch_to {
         if let Err(e) = nix::unistd::setgroups(&[])
             .and_then(|_| nix::unistd::setresgid(gid, gid, gid))
@@ -101,43 +145,15 @@ pub(crate) fn stage1(plan: &ChildPlan) -> ! {
         // SAFETY: prctl with integer arguments only.
         unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
     }
-
     let (host_uid, host_gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
-    // No cgroup namespace yet: init and the workload each make theirs once they are in the
-    // sandbox's cgroup, which then becomes its root.
-    let flags = CloneFlags::CLONE_NEWUSER
-        | CloneFlags::CLONE_NEWNS
-        | CloneFlags::CLONE_NEWPID
-        | CloneFlags::CLONE_NEWNET
-        | CloneFlags::CLONE_NEWIPC
-        | CloneFlags::CLONE_NEWUTS;
-    if let Err(e) = unshare(flags) {
-        plan.fail(
-            "creating namespaces (user, mount, pid, net, ipc, uts, cgroup); check that user \
-             namespaces are enabled (sysctl user.max_user_namespaces > 0, \
-             kernel.unprivileged_userns_clone=1, no AppArmor userns restriction)",
-            e,
-        );
+    if let Err(e) = unshare(NAMESPACES) {
+        plan.fail(NAMESPACES_FAILED, e);
     }
-    let maps = [
-        ("/proc/self/setgroups", "deny".to_string()),
-        (
-            "/proc/self/uid_map",
-            format!("{SANDBOX_UID} {} 1", host_uid.as_raw()),
-        ),
-        (
-            "/proc/self/gid_map",
-            format!("{SANDBOX_GID} {} 1", host_gid.as_raw()),
-        ),
-    ];
-    for (file, content) in maps {
-        if let Err(e) = std::fs::write(file, content) {
-            plan.fail(&format!("writing {file}"), e);
-        }
+    if let Err(e) = write_id_maps("/proc/self", host_uid.as_raw(), host_gid.as_raw(), true) {
+        plan.fail("mapping the sandbox user", e);
     }
-
     // SAFETY: stage 1 is single-threaded (it is a fresh fork).
-    match unsafe { sys::clone_parent() } {
+    match unsafe { sys::clone_process(libc::CLONE_PARENT) } {
         Err(e) => plan.fail("starting the sandbox init", e),
         Ok(0) => init(plan),
         Ok(pid) => {
@@ -148,6 +164,30 @@ pub(crate) fn stage1(plan: &ChildPlan) -> ! {
             unsafe { libc::_exit(0) }
         }
     }
+}
+
+/// init as the child of a single-threaded host that cloned it straight into [`NAMESPACES`]:
+/// it starts with the host's credentials, waits until the host has written its id maps, and
+/// in root mode then drops the host's groups and becomes the sandbox user (the mapped ids
+/// are the per-sandbox host ids), keeping its capabilities inside its own user namespace.
+pub(crate) fn init_in_namespaces(plan: &ChildPlan) -> ! {
+    plan.close_host_descriptors();
+    let mut byte = [0u8; 1];
+    if !matches!(nix::unistd::read(plan.control, &mut byte), Ok(1)) || byte[0] != MAPS_WRITTEN {
+        // The host gave up on this sandbox.
+        // SAFETY: see `ChildPlan::fail`.
+        unsafe { libc::_exit(0) }
+    }
+    if plan.switch_to.is_some() {
+        let (uid, gid) = (Uid::from_raw(SANDBOX_UID), Gid::from_raw(SANDBOX_GID));
+        if let Err(e) = nix::unistd::setgroups(&[])
+            .and_then(|_| nix::unistd::setresgid(gid, gid, gid))
+            .and_then(|_| nix::unistd::setresuid(uid, uid, uid))
+        {
+            plan.fail("switching to the sandbox user", e);
+        }
+    }
+    init(plan)
 }
 
 /// Joins the sandbox's cgroup (the host's [`MSG_CGROUP`]) and makes it the root of a new

@@ -340,12 +340,31 @@ impl Sandbox {
             start_at_once,
         };
 
-        // SAFETY: the child only runs `child::stage1`, which uses data prepared above and
-        // system calls, and ends in _exit or exec. glibc's fork keeps malloc usable in the
-        // child even when other threads exist.
-        let stage1 = match unsafe { nix::unistd::fork() }.map_err(SandboxError::io("fork"))? {
-            ForkResult::Child => child::stage1(&plan),
-            ForkResult::Parent { child } => child,
+        // A single-threaded host (the `corral run` command) clones init straight into the new
+        // namespaces. Otherwise stage 1 does it: glibc's fork, unlike a raw clone, leaves
+        // malloc usable in the child whatever locks other threads hold.
+        let direct = crate::sys::single_threaded();
+        let first_child = if direct {
+            // SAFETY: this process has one thread. The child only runs
+            // `child::init_in_namespaces`, which uses data prepared above and system calls,
+            // and ends in _exit or exec.
+            match unsafe { crate::sys::clone_process(child::NAMESPACES.bits()) } {
+                Err(e) => {
+                    return Err(SandboxError::Refused(format!(
+                        "{}: {e}",
+                        child::NAMESPACES_FAILED
+                    )))
+                }
+                Ok(0) => child::init_in_namespaces(&plan),
+                Ok(pid) => Pid::from_raw(pid),
+            }
+        } else {
+            // SAFETY: the child only runs `child::stage1`, which uses data prepared above
+            // and system calls, and ends in _exit or exec.
+            match unsafe { nix::unistd::fork() }.map_err(SandboxError::io("fork"))? {
+                ForkResult::Child => child::stage1(&plan),
+                ForkResult::Parent { child } => child,
+            }
         };
         let socket = socket.map(|(host, child)| {
             drop(child);
@@ -368,9 +387,29 @@ impl Sandbox {
             warnings,
             limits,
         };
+        if direct {
+            sandbox.init = first_child;
+            sandbox.reaped = false;
+            // Root mode maps the per-sandbox ids and lets init drop root's groups itself;
+            // rootless, only the caller's own ids can be mapped, with setgroups denied.
+            let (uid, gid, deny_setgroups) = match switch_to {
+                Some((u, g)) => (u.as_raw(), g.as_raw(), false),
+                None => (
+                    nix::unistd::geteuid().as_raw(),
+                    nix::unistd::getegid().as_raw(),
+                    true,
+                ),
+            };
+            child::write_id_maps(&format!("/proc/{first_child}"), uid, gid, deny_setgroups)
+                .and_then(|()| sandbox.send_control(&[child::MAPS_WRITTEN]))
+                .map_err(|e| SandboxError::Setup(format!("mapping the sandbox user: {e}")))?;
+        }
 
-        // Made while stage 1 builds the namespaces, then sent to the workload to join.
+        // Made while the namespaces are built, then sent to the workload to join.
         if let Err(e) = sandbox.send_cgroup(spec) {
+            if direct {
+                return Err(e); // dropping the sandbox kills and reaps init
+            }
             // Dropping the sandbox kills and reaps init, once stage 1 has said which it is.
             let mut buf = [0u8; 16];
             while let Ok((n, _)) = sandbox.recv(&mut buf) {
@@ -385,15 +424,16 @@ impl Sandbox {
                     Some(_) => {}
                 }
             }
-            child::reap(stage1);
+            child::reap(first_child);
             return Err(e);
         }
 
         let mut buf = [0u8; 4096];
         // Stage 1 reports init's pid and init reports readiness; the two are different
-        // processes, so the messages may arrive in either order.
+        // processes, so the messages may arrive in either order. (Without stage 1 the host
+        // knows init's pid already.)
         let handshake = (|| {
-            let mut init_pid = None;
+            let mut init_pid = direct.then_some(first_child);
             while init_pid.is_none() || sandbox.workspace.is_none() {
                 let (n, fd) = sandbox.recv(&mut buf)?;
                 match (buf.get(..n), fd) {
@@ -402,7 +442,7 @@ impl Sandbox {
                         init_pid = Some(Pid::from_raw(pid));
                         sandbox.init = Pid::from_raw(pid);
                         sandbox.reaped = false;
-                        child::reap(stage1);
+                        child::reap(first_child);
                     }
                     (Some([MSG_READY]), Some(fd)) => {
                         let owner = switch_to.map(|(u, g)| (u.as_raw(), g.as_raw()));
@@ -415,7 +455,7 @@ impl Sandbox {
                     }
                     _ => {
                         if init_pid.is_none() {
-                            child::reap(stage1);
+                            child::reap(first_child);
                         }
                         return Err(SandboxError::Setup(
                             "the sandbox's setup processes exited without reporting".into(),

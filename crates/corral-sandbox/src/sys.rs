@@ -59,18 +59,19 @@ pub fn make_read_only(path: &Path) -> io::Result<()> {
     mount(None::<&str>, path, None::<&str>, flags, None::<&str>).map_err(io::Error::from)
 }
 
-/// Forks the calling (single-threaded) process with `CLONE_PARENT`: the new process is a
-/// child of our parent, not of us. Returns 0 in the child and its pid in the caller.
+/// Forks the calling (single-threaded) process with extra `clone` flags (`CLONE_PARENT`, new
+/// namespaces). Returns 0 in the child and its pid in the caller.
 ///
 /// # Safety
-/// The caller must be single-threaded (like `fork`, only the calling thread is copied).
-pub unsafe fn clone_parent() -> io::Result<libc::pid_t> {
+/// The caller must be single-threaded: like `fork`, only the calling thread is copied, and
+/// unlike glibc's `fork` nothing makes locks another thread holds usable in the child.
+pub unsafe fn clone_process(flags: libc::c_int) -> io::Result<libc::pid_t> {
     // SAFETY: a raw clone with no new stack behaves like fork: the child continues on a copy
     // of the caller's stack. The caller guarantees no other thread holds locks.
     let pid = unsafe {
         libc::syscall(
             libc::SYS_clone,
-            (libc::CLONE_PARENT as libc::c_long) | libc::SIGCHLD as libc::c_long,
+            (flags | libc::SIGCHLD) as libc::c_long,
             0usize,
             0usize,
             0usize,
@@ -82,6 +83,11 @@ pub unsafe fn clone_parent() -> io::Result<libc::pid_t> {
     } else {
         Ok(pid as libc::pid_t)
     }
+}
+
+/// Whether this process has a single thread.
+pub fn single_threaded() -> bool {
+    std::fs::read_dir("/proc/self/task").is_ok_and(|tasks| tasks.count() == 1)
 }
 
 /// Moves the calling thread to `SCHED_IDLE`: it runs only on a CPU nothing else wants, so
