@@ -134,10 +134,7 @@ impl ChildPlan {
 pub(crate) fn stage1(plan: &ChildPlan) -> ! {
     plan.close_host_descriptors();
     if let Some((uid, gid)) = plan.switch_to {
-        if let Err(e) = nix::unistd::setgroups(&[])
-            .and_then(|_| nix::unistd::setresgid(gid, gid, gid))
-            .and_then(|_| nix::unistd::setresuid(uid, uid, uid))
-        {
+        if let Err(e) = become_user(uid, gid) {
             plan.fail("switching to the unprivileged sandbox user", e);
         }
         // Changing credentials made us non-dumpable, which would make /proc/self/uid_map
@@ -179,15 +176,18 @@ pub(crate) fn init_in_namespaces(plan: &ChildPlan) -> ! {
         unsafe { libc::_exit(0) }
     }
     if plan.switch_to.is_some() {
-        let (uid, gid) = (Uid::from_raw(SANDBOX_UID), Gid::from_raw(SANDBOX_GID));
-        if let Err(e) = nix::unistd::setgroups(&[])
-            .and_then(|_| nix::unistd::setresgid(gid, gid, gid))
-            .and_then(|_| nix::unistd::setresuid(uid, uid, uid))
-        {
+        if let Err(e) = become_user(Uid::from_raw(SANDBOX_UID), Gid::from_raw(SANDBOX_GID)) {
             plan.fail("switching to the sandbox user", e);
         }
     }
     init(plan)
+}
+
+/// Drops every supplementary group and takes `uid` and `gid` as real, effective and saved ids.
+fn become_user(uid: Uid, gid: Gid) -> nix::Result<()> {
+    nix::unistd::setgroups(&[])?;
+    nix::unistd::setresgid(gid, gid, gid)?;
+    nix::unistd::setresuid(uid, uid, uid)
 }
 
 /// Joins the sandbox's cgroup (the host's [`MSG_CGROUP`]) and makes it the root of a new
