@@ -249,10 +249,7 @@ impl Run {
             json: Some(json),
             wall: started.elapsed(),
         };
-        if std::env::var_os("HOSTILE_VERBOSE").is_some() {
-            eprintln!("{}", o.dump());
-        }
-        o
+        o.shown_if_verbose()
     }
 }
 
@@ -317,11 +314,7 @@ impl Running {
             json,
             wall,
         };
-        // HOSTILE_VERBOSE=1 shows every run, to audit passing tests.
-        if std::env::var_os("HOSTILE_VERBOSE").is_some() {
-            eprintln!("{}", o.dump());
-        }
-        o
+        o.shown_if_verbose()
     }
 }
 
@@ -355,6 +348,14 @@ fn clip(s: &str, n: usize) -> &str {
 }
 
 impl Outcome {
+    /// HOSTILE_VERBOSE=1 shows every run, to audit passing tests.
+    fn shown_if_verbose(self) -> Self {
+        if std::env::var_os("HOSTILE_VERBOSE").is_some() {
+            eprintln!("{}", self.dump());
+        }
+        self
+    }
+
     /// A readable summary for assertion messages.
     pub fn dump(&self) -> String {
         match &self.json {
