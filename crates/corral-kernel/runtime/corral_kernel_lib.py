@@ -1,5 +1,6 @@
 """Corral's Python kernel library: the frame protocol, the IPython session and one-shot
-result reporting (see corral_kernel.py, the entry point, and docs/kernel-protocol.md).
+result reporting (see the entry points corral_kernel.py and corral_oneshot.py, and
+docs/kernel-protocol.md).
 
 Importing this module has no side effects; IPython and friends are imported by prepare().
 """

@@ -4,24 +4,38 @@
 //! the one-shot runtime that is about 1 ms before `print(1)` runs and 4 ms more when a result
 //! has to be formatted. So a sandbox of the image compiles the runtime once, before any user
 //! code runs in it, and the host keeps the bytecode in its data directory. The files are
-//! hash-checked `.pyc` (PEP 552): Python ignores one whose source differs, and one made by
-//! another Python version carries another name and magic number, so a stale or mismatched
-//! cache costs speed, never correctness. A cache is only ever used with the image whose
-//! sandbox made it.
+//! hash-checked `.pyc` (PEP 552): Python ignores a module's bytecode whose source differs, and
+//! one made by another Python version carries another name and magic number. The runner
+//! itself runs from its bytecode as the script, which Python does not check, so the host
+//! checks it the same way (see [`compiled_from`]). A stale or mismatched cache costs speed,
+//! never correctness. A cache is only ever used with the image whose sandbox made it.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use std::hash::Hasher;
+
 use base64::Engine;
 use corral_sandbox::{Rootfs, SandboxSpec, Status};
 use sha2::{Digest, Sha256};
+use siphasher::sip::{SipHasher13, SipHasher24};
 
-use crate::runtime::{PYTHON_COMPILER, PYTHON_KERNEL, PYTHON_KERNEL_LIB};
+use crate::runtime::{PYTHON_COMPILER, PYTHON_KERNEL_LIB, PYTHON_ONESHOT};
 
-/// Modules whose bytecode is cached, by the file name stem `.pyc` files start with.
-const CACHED_MODULES: [&str; 2] = ["corral_kernel", "corral_kernel_lib"];
+/// The runtime files whose bytecode is cached.
+const CACHED_SOURCES: [(&str, &str); 2] = [PYTHON_ONESHOT, PYTHON_KERNEL_LIB];
 const MAX_PYC_BYTES: usize = 1 << 20;
+
+/// A filled cache, as a one-shot run uses it.
+#[derive(Debug, Clone)]
+pub struct Bytecode {
+    /// `/run/corral` support files: `__pycache__/NAME`.
+    pub files: Vec<(String, Vec<u8>)>,
+    /// The runner's bytecode as a `/run/corral` path, when it was compiled from this
+    /// runtime's runner (see [`compiled_from`]).
+    pub runner: Option<String>,
+}
 
 #[derive(Debug, Clone)]
 pub struct BytecodeCache {
@@ -45,7 +59,7 @@ impl BytecodeCache {
             // Built images are content-addressed: the path names the content.
             Rootfs::Directory(path) => key.update(format!("dir {}", path.display())),
         }
-        for (name, source) in [PYTHON_KERNEL, PYTHON_KERNEL_LIB] {
+        for (name, source) in CACHED_SOURCES {
             key.update(name);
             key.update(source);
         }
@@ -55,17 +69,26 @@ impl BytecodeCache {
         }
     }
 
-    /// The cached bytecode as `/run/corral` support files (`__pycache__/NAME`), once filled.
-    pub fn support_files(&self) -> Option<Vec<(String, Vec<u8>)>> {
+    /// The cached bytecode, once filled.
+    pub fn load(&self) -> Option<Bytecode> {
         let mut files = Vec::new();
+        let mut runner = None;
         for entry in fs::read_dir(&self.dir).ok()? {
             let entry = entry.ok()?;
             let name = entry.file_name().into_string().ok()?;
-            if valid_name(&name) {
-                files.push((format!("__pycache__/{name}"), fs::read(entry.path()).ok()?));
+            if !valid_name(&name) {
+                continue;
             }
+            let bytes = fs::read(entry.path()).ok()?;
+            let path = format!("__pycache__/{name}");
+            if module_of(&name) == Some(stem(PYTHON_ONESHOT.0))
+                && compiled_from(&bytes, PYTHON_ONESHOT.1.as_bytes())
+            {
+                runner = Some(format!("/run/corral/{path}"));
+            }
+            files.push((path, bytes));
         }
-        (!files.is_empty()).then_some(files)
+        (!files.is_empty()).then_some(Bytecode { files, runner })
     }
 
     /// Compiles the runtime in a sandbox of `rootfs` (with the image's environment and the
@@ -78,14 +101,14 @@ impl BytecodeCache {
     ) -> Result<(), FillError> {
         let mut spec = SandboxSpec::new(vec!["python3".into()]);
         spec.argv.push(format!("/run/corral/{}", PYTHON_COMPILER.0));
-        for (name, _) in [PYTHON_KERNEL, PYTHON_KERNEL_LIB] {
+        for (name, _) in CACHED_SOURCES {
             spec.argv.push(format!("/run/corral/{name}"));
         }
         spec.rootfs = rootfs;
         spec.env = env;
         spec.policy = policy;
-        spec.support_files = [PYTHON_COMPILER, PYTHON_KERNEL, PYTHON_KERNEL_LIB]
-            .iter()
+        spec.support_files = std::iter::once(PYTHON_COMPILER)
+            .chain(CACHED_SOURCES)
             .map(|(name, text)| (name.to_string(), text.as_bytes().to_vec()))
             .collect();
         let (result, _) = corral_sandbox::run(&spec, &mut |_, _| {}, None);
@@ -134,17 +157,41 @@ pub enum FillError {
     Io(#[from] io::Error),
 }
 
-/// `corral_kernel.cpython-311.pyc` and the like: one of our modules, a plain file name.
+/// `corral_oneshot.cpython-311.pyc` and the like: one of our modules, a plain file name.
 fn valid_name(name: &str) -> bool {
     name.len() <= 100
         && name.ends_with(".pyc")
-        && CACHED_MODULES.iter().any(|m| {
-            name.strip_prefix(m)
-                .is_some_and(|rest| rest.starts_with('.'))
-        })
+        && module_of(name).is_some_and(|m| CACHED_SOURCES.iter().any(|(s, _)| stem(s) == m))
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+/// The module a bytecode file name is for: `corral_oneshot` for `corral_oneshot.cpython-311.pyc`.
+fn module_of(pyc_name: &str) -> Option<&str> {
+    pyc_name.split_once('.').map(|(module, _)| module)
+}
+
+fn stem(source_name: &str) -> &str {
+    source_name.trim_end_matches(".py")
+}
+
+/// Whether `pyc` is hash-checked bytecode (PEP 552) of `source`: its header records the
+/// source's SipHash keyed with the bytecode's magic number, as CPython's `_imp.source_hash`
+/// computes it (SipHash-1-3 since Python 3.11, SipHash-2-4 before).
+fn compiled_from(pyc: &[u8], source: &[u8]) -> bool {
+    let word = |range: std::ops::Range<usize>| pyc.get(range).map(|b| b.to_vec());
+    let (Some(magic), Some(flags), Some(recorded)) = (word(0..4), word(4..8), word(8..16)) else {
+        return false;
+    };
+    let magic = u64::from(u32::from_le_bytes(magic.try_into().expect("4 bytes")));
+    let hash_based = u32::from_le_bytes(flags.try_into().expect("4 bytes")) & 1 == 1;
+    let recorded = u64::from_le_bytes(recorded.try_into().expect("8 bytes"));
+    let mut sip13 = SipHasher13::new_with_keys(magic, 0);
+    sip13.write(source);
+    let mut sip24 = SipHasher24::new_with_keys(magic, 0);
+    sip24.write(source);
+    hash_based && (recorded == sip13.finish() || recorded == sip24.finish())
 }
 
 #[cfg(test)]
@@ -153,18 +200,32 @@ mod tests {
 
     #[test]
     fn only_our_modules_bytecode_file_names_are_accepted() {
-        assert!(valid_name("corral_kernel.cpython-311.pyc"));
+        assert!(valid_name("corral_oneshot.cpython-311.pyc"));
         assert!(valid_name("corral_kernel_lib.cpython-312.pyc"));
         for bad in [
-            "corral_kernel.py",
-            "../corral_kernel.cpython-311.pyc",
-            "corral_kernel/x.pyc",
+            "corral_oneshot.py",
+            "../corral_oneshot.cpython-311.pyc",
+            "corral_oneshot/x.pyc",
+            "corral_kernel.cpython-311.pyc",
             "sitecustomize.cpython-311.pyc",
-            "corral_kernelx.cpython-311.pyc",
-            "corral_kernel.cpython 311.pyc",
+            "corral_oneshotx.cpython-311.pyc",
+            "corral_oneshot.cpython 311.pyc",
         ] {
             assert!(!valid_name(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_runner_bytecode_check_is_cpythons() {
+        // The header Python 3.11 writes for hash-checked bytecode of "print(1)\n":
+        // magic, flags (hash-based, checked), `_imp.source_hash(_RAW_MAGIC_NUMBER, source)`.
+        let header = hex::decode("a70d0d0a03000000da812d7f407a3059").unwrap();
+        assert!(compiled_from(&header, b"print(1)\n"));
+        assert!(!compiled_from(&header, b"print(2)\n"));
+        let mut timestamp_based = header.clone();
+        timestamp_based[4] = 0;
+        assert!(!compiled_from(&timestamp_based, b"print(1)\n"));
+        assert!(!compiled_from(&header[..12], b"print(1)\n"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! One-shot runs (`corral run`, `POST /v1/run`): a fresh sandbox per program. Python programs
-//! run under the kernel's one-shot mode, which adds the rich value of a final expression, the
-//! plots left open and the exception as structured results, at no cost for plain scripts.
+//! run under the one-shot runner (`corral_oneshot.py`), which adds the rich value of a final
+//! expression, the plots left open and the exception as structured results, at no cost for
+//! plain scripts.
 
 use corral_sandbox::{
     ControlSocket, ExecutionResult, LanguageError, SandboxSpec, Status, Stream, Workspace,
@@ -9,7 +10,7 @@ use corral_sandbox::{
 use crate::bytecode::BytecodeCache;
 use crate::event::rich_result;
 use crate::protocol::{Decoder, KernelMessage};
-use crate::runtime::{support_files, PYTHON_ONESHOT};
+use crate::runtime::{PYTHON_KERNEL_LIB, PYTHON_ONESHOT};
 use crate::session::Language;
 
 /// Runs `code` (named `file_name` inside the sandbox) in a fresh sandbox built from `spec`
@@ -28,25 +29,23 @@ pub fn run(
     let mut fill = None;
     spec.argv = match language {
         Language::Python => {
-            spec.support_files.extend(support_files(Language::Python));
-            spec.support_files.push((
-                PYTHON_ONESHOT.0.to_string(),
-                PYTHON_ONESHOT.1.as_bytes().to_vec(),
-            ));
-            match bytecode.map(|cache| (cache, cache.support_files())) {
-                Some((_, Some(compiled))) => spec.support_files.extend(compiled),
+            for (name, source) in [PYTHON_ONESHOT, PYTHON_KERNEL_LIB] {
+                spec.support_files
+                    .push((name.to_string(), source.as_bytes().to_vec()));
+            }
+            let mut runner = format!("/run/corral/{}", PYTHON_ONESHOT.0);
+            match bytecode.map(|cache| (cache, cache.load())) {
+                Some((_, Some(compiled))) => {
+                    spec.support_files.extend(compiled.files);
+                    runner = compiled.runner.unwrap_or(runner);
+                }
                 Some((cache, None)) => {
                     fill = Some((cache, spec.rootfs.clone(), spec.env.clone(), spec.policy))
                 }
                 None => {}
             }
             spec.control_socket = Some(ControlSocket::Stream);
-            vec![
-                "python3".into(),
-                format!("/run/corral/{}", PYTHON_ONESHOT.0),
-                "--oneshot".into(),
-                program,
-            ]
+            vec!["python3".into(), runner, program]
         }
         Language::Javascript => vec!["node".into(), program],
         Language::Bash => vec!["bash".into(), program],

@@ -7,15 +7,18 @@ pub const PYTHON_KERNEL: (&str, &str) = (
     "corral_kernel.py",
     include_str!("../runtime/corral_kernel.py"),
 );
-/// Loaded by the Python kernel only in session mode or when a one-shot run has results.
+/// Loaded by the Python kernels in session mode, and by the one-shot runner when a run has
+/// results to report.
 pub const PYTHON_KERNEL_LIB: (&str, &str) = (
     "corral_kernel_lib.py",
     include_str!("../runtime/corral_kernel_lib.py"),
 );
-/// The one-shot entry: a stub that imports the kernel module, whose bytecode can then come
-/// precompiled (see [`crate::bytecode`]).
-pub const PYTHON_ONESHOT: (&str, &str) =
-    ("corral_run.py", include_str!("../runtime/corral_run.py"));
+/// The one-shot runner, run as the script itself: from its precompiled bytecode when the
+/// image's cache has it (see [`crate::bytecode`]), else from this source.
+pub const PYTHON_ONESHOT: (&str, &str) = (
+    "corral_oneshot.py",
+    include_str!("../runtime/corral_oneshot.py"),
+);
 /// Compiles the one-shot runtime to bytecode inside a sandbox of the image.
 pub const PYTHON_COMPILER: (&str, &str) = (
     "corral_compile.py",

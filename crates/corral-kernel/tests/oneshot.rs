@@ -26,32 +26,33 @@ fn loaded_from_bytecode(result: &ExecutionResult, module: &str) -> bool {
     ))
 }
 
+/// The script Python was started with (the runner), as the program saw it.
+const PRINT_RUNNER: &str = "import sys\nprint(sys.orig_argv[1])\n6 * 7";
+
 #[test]
 fn the_first_run_fills_the_cache_and_later_runs_load_the_runtime_from_it() {
     let data = tempfile::tempdir().unwrap();
     let cache = BytecodeCache::new(data.path(), &Rootfs::Host);
-    assert!(cache.support_files().is_none());
+    assert!(cache.load().is_none());
 
-    let first = run("6 * 7", &cache);
+    let first = run(PRINT_RUNNER, &cache);
     assert_eq!(first.status, Status::Success, "{first:?}");
-    assert!(!loaded_from_bytecode(&first, "corral_kernel"));
-    let files = cache
-        .support_files()
-        .expect("the first run filled the cache");
-    assert_eq!(
-        files.len(),
-        2,
-        "{:?}",
-        files.iter().map(|f| &f.0).collect::<Vec<_>>()
+    assert_eq!(first.stdout, "/run/corral/corral_oneshot.py\n");
+    let compiled = cache.load().expect("the first run filled the cache");
+    let names: Vec<_> = compiled.files.iter().map(|f| f.0.as_str()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    let runner = compiled
+        .runner
+        .expect("the runner's bytecode matches its source");
+    assert!(
+        runner.starts_with("/run/corral/__pycache__/corral_oneshot.") && runner.ends_with(".pyc"),
+        "{runner}"
     );
 
-    let second = run("6 * 7", &cache);
+    // The runner now runs from its bytecode, and the program sees no difference.
+    let second = run(PRINT_RUNNER, &cache);
     assert_eq!(second.status, Status::Success, "{second:?}");
-    assert!(
-        loaded_from_bytecode(&second, "corral_kernel"),
-        "{}",
-        second.stderr
-    );
+    assert_eq!(second.stdout, format!("{runner}\n"));
     // A final value is formatted by the library module, which came precompiled too.
     assert!(
         loaded_from_bytecode(&second, "corral_kernel_lib"),
@@ -59,6 +60,21 @@ fn the_first_run_fills_the_cache_and_later_runs_load_the_runtime_from_it() {
         second.stderr
     );
     assert_eq!(second.results[0].text.as_deref(), Some("42"));
+
+    // Tracebacks still quote the program's source and name no runner frame.
+    let failed = run("x = 1\nraise ValueError('bad')", &cache);
+    assert_eq!(failed.status, Status::Error, "{failed:?}");
+    let error = failed.error.expect("the exception is reported");
+    assert!(
+        error.traceback.contains("raise ValueError('bad')"),
+        "{}",
+        error.traceback
+    );
+    assert!(
+        !error.traceback.contains("corral_oneshot"),
+        "{}",
+        error.traceback
+    );
 }
 
 #[test]
@@ -66,26 +82,29 @@ fn bytecode_that_does_not_match_the_runtime_is_ignored() {
     let data = tempfile::tempdir().unwrap();
     let cache = BytecodeCache::new(data.path(), &Rootfs::Host);
     assert_eq!(run("1", &cache).status, Status::Success);
-    let (name, _) = &cache.support_files().unwrap()[0];
-    let path = std::fs::read_dir(data.path().join("bytecode"))
+    let dir = std::fs::read_dir(data.path().join("bytecode"))
         .unwrap()
         .next()
         .unwrap()
         .unwrap()
-        .path()
-        .join(name.trim_start_matches("__pycache__/"));
-    // Hash-checked bytecode of some other source: Python must compile the real source.
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes[8..16].copy_from_slice(&[0xff; 8]);
-    std::fs::write(&path, bytes).unwrap();
+        .path();
+    // Hash-checked bytecode of some other source: Python (for the library module) and the
+    // host (for the runner) must fall back to the real source.
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[8..16].copy_from_slice(&[0xff; 8]);
+        std::fs::write(&path, bytes).unwrap();
+    }
+    assert!(cache.load().unwrap().runner.is_none());
 
-    let result = run("print('still right')", &cache);
+    let result = run(PRINT_RUNNER, &cache);
     assert_eq!(result.status, Status::Success, "{result:?}");
-    assert_eq!(result.stdout, "still right\n");
-    let module = name
-        .trim_start_matches("__pycache__/")
-        .split('.')
-        .next()
-        .unwrap();
-    assert!(!loaded_from_bytecode(&result, module), "{}", result.stderr);
+    assert_eq!(result.stdout, "/run/corral/corral_oneshot.py\n");
+    assert_eq!(result.results[0].text.as_deref(), Some("42"));
+    assert!(
+        !loaded_from_bytecode(&result, "corral_kernel_lib"),
+        "{}",
+        result.stderr
+    );
 }

@@ -1,12 +1,36 @@
-"""One-shot mode: `corral_kernel.py --oneshot PROGRAM` runs PROGRAM like `python3 PROGRAM`
+"""The one-shot runner: `corral_oneshot.py PROGRAM` runs PROGRAM like `python3 PROGRAM`
 and, when fd 3 is a socket, reports its final value, figures and exception as frames."""
 
+import py_compile
+import shutil
 import subprocess
 import textwrap
 
+import pytest
+
 from harness import PYTHON, RUNTIME, Kernel, is_png, kernel_env
 
-KERNEL = str(RUNTIME / "corral_kernel.py")
+RUNNER_SOURCE = RUNTIME / "corral_oneshot.py"
+RUNNER = str(RUNNER_SOURCE)  # set for each test by `runner`
+
+
+@pytest.fixture(autouse=True, params=["source", "bytecode"])
+def runner(request, tmp_path_factory):
+    """Every test runs the runner both ways `corral run` starts it: from its source, and from
+    its precompiled bytecode as the script (when the image's bytecode cache has it)."""
+    global RUNNER
+    RUNNER = str(RUNNER_SOURCE)
+    if request.param == "bytecode":
+        runtime = tmp_path_factory.mktemp("runtime")
+        shutil.copy(RUNTIME / "corral_kernel_lib.py", runtime)
+        compiled = runtime / "__pycache__" / "corral_oneshot.cpython.pyc"
+        py_compile.compile(
+            str(RUNNER_SOURCE),
+            cfile=str(compiled),
+            doraise=True,
+            invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
+        )
+        RUNNER = str(compiled)
 
 
 class Run:
@@ -31,7 +55,7 @@ def write_program(tmp_path, source, name="program.py"):
 def oneshot(tmp_path, source, *args):
     """Runs `source` in one-shot mode with a socket at fd 3."""
     program = write_program(tmp_path, source)
-    kernel = Kernel([PYTHON, KERNEL, "--oneshot", str(program), *args], cwd=tmp_path)
+    kernel = Kernel([PYTHON, RUNNER, str(program), *args], cwd=tmp_path)
     try:
         status = kernel.wait_exit()
         frames = [message for _, message in kernel.frames[kernel.sock]]
@@ -111,7 +135,7 @@ def test_an_uncaught_exception_looks_like_python_and_is_reported(tmp_path):
         """
     run = oneshot(tmp_path, source)
     assert (run.status, run.stdout, run.stderr) == plain([PYTHON, "program.py"], tmp_path)
-    assert run.stderr.startswith("Traceback (most recent call last):\n") and "corral_kernel" not in run.stderr
+    assert run.stderr.startswith("Traceback (most recent call last):\n") and "corral_oneshot" not in run.stderr
     [error] = run.errors
     assert (error["name"], error["value"]) == ("ValueError", "bad value")
     assert error["traceback"] == run.stderr
@@ -150,7 +174,7 @@ def test_the_program_runs_as_main_like_python(tmp_path):
 
 def test_without_a_socket_at_fd_3_the_program_still_runs(tmp_path):
     program = write_program(tmp_path, "import os, sys\nprint(40 + 2)\n40 + 3\nsys.exit(5)")
-    assert plain([PYTHON, KERNEL, "--oneshot", str(program)], tmp_path) == (5, "42\n", "")
+    assert plain([PYTHON, RUNNER, str(program)], tmp_path) == (5, "42\n", "")
 
 
 def test_commands_do_not_inherit_the_protocol_socket(tmp_path):
@@ -160,7 +184,7 @@ def test_commands_do_not_inherit_the_protocol_socket(tmp_path):
 
 def test_stdout_streams_line_by_line(tmp_path):
     program = write_program(tmp_path, "import time\nprint('first')\ntime.sleep(1)\nprint('second')")
-    kernel = Kernel([PYTHON, KERNEL, "--oneshot", str(program)], cwd=tmp_path)
+    kernel = Kernel([PYTHON, RUNNER, str(program)], cwd=tmp_path)
     try:
         assert kernel.wait_exit() == 0
         [(done_at, _)] = kernel.frames[kernel.sock]
@@ -179,7 +203,7 @@ def test_a_plain_program_imports_nothing_heavy(tmp_path):
 
 
 def test_a_missing_program_exits_2(tmp_path):
-    status, stdout, stderr = plain([PYTHON, KERNEL, "--oneshot", "missing.py"], tmp_path)
+    status, stdout, stderr = plain([PYTHON, RUNNER, "missing.py"], tmp_path)
     assert status == 2 and "can't open file" in stderr
 
 

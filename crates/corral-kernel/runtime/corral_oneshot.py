@@ -1,0 +1,174 @@
+"""Corral's one-shot Python runner; it runs inside the sandbox (docs/kernel-protocol.md).
+
+``python3 corral_oneshot.py PROGRAM [ARGS...]``, or the same with this file's precompiled
+bytecode as the script: runs PROGRAM like ``python3 PROGRAM``; when fd 3 is a socket it also
+reports the final expression's value, open matplotlib figures and an uncaught exception as
+frames, then ``done``.
+
+A ``print(1)`` pays for every line here, so this file holds only the one-shot path: result
+formatting and the frame protocol live in corral_kernel_lib.py, imported only when there is
+something to report. Run from its bytecode, it costs neither a compile nor an import.
+"""
+
+import _imp
+import os
+import sys
+from importlib.machinery import SourceFileLoader
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if os.path.basename(_HERE) == "__pycache__":  # run from the bytecode
+    _HERE = os.path.dirname(_HERE)
+
+
+def _library():
+    if _HERE not in sys.path:
+        sys.path.insert(0, _HERE)
+    import corral_kernel_lib
+
+    return corral_kernel_lib
+
+
+def _frames_fd():
+    """3 when the host gave us a socket there, else None (run without frames)."""
+    import stat
+
+    try:
+        if not stat.S_ISSOCK(os.fstat(3).st_mode):
+            return None
+    except OSError:
+        return None
+    os.set_inheritable(3, False)  # the program's children (os.system) must not get it
+    return 3
+
+
+class _Compiled(BaseException):
+    """Stops exec()/eval() of source that `_compile` only wanted compiled."""
+
+
+def _compile(source, path, mode):
+    """compile(source, path, mode, dont_inherit=True), without its cost on a first call.
+
+    The first compile() in a process sets up the AST module's ~120 classes (it checks whether
+    `source` is an AST), about 2 ms: more than the rest of this runner together. exec() and
+    eval() of a string compile in C without that check, but name the code "<string>" and run
+    it. So they are stopped by a profile hook at the code's first event, before it executes
+    anything, and the code object is taken from its frame and renamed to `path` (what the
+    import system does with bytecode from a moved file). Nothing else can reach the hook: the
+    parser runs no Python code except a codec a coding cookie names, which is not "<string>"."""
+    caller = sys._getframe()
+    code = None
+
+    def hook(frame, event, arg):
+        nonlocal code
+        if event == "call" and frame.f_back is caller and frame.f_code.co_filename == "<string>":
+            code = frame.f_code
+            raise _Compiled
+
+    sys.setprofile(hook)
+    try:
+        (exec if mode == "exec" else eval)(source, {})
+    except _Compiled:
+        pass
+    except SyntaxError as error:
+        error.filename = path
+        raise
+    finally:
+        sys.setprofile(None)
+    if code is None:  # not seen (never expected): the plain way
+        return compile(source, path, mode, dont_inherit=True)
+    _imp._fix_co_filename(code, path)
+    return code
+
+
+def _compile_program(source, path, split_final_expression):
+    """The program's code and, when asked, its final expression statement compiled apart
+    (None if it has none) so that its value can be reported.
+
+    The split is textual, without the AST module (its set-up alone would cost every run more
+    than 2 ms). The last top-level statement starts on a line that begins in column 0; going
+    up from the last such line, the first tail that compiles is that statement (lines of an
+    unfinished bracket or string do not compile on their own). It is the final expression
+    when it compiles as one and the lines before it as a module."""
+    def whole():
+        return _compile(source, path, "exec"), None
+
+    if not split_final_expression:
+        return whole()
+    # Bytes, as read from the file, so that a coding cookie keeps working.
+    lines = source.splitlines(keepends=True)
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i][:1] in (b"", b" ", b"\t", b"#", b"\n", b"\r", b"\f"):
+            continue
+        # Blank lines keep the tail's line numbers those of the file.
+        tail = b"\n" * i + b"".join(lines[i:])
+        try:
+            final = _compile(tail, path, "eval")
+        except SyntaxError:
+            try:
+                _compile(tail, path, "exec")
+            except SyntaxError:
+                continue  # part of a longer statement: look further up
+            return whole()  # a complete statement that is not an expression
+        try:
+            head = _compile(b"".join(lines[:i]), path, "exec")
+        except SyntaxError:
+            return whole()
+        return head, final
+    return whole()
+
+
+def _run_program(namespace, source, path, split_final_expression):
+    """Runs the program; returns (value of its final expression, exception raised)."""
+    try:
+        code, final_expression = _compile_program(source, path, split_final_expression)
+    except (SyntaxError, ValueError) as error:
+        return None, error.with_traceback(None)  # shown without a traceback, like Python
+    try:
+        exec(code, namespace)
+        return (None if final_expression is None else eval(final_expression, namespace)), None
+    except BaseException as error:
+        # Drop this function's frame: the traceback starts in the program.
+        return None, error.with_traceback(error.__traceback__.tb_next)
+
+
+def run(path, args):
+    """Runs the program at `path` as `__main__`; returns its exit status."""
+    filename = os.path.abspath(path)
+    try:
+        with open(filename, "rb") as program:
+            source = program.read()
+    except OSError as error:
+        message = f"can't open file {filename!r}: [Errno {error.errno}] {error.strerror}"
+        sys.stderr.write(f"{sys.executable}: {message}\n")
+        return 2
+    sys.argv = [path, *args]
+    sys.path[0] = os.path.dirname(os.path.realpath(filename))
+    sys.stdout.reconfigure(line_buffering=True)  # stream lines as printed, not 8 KiB blocks
+    main = type(sys)("__main__")
+    main.__file__ = filename
+    main.__loader__ = SourceFileLoader("__main__", filename)
+    sys.modules["__main__"] = main
+
+    frames_fd = _frames_fd()
+    value, error = _run_program(main.__dict__, source, filename, frames_fd is not None)
+    if error is not None and not isinstance(error, SystemExit):
+        sys.excepthook(type(error), error, error.__traceback__)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if frames_fd is not None:
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if value is None and error is None and not (pyplot and pyplot.get_fignums()):
+            done = b'{"type":"done","id":"oneshot","status":"ok"}'
+            os.write(frames_fd, len(done).to_bytes(4, "big") + done)
+        else:
+            _library().report_oneshot(frames_fd, value, error)
+    if isinstance(error, SystemExit):
+        raise error
+    return 0 if error is None else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.stderr.write("usage: corral_oneshot.py PROGRAM [ARGS...]\n")
+        sys.exit(2)
+    sys.exit(run(sys.argv[1], sys.argv[2:]))
