@@ -1,6 +1,6 @@
 """Precompiles the one-shot runtime for the image's own Python (docs/kernel-protocol.md,
 "Bytecode"). Runs alone in a sandbox, before any user code: `python3 corral_compile.py
-SOURCE...` prints one JSON object mapping each bytecode file name (`corral_kernel.cpython-311.pyc`)
+SOURCE...` prints one JSON object mapping each bytecode file name (`corral_oneshot.cpython-311.pyc`)
 to its base64 contents. The bytecode is hash-checked: Python ignores it when the source differs."""
 
 import base64
