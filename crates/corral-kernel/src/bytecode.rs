@@ -11,20 +11,17 @@
 //! never correctness. A cache is only ever used with the image whose sandbox made it.
 
 use std::fs;
+use std::hash::Hasher;
 use std::io;
 use std::path::{Path, PathBuf};
-
-use std::hash::Hasher;
 
 use base64::Engine;
 use corral_sandbox::{Rootfs, SandboxSpec, Status};
 use sha2::{Digest, Sha256};
 use siphasher::sip::{SipHasher13, SipHasher24};
 
-use crate::runtime::{PYTHON_COMPILER, PYTHON_KERNEL_LIB, PYTHON_ONESHOT};
+use crate::runtime::{as_support_files, PYTHON_COMPILER, PYTHON_ONESHOT, PYTHON_ONESHOT_RUNTIME};
 
-/// The runtime files whose bytecode is cached.
-const CACHED_SOURCES: [(&str, &str); 2] = [PYTHON_ONESHOT, PYTHON_KERNEL_LIB];
 const MAX_PYC_BYTES: usize = 1 << 20;
 
 /// A filled cache, as a one-shot run uses it.
@@ -59,7 +56,7 @@ impl BytecodeCache {
             // Built images are content-addressed: the path names the content.
             Rootfs::Directory(path) => key.update(format!("dir {}", path.display())),
         }
-        for (name, source) in CACHED_SOURCES {
+        for (name, source) in PYTHON_ONESHOT_RUNTIME {
             key.update(name);
             key.update(source);
         }
@@ -101,16 +98,14 @@ impl BytecodeCache {
     ) -> Result<(), FillError> {
         let mut spec = SandboxSpec::new(vec!["python3".into()]);
         spec.argv.push(format!("/run/corral/{}", PYTHON_COMPILER.0));
-        for (name, _) in CACHED_SOURCES {
+        for (name, _) in PYTHON_ONESHOT_RUNTIME {
             spec.argv.push(format!("/run/corral/{name}"));
         }
         spec.rootfs = rootfs;
         spec.env = env;
         spec.policy = policy;
-        spec.support_files = std::iter::once(PYTHON_COMPILER)
-            .chain(CACHED_SOURCES)
-            .map(|(name, text)| (name.to_string(), text.as_bytes().to_vec()))
-            .collect();
+        spec.support_files =
+            as_support_files(std::iter::once(PYTHON_COMPILER).chain(PYTHON_ONESHOT_RUNTIME));
         let (result, _) = corral_sandbox::run(&spec, &mut |_, _| {}, None);
         if result.status != Status::Success {
             return Err(FillError::Compile(format!(
@@ -161,7 +156,7 @@ pub enum FillError {
 fn valid_name(name: &str) -> bool {
     name.len() <= 100
         && name.ends_with(".pyc")
-        && module_of(name).is_some_and(|m| CACHED_SOURCES.iter().any(|(s, _)| stem(s) == m))
+        && module_of(name).is_some_and(|m| PYTHON_ONESHOT_RUNTIME.iter().any(|(s, _)| stem(s) == m))
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
@@ -180,13 +175,12 @@ fn stem(source_name: &str) -> &str {
 /// source's SipHash keyed with the bytecode's magic number, as CPython's `_imp.source_hash`
 /// computes it (SipHash-1-3 since Python 3.11, SipHash-2-4 before).
 fn compiled_from(pyc: &[u8], source: &[u8]) -> bool {
-    let word = |range: std::ops::Range<usize>| pyc.get(range).map(|b| b.to_vec());
-    let (Some(magic), Some(flags), Some(recorded)) = (word(0..4), word(4..8), word(8..16)) else {
+    let Some(header) = pyc.get(..16) else {
         return false;
     };
-    let magic = u64::from(u32::from_le_bytes(magic.try_into().expect("4 bytes")));
-    let hash_based = u32::from_le_bytes(flags.try_into().expect("4 bytes")) & 1 == 1;
-    let recorded = u64::from_le_bytes(recorded.try_into().expect("8 bytes"));
+    let word = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().expect("4 bytes"));
+    let (magic, hash_based) = (u64::from(word(0)), word(4) & 1 == 1);
+    let recorded = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
     let mut sip13 = SipHasher13::new_with_keys(magic, 0);
     sip13.write(source);
     let mut sip24 = SipHasher24::new_with_keys(magic, 0);

@@ -10,7 +10,7 @@ use corral_sandbox::{
 use crate::bytecode::BytecodeCache;
 use crate::event::rich_result;
 use crate::protocol::{Decoder, KernelMessage};
-use crate::runtime::{PYTHON_KERNEL_LIB, PYTHON_ONESHOT};
+use crate::runtime::{as_support_files, PYTHON_ONESHOT, PYTHON_ONESHOT_RUNTIME};
 use crate::session::Language;
 
 /// Runs `code` (named `file_name` inside the sandbox) in a fresh sandbox built from `spec`
@@ -29,10 +29,8 @@ pub fn run(
     let mut fill = None;
     spec.argv = match language {
         Language::Python => {
-            for (name, source) in [PYTHON_ONESHOT, PYTHON_KERNEL_LIB] {
-                spec.support_files
-                    .push((name.to_string(), source.as_bytes().to_vec()));
-            }
+            spec.support_files
+                .extend(as_support_files(PYTHON_ONESHOT_RUNTIME));
             let mut runner = format!("/run/corral/{}", PYTHON_ONESHOT.0);
             match bytecode.map(|cache| (cache, cache.load())) {
                 Some((_, Some(compiled))) => {

@@ -19,6 +19,8 @@ pub const PYTHON_ONESHOT: (&str, &str) = (
     "corral_oneshot.py",
     include_str!("../runtime/corral_oneshot.py"),
 );
+/// The Python runtime of a one-shot run (whose bytecode the image's cache holds).
+pub const PYTHON_ONESHOT_RUNTIME: [(&str, &str); 2] = [PYTHON_ONESHOT, PYTHON_KERNEL_LIB];
 /// Compiles the one-shot runtime to bytecode inside a sandbox of the image.
 pub const PYTHON_COMPILER: (&str, &str) = (
     "corral_compile.py",
@@ -56,8 +58,15 @@ pub fn support_files(language: Language) -> Vec<(String, Vec<u8>)> {
         Language::Javascript => &[JAVASCRIPT_KERNEL],
         Language::Bash => &[BASH_KERNEL],
     };
+    as_support_files(files.iter().copied())
+}
+
+/// Embedded `(name, source)` runtime files as `/run/corral` support files.
+pub fn as_support_files<'a>(
+    files: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Vec<(String, Vec<u8>)> {
     files
-        .iter()
+        .into_iter()
         .map(|(name, text)| (name.to_string(), text.as_bytes().to_vec()))
         .collect()
 }
