@@ -40,6 +40,8 @@ pub fn make_read_only(path: &Path) -> io::Result<()> {
     }
     // Kernels before 5.12: remount the top mount only, keeping the flags the kernel locks
     // for mounts inherited from a more privileged namespace.
+    // <linux/statfs.h>'s ST_RELATIME, which musl's headers (so nix on musl) lack.
+    const ST_RELATIME: FsFlags = FsFlags::from_bits_retain(0x1000);
     let locked = statvfs(path)?.flags();
     let mut flags = MsFlags::MS_REMOUNT
         | MsFlags::MS_BIND
@@ -50,7 +52,7 @@ pub fn make_read_only(path: &Path) -> io::Result<()> {
         (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
         (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
         (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
-        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+        (ST_RELATIME, MsFlags::MS_RELATIME),
     ] {
         if locked.contains(fs_flag) {
             flags |= ms_flag;
@@ -93,7 +95,9 @@ pub fn single_threaded() -> bool {
 /// Moves the calling thread to `SCHED_IDLE`: it runs only on a CPU nothing else wants, so
 /// housekeeping never delays a sandbox's start. Best effort.
 pub fn run_only_when_idle() {
-    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_param is plain old data; all-zero is priority 0 (and, on musl, its
+    // sporadic-server fields unset).
+    let param: libc::sched_param = unsafe { std::mem::zeroed() };
     // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param the kernel only reads.
     unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
 }
@@ -113,7 +117,8 @@ pub fn loopback_up() -> io::Result<()> {
     }
     req.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
     // SAFETY: SIOCSIFFLAGS reads a valid ifreq that lives for the duration of the call.
-    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) };
+    // (The request's type is c_ulong in glibc and c_int in musl.)
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as _, &req) };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
