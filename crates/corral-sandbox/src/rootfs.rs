@@ -40,7 +40,7 @@ pub const IMAGE_SKIPPED: [&str; 12] = [
 
 /// Host `/etc` entries that the host image binds read-only: needed by programs, never secret
 /// (library cache, CA certificates, Debian's alternatives symlinks, fonts, matplotlib's rc).
-const HOST_ETC_WHITELIST: [&str; 5] = [
+pub const HOST_ETC_WHITELIST: [&str; 5] = [
     "ld.so.cache",
     "ssl",
     "alternatives",
