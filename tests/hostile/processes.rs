@@ -198,6 +198,56 @@ fn infinite_loop_times_out_and_tree_is_killed() {
     before.assert_nothing_left();
 }
 
+/// `kill -9` of the `corral run` process itself (threat model H9): its sandbox dies with init's
+/// control pipe, and the cgroup the killed process never removed is removed by the next run.
+#[test]
+fn a_killed_corral_run_leaves_nothing_once_the_next_run_is_done() {
+    let _g = exclusive();
+    let before = Snapshot::take();
+    let mark = marker("orphan");
+    let tag = format!("proc-{mark}");
+    let run = Run::python(
+        "import os, sys\n\
+         os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(120)', \
+         'proc-' + os.environ['MARK']])\n",
+    )
+    .env("MARK", &mark)
+    .timeout(120)
+    .spawn();
+    let started = Instant::now();
+    while procs_with(&tag).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the program never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let orphaned: Vec<_> = corral_cgroups()
+        .difference(&before.cgroups)
+        .cloned()
+        .collect();
+    let killed = Command::new("kill")
+        .args(["-9", &run.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    drop(run); // reaps the killed corral process
+    assert_no_procs(&tag);
+    // Root mode: the killed process's teardown never ran, so its cgroup is still there.
+    for dir in &orphaned {
+        assert!(
+            dir.exists(),
+            "{} was removed before the next run",
+            dir.display()
+        );
+    }
+
+    let next = Run::python("print('NEXT')").run();
+    assert_eq!(next.status(), "success", "{}", next.dump());
+    assert!(next.has_line("NEXT"), "{}", next.dump());
+    before.assert_nothing_left();
+}
+
 #[test]
 fn timeout_exit_code_without_json_is_124() {
     let _g = shared();

@@ -24,8 +24,8 @@ pub mod workspace;
 
 pub use result::{ExecutionResult, FileEntry, LanguageError, RichResult, Status};
 pub use sandbox::{
-    cgroup_layout, run, unique_name, Capture, Finish, Outcome, Report, Sandbox, SandboxError,
-    Stream, ROOT_MODE_ID_BASE,
+    cgroup_layout, run, sweep_stale_cgroups_once, unique_name, Capture, Finish, Outcome, Report,
+    Sandbox, SandboxError, Stream, ROOT_MODE_ID_BASE,
 };
 pub use spec::{
     workload_rlimits, ControlSocket, InputFile, Limits, Policy, Role, Rootfs, SandboxSpec,

@@ -5,7 +5,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Once, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -110,27 +110,21 @@ impl Capture {
     }
 }
 
-/// The cgroup layout, detected once per process; the first call also starts removing, on a
-/// thread of its own so that no sandbox waits for it, cgroups that a killed Corral process
-/// left behind.
+/// The cgroup layout, detected once per process.
 pub fn cgroup_layout() -> Option<&'static Layout> {
     static LAYOUT: OnceLock<Option<Layout>> = OnceLock::new();
-    let mut detected = false;
-    let layout = LAYOUT
-        .get_or_init(|| {
-            detected = true;
-            Layout::detect()
-        })
-        .as_ref();
-    if let Some(layout) = layout.filter(|_| detected) {
-        let _ = std::thread::Builder::new()
-            .name("corral-sweep".into())
-            .spawn(|| {
-                crate::sys::run_only_when_idle();
-                layout.sweep_stale()
-            });
-    }
-    layout
+    LAYOUT.get_or_init(Layout::detect).as_ref()
+}
+
+/// Removes, once per process, the cgroups that killed Corral processes left behind
+/// ([`Layout::sweep_stale`]). Later calls return at once.
+pub fn sweep_stale_cgroups_once() {
+    static SWEPT: Once = Once::new();
+    SWEPT.call_once(|| {
+        if let Some(layout) = cgroup_layout() {
+            layout.sweep_stale();
+        }
+    });
 }
 
 fn next_root_mode_id() -> u32 {
@@ -662,6 +656,10 @@ impl Sandbox {
                 error_message: Some(e.to_string()),
             };
         }
+        // The program is running and the host has nothing to do until it writes or exits:
+        // the time to clean up after killed Corral processes (a thread of its own would cost
+        // a short run more than the sweep itself).
+        sweep_stale_cgroups_once();
         let mut open = [true, true, true, socket.is_some()]; // stdout, stderr, report, socket
         let mut exit_status = None;
         let mut setup_error = None;

@@ -92,16 +92,6 @@ pub fn single_threaded() -> bool {
     std::fs::read_dir("/proc/self/task").is_ok_and(|tasks| tasks.count() == 1)
 }
 
-/// Moves the calling thread to `SCHED_IDLE`: it runs only on a CPU nothing else wants, so
-/// housekeeping never delays a sandbox's start. Best effort.
-pub fn run_only_when_idle() {
-    // SAFETY: sched_param is plain old data; all-zero is priority 0 (and, on musl, its
-    // sporadic-server fields unset).
-    let param: libc::sched_param = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param the kernel only reads.
-    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
-}
-
 /// Brings the loopback interface of the current network namespace up.
 pub fn loopback_up() -> io::Result<()> {
     let sock = nix::sys::socket::socket(

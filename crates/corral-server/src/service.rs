@@ -313,10 +313,8 @@ impl Service {
             );
         }
         // Cgroups of sandboxes whose owner was killed (their processes died with their
-        // control pipes); removed now rather than on the first sandbox's background sweep.
-        if let Some(layout) = corral_sandbox::cgroup_layout() {
-            layout.sweep_stale();
-        }
+        // control pipes); removed now, before any sandbox of this process exists.
+        corral_sandbox::sweep_stale_cgroups_once();
         let policy = Policy {
             strict: config.strict,
             allow_degraded: config.allow_degraded,
