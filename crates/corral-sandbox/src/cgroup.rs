@@ -139,7 +139,8 @@ impl Layout {
             .map(|entries| {
                 entries
                     .flatten()
-                    .filter(|e| e.path().is_dir())
+                    // d_type from the listing: no stat per control file.
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
                     .map(|e| e.file_name().to_string_lossy().into_owned())
                     .collect()
             })
