@@ -145,6 +145,7 @@ impl Layout {
                     .collect()
             })
             .unwrap_or_default();
+        let euid = nix::unistd::geteuid().as_raw();
         let mut removed = 0;
         for name in names {
             let owner_alive = name
@@ -155,7 +156,10 @@ impl Layout {
                     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
                         != Err(nix::errno::Errno::ESRCH)
                 });
-            if owner_alive {
+            // Only this user's own cgroups: a rootless process cannot remove root's.
+            let ours = fs::metadata(first.join(&name))
+                .is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == euid);
+            if owner_alive || !ours {
                 continue;
             }
             let mut stale = Cgroup {
@@ -421,7 +425,7 @@ impl Cgroup {
     }
 
     /// Removes the cgroup directories, killing stragglers first. Waits (briefly) for exiting
-    /// processes to leave; a directory that still cannot be removed is reported on stderr.
+    /// processes to leave; a directory that cannot be removed is reported on stderr.
     pub fn destroy(&mut self) {
         if !self.procs().is_empty() {
             self.kill_all();
@@ -432,7 +436,8 @@ impl Cgroup {
                 match fs::remove_dir(&dir) {
                     Ok(()) => break,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-                    Err(_) if Instant::now() < until => {
+                    // Busy while the last processes leave; any other error is final.
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < until => {
                         std::thread::sleep(Duration::from_millis(2))
                     }
                     Err(e) => {
@@ -586,5 +591,25 @@ mod tests {
         .unwrap();
         assert_eq!(cg.oom_kills(), 1);
         std::mem::forget(cg);
+    }
+
+    #[test]
+    fn removal_gives_up_at_once_on_a_directory_it_cannot_remove() {
+        // As a rootless process meeting root's leftover cgroup (EACCES), here a non-empty
+        // directory (ENOTEMPTY): only EBUSY, processes still leaving, is worth waiting for.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("kept"), b"").unwrap();
+        let mut cgroup = Cgroup {
+            version: 1,
+            dirs: vec![(vec!["memory".into()], dir.path().to_path_buf())],
+        };
+        let started = Instant::now();
+        cgroup.destroy();
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "retried for {:?}",
+            started.elapsed()
+        );
+        assert!(dir.path().join("kept").exists());
     }
 }
