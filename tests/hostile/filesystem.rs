@@ -15,12 +15,17 @@ fn rootfs_writes_fail() {
         digest(&python),
         std::fs::metadata(&python).unwrap().modified().unwrap(),
     );
+    // A first Python run fills the image's bytecode cache, which later runs bind read-only.
+    Run::python("print('DONE')").run().assert_completed();
     let o = Run::python(include_str!("attacks/write_rootfs.py"))
         .env("MARK", &mark)
         .run();
     o.assert_completed();
     o.assert_no_escape();
+    assert_eq!(o.value("RUNTIME-BYTECODE"), "2", "{}", o.dump());
     for what in [
+        "create-runtime",
+        "overwrite-runtime-bytecode",
         "create-usr-bin",
         "create-etc",
         "create-root",

@@ -12,10 +12,11 @@
 
 use std::fs;
 use std::hash::Hasher;
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
+use corral_sandbox::rootfs::RUNTIME_DIR;
 use corral_sandbox::{Rootfs, SandboxSpec, Status};
 use sha2::{Digest, Sha256};
 use siphasher::sip::{SipHasher13, SipHasher24};
@@ -24,14 +25,14 @@ use crate::runtime::{as_support_files, PYTHON_COMPILER, PYTHON_ONESHOT, PYTHON_O
 
 const MAX_PYC_BYTES: usize = 1 << 20;
 
-/// A filled cache, as a one-shot run uses it.
+/// A filled cache, as a one-shot run uses it: a directory with the runtime's sources and, in
+/// `__pycache__/`, their bytecode, bound read-only at [`RUNTIME_DIR`] (no per-run copies).
 #[derive(Debug, Clone)]
 pub struct Bytecode {
-    /// `/run/corral` support files: `__pycache__/NAME`.
-    pub files: Vec<(String, Vec<u8>)>,
-    /// The runner's bytecode as a `/run/corral` path, when it was compiled from this
-    /// runtime's runner (see [`compiled_from`]).
-    pub runner: Option<String>,
+    pub dir: PathBuf,
+    /// The runner as the sandbox sees it: its bytecode when that was compiled from this
+    /// runtime's runner (see [`compiled_from`]), else its source.
+    pub runner: String,
 }
 
 #[derive(Debug, Clone)]
@@ -60,32 +61,35 @@ impl BytecodeCache {
             key.update(name);
             key.update(source);
         }
+        key.update("sources beside __pycache__/");
         let key = hex::encode(&key.finalize()[..16]);
         BytecodeCache {
             dir: data_dir.join("bytecode").join(key),
         }
     }
 
-    /// The cached bytecode, once filled.
+    /// The cached runtime, once filled.
     pub fn load(&self) -> Option<Bytecode> {
-        let mut files = Vec::new();
-        let mut runner = None;
-        for entry in fs::read_dir(&self.dir).ok()? {
-            let entry = entry.ok()?;
-            let name = entry.file_name().into_string().ok()?;
+        let pycache = self.dir.join("__pycache__");
+        let mut runner = format!("{RUNTIME_DIR}/{}", PYTHON_ONESHOT.0);
+        let mut filled = false;
+        for entry in fs::read_dir(&pycache).ok()? {
+            let name = entry.ok()?.file_name().into_string().ok()?;
             if !valid_name(&name) {
                 continue;
             }
-            let bytes = fs::read(entry.path()).ok()?;
-            let path = format!("__pycache__/{name}");
+            filled = true;
             if module_of(&name) == Some(stem(PYTHON_ONESHOT.0))
-                && compiled_from(&bytes, PYTHON_ONESHOT.1.as_bytes())
+                && header_of(&pycache.join(&name))
+                    .is_some_and(|header| compiled_from(&header, PYTHON_ONESHOT.1.as_bytes()))
             {
-                runner = Some(format!("/run/corral/{path}"));
+                runner = format!("{RUNTIME_DIR}/__pycache__/{name}");
             }
-            files.push((path, bytes));
         }
-        (!files.is_empty()).then_some(Bytecode { files, runner })
+        filled.then(|| Bytecode {
+            dir: self.dir.clone(),
+            runner,
+        })
     }
 
     /// Compiles the runtime in a sandbox of `rootfs` (with the image's environment and the
@@ -123,6 +127,11 @@ impl BytecodeCache {
         let staging = tempfile::Builder::new()
             .prefix(".staging-")
             .tempdir_in(parent)?;
+        for (name, source) in PYTHON_ONESHOT_RUNTIME {
+            fs::write(staging.path().join(name), source)?;
+        }
+        let pycache = staging.path().join("__pycache__");
+        fs::create_dir(&pycache)?;
         for (name, encoded) in compiled {
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(encoded)
@@ -130,7 +139,7 @@ impl BytecodeCache {
             if !valid_name(&name) || bytes.len() > MAX_PYC_BYTES {
                 return Err(FillError::Compile(format!("unexpected file {name:?}")));
             }
-            fs::write(staging.path().join(name), bytes)?;
+            fs::write(pycache.join(name), bytes)?;
         }
         // Another process may have filled it meanwhile; either copy is as good.
         match fs::rename(staging.path(), &self.dir) {
@@ -169,6 +178,13 @@ fn module_of(pyc_name: &str) -> Option<&str> {
 
 fn stem(source_name: &str) -> &str {
     source_name.trim_end_matches(".py")
+}
+
+/// The 16-byte header of a `.pyc` file.
+fn header_of(path: &Path) -> Option<[u8; 16]> {
+    let mut header = [0u8; 16];
+    fs::File::open(path).ok()?.read_exact(&mut header).ok()?;
+    Some(header)
 }
 
 /// Whether `pyc` is hash-checked bytecode (PEP 552) of `source`: its header records the

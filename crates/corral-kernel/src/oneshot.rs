@@ -29,19 +29,20 @@ pub fn run(
     let mut fill = None;
     spec.argv = match language {
         Language::Python => {
-            spec.support_files
-                .extend(as_support_files(PYTHON_ONESHOT_RUNTIME));
-            let mut runner = format!("/run/corral/{}", PYTHON_ONESHOT.0);
-            match bytecode.map(|cache| (cache, cache.load())) {
+            let runner = match bytecode.map(|cache| (cache, cache.load())) {
                 Some((_, Some(compiled))) => {
-                    spec.support_files.extend(compiled.files);
-                    runner = compiled.runner.unwrap_or(runner);
+                    spec.runtime_dir = Some(compiled.dir);
+                    compiled.runner
                 }
-                Some((cache, None)) => {
-                    fill = Some((cache, spec.rootfs.clone(), spec.env.clone(), spec.policy))
+                unfilled => {
+                    if let Some((cache, None)) = unfilled {
+                        fill = Some((cache, spec.rootfs.clone(), spec.env.clone(), spec.policy));
+                    }
+                    spec.support_files
+                        .extend(as_support_files(PYTHON_ONESHOT_RUNTIME));
+                    format!("/run/corral/{}", PYTHON_ONESHOT.0)
                 }
-                None => {}
-            }
+            };
             spec.control_socket = Some(ControlSocket::Stream);
             vec!["python3".into(), runner, program]
         }

@@ -22,7 +22,7 @@ fn run(code: &str, cache: &BytecodeCache) -> ExecutionResult {
 
 fn loaded_from_bytecode(result: &ExecutionResult, module: &str) -> bool {
     result.stderr.contains(&format!(
-        "code object from '/run/corral/__pycache__/{module}."
+        "code object from '/run/corral/lib/__pycache__/{module}."
     ))
 }
 
@@ -39,14 +39,16 @@ fn the_first_run_fills_the_cache_and_later_runs_load_the_runtime_from_it() {
     assert_eq!(first.status, Status::Success, "{first:?}");
     assert_eq!(first.stdout, "/run/corral/corral_oneshot.py\n");
     let compiled = cache.load().expect("the first run filled the cache");
-    let names: Vec<_> = compiled.files.iter().map(|f| f.0.as_str()).collect();
-    assert_eq!(names.len(), 2, "{names:?}");
-    let runner = compiled
-        .runner
-        .expect("the runner's bytecode matches its source");
+    let pycs: Vec<_> = std::fs::read_dir(compiled.dir.join("__pycache__"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(pycs.len(), 2, "{pycs:?}");
+    let runner = compiled.runner;
     assert!(
-        runner.starts_with("/run/corral/__pycache__/corral_oneshot.") && runner.ends_with(".pyc"),
-        "{runner}"
+        runner.starts_with("/run/corral/lib/__pycache__/corral_oneshot.")
+            && runner.ends_with(".pyc"),
+        "the runner's bytecode matches its source: {runner}"
     );
 
     // The runner now runs from its bytecode, and the program sees no difference.
@@ -90,17 +92,20 @@ fn bytecode_that_does_not_match_the_runtime_is_ignored() {
         .path();
     // Hash-checked bytecode of some other source: Python (for the library module) and the
     // host (for the runner) must fall back to the real source.
-    for entry in std::fs::read_dir(&dir).unwrap() {
+    for entry in std::fs::read_dir(dir.join("__pycache__")).unwrap() {
         let path = entry.unwrap().path();
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[8..16].copy_from_slice(&[0xff; 8]);
         std::fs::write(&path, bytes).unwrap();
     }
-    assert!(cache.load().unwrap().runner.is_none());
+    assert_eq!(
+        cache.load().unwrap().runner,
+        "/run/corral/lib/corral_oneshot.py"
+    );
 
     let result = run(PRINT_RUNNER, &cache);
     assert_eq!(result.status, Status::Success, "{result:?}");
-    assert_eq!(result.stdout, "/run/corral/corral_oneshot.py\n");
+    assert_eq!(result.stdout, "/run/corral/lib/corral_oneshot.py\n");
     assert_eq!(result.results[0].text.as_deref(), Some("42"));
     assert!(
         !loaded_from_bytecode(&result, "corral_kernel_lib"),

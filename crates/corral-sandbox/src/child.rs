@@ -7,7 +7,8 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
@@ -49,6 +50,8 @@ pub(crate) struct ChildPlan {
     pub control: RawFd,
     /// Dup'ed to fd 3 of the workload when the program speaks a protocol with the host.
     pub socket: Option<RawFd>,
+    /// The spec's runtime directory, bound read-only at `rootfs::RUNTIME_DIR`.
+    pub runtime_dir: Option<std::path::PathBuf>,
     pub role: crate::spec::Role,
     pub stdout: RawFd,
     pub stderr: RawFd,
@@ -328,6 +331,18 @@ fn build_root(plan: &ChildPlan) -> io::Result<()> {
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&str>,
     )?;
+    // Opened before the new root's tmpfs hides paths under it, and bound through the
+    // descriptor (a mount can only be bound from this mount namespace, so not by the host).
+    let runtime_dir = plan
+        .runtime_dir
+        .as_ref()
+        .map(|dir| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+                .open(dir)
+        })
+        .transpose()?;
     let data = format!("size={},mode=755,nr_inodes=4096", plan.root_size);
     mount(
         Some("tmpfs"),
@@ -337,6 +352,9 @@ fn build_root(plan: &ChildPlan) -> io::Result<()> {
         Some(data.as_str()),
     )?;
     rootfs::execute(&plan.ops, root)?;
+    if let Some(dir) = runtime_dir {
+        rootfs::bind_runtime_dir(dir.as_fd(), root)?;
+    }
     nix::unistd::sethostname(rootfs::HOSTNAME)?;
     sys::loopback_up().map_err(|e| io::Error::new(e.kind(), format!("loopback up: {e}")))?;
     mount(

@@ -7,6 +7,7 @@
 use std::ffi::CString;
 use std::fs;
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -56,6 +57,9 @@ const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 /// stays in the host's cgroup, so its path would climb out of the sandbox's cgroup namespace
 /// into the host's tree.)
 const PROC_MASKED: [&str; 5] = ["timer_list", "sched_debug", "kcore", "keys", "1/cgroup"];
+
+/// Where [`crate::SandboxSpec::runtime_dir`] appears inside the sandbox.
+pub const RUNTIME_DIR: &str = "/run/corral/lib";
 
 pub const SANDBOX_UID: u32 = 1000;
 pub const SANDBOX_GID: u32 = 1000;
@@ -257,13 +261,6 @@ pub fn plan(
     ops.push(Op::Mkdir("/run/corral".into(), 0o755));
     for (name, contents) in run_files {
         let path = Path::new("/run/corral").join(name);
-        // Subdirectories (e.g. `__pycache__/`) are created once, before their first file.
-        if let Some(parent) = path.parent().filter(|p| *p != Path::new("/run/corral")) {
-            let mkdir = Op::Mkdir(parent.to_path_buf(), 0o755);
-            if !ops.contains(&mkdir) {
-                ops.push(mkdir);
-            }
-        }
         ops.push(Op::File {
             path,
             contents: contents.to_vec(),
@@ -271,6 +268,21 @@ pub fn plan(
         });
     }
     ops
+}
+
+/// Binds the directory open at `dir` (an `O_PATH` descriptor init opened before the new root
+/// hid its path) read-only at [`RUNTIME_DIR`] in the new root.
+pub fn bind_runtime_dir(dir: BorrowedFd<'_>, new_root: &Path) -> io::Result<()> {
+    execute(
+        &[
+            Op::Mkdir(RUNTIME_DIR.into(), 0o755),
+            Op::BindReadOnly {
+                source: format!("/proc/self/fd/{}", dir.as_raw_fd()).into(),
+                target: RUNTIME_DIR.into(),
+            },
+        ],
+        new_root,
+    )
 }
 
 /// `/proc/sys` read-only and the host-wide `/proc` files hidden.
@@ -591,20 +603,6 @@ mod tests {
             contents: b"print(1)".to_vec(),
             mode: 0o444
         }));
-    }
-
-    #[test]
-    fn run_files_in_a_subdirectory_get_it_created_once_first() {
-        let files: [(&str, &[u8]); 2] = [("sub/a.pyc", b"a"), ("sub/b.pyc", b"b")];
-        let ops = plan(&Rootfs::Host, 1 << 20, &files, true, debian_host);
-        let mkdir = Op::Mkdir("/run/corral/sub".into(), 0o755);
-        assert_eq!(ops.iter().filter(|o| **o == mkdir).count(), 1);
-        let mkdir_at = ops.iter().position(|o| *o == mkdir).unwrap();
-        let file_at = ops
-            .iter()
-            .position(|o| matches!(o, Op::File { path, .. } if path.ends_with("sub/a.pyc")))
-            .unwrap();
-        assert!(mkdir_at < file_at);
     }
 
     #[test]

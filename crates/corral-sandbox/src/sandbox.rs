@@ -314,6 +314,7 @@ impl Sandbox {
             (Uid::from_raw(id), Gid::from_raw(id))
         });
         let plan = ChildPlan {
+            runtime_dir: spec.runtime_dir.clone(),
             ops,
             switch_to,
             report: report_child.as_raw_fd(),

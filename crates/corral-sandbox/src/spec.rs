@@ -103,6 +103,9 @@ pub struct SandboxSpec {
     pub program_file: Option<(String, Vec<u8>)>,
     /// More read-only files under `/run/corral` (e.g. a kernel's runtime).
     pub support_files: Vec<(String, Vec<u8>)>,
+    /// A host directory Corral prepared (the one-shot runtime with its bytecode), bound
+    /// read-only at [`crate::rootfs::RUNTIME_DIR`]: cheaper than copying its files in each run.
+    pub runtime_dir: Option<std::path::PathBuf>,
     /// A socket to the host at fd 3, if the program speaks a protocol with it.
     pub control_socket: Option<ControlSocket>,
     pub role: Role,
@@ -119,6 +122,7 @@ impl SandboxSpec {
             policy: Policy::default(),
             program_file: None,
             support_files: Vec::new(),
+            runtime_dir: None,
             control_socket: None,
             role: Role::Workload,
             input_files: Vec::new(),

@@ -13,4 +13,10 @@ attempt('chmod-python', lambda: os.chmod(os.path.realpath(sys.executable), 0o477
 attempt('utime-python', lambda: os.utime(os.path.realpath(sys.executable), (0, 0)))
 attempt('rename-in-usr-bin', lambda: os.rename('/usr/bin/pwn-none-' + mark, '/usr/bin/pwn2-' + mark))
 attempt('symlink-in-lib', lambda: os.symlink('/workspace/x', '/usr/lib/pwn-' + mark))
+# The runtime bound from the host's bytecode cache (the test filled it first).
+import glob
+runtime_bytecode = glob.glob('/run/corral/lib/__pycache__/*.pyc')
+print('RUNTIME-BYTECODE', len(runtime_bytecode))
+attempt('create-runtime', lambda: create('/run/corral/lib/pwn-' + mark))
+attempt('overwrite-runtime-bytecode', lambda: open(runtime_bytecode[0], 'r+b').write(b'pwned'))
 print('DONE')
