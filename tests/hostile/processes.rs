@@ -233,7 +233,8 @@ fn a_killed_corral_run_leaves_nothing_once_the_next_run_is_done() {
     assert!(killed.success());
     drop(run); // reaps the killed corral process
     assert_no_procs(&tag);
-    // Root mode: the killed process's teardown never ran, so its cgroup is still there.
+    // Root mode: the killed process's teardown never ran, so its cgroup is still there (no
+    // other Corral process runs meanwhile: every test holds the lock, this one exclusively).
     for dir in &orphaned {
         assert!(
             dir.exists(),
@@ -277,6 +278,7 @@ fn timeout_survives_signals_to_init_and_sigstop() {
 
 #[test]
 fn crashes_leave_no_core_and_never_reach_a_core_helper() {
+    let _g = shared();
     let o = Run::python(include_str!("attacks/core_dump.py")).run();
     o.assert_completed();
     o.assert_no_escape();
