@@ -3,7 +3,8 @@
 //! Python compiles the script it starts, and every module without bytecode, on every run: for
 //! the one-shot runtime that is about 1 ms before `print(1)` runs and 4 ms more when a result
 //! has to be formatted. So a sandbox of the image compiles the runtime once, before any user
-//! code runs in it, and the host keeps the bytecode in its data directory. The files are
+//! code runs in it, and the host keeps the bytecode in its data directory, beside the sources
+//! it writes from its own copies; later runs get that directory bound read-only. The files are
 //! hash-checked `.pyc` (PEP 552): Python ignores a module's bytecode whose source differs, and
 //! one made by another Python version carries another name and magic number. The runner
 //! itself runs from its bytecode as the script, which Python does not check, so the host
