@@ -156,10 +156,13 @@ impl Layout {
                     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
                         != Err(nix::errno::Errno::ESRCH)
                 });
+            if owner_alive {
+                continue;
+            }
             // Only this user's own cgroups: a rootless process cannot remove root's.
             let ours = fs::metadata(first.join(&name))
                 .is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == euid);
-            if owner_alive || !ours {
+            if !ours {
                 continue;
             }
             let mut stale = Cgroup {

@@ -38,10 +38,10 @@ pub fn make_read_only(path: &Path) -> io::Result<()> {
     if err.raw_os_error() != Some(libc::ENOSYS) {
         return Err(err);
     }
-    // Kernels before 5.12: remount the top mount only, keeping the flags the kernel locks
-    // for mounts inherited from a more privileged namespace.
     // <linux/statfs.h>'s ST_RELATIME, which musl's headers (so nix on musl) lack.
     const ST_RELATIME: FsFlags = FsFlags::from_bits_retain(0x1000);
+    // Kernels before 5.12: remount the top mount only, keeping the flags the kernel locks
+    // for mounts inherited from a more privileged namespace.
     let locked = statvfs(path)?.flags();
     let mut flags = MsFlags::MS_REMOUNT
         | MsFlags::MS_BIND
