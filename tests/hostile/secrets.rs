@@ -121,6 +121,27 @@ fn host_environment_not_visible() {
     o.assert_absent(&token);
 }
 
+/// Signal state is the caller's too: an ignored signal stays ignored across `execve`, and
+/// Corral's runtime (like many a supervisor) ignores SIGPIPE. The program must start with
+/// every disposition at its default, or `yes | head` prints "Broken pipe" instead of ending.
+#[test]
+fn host_signal_dispositions_not_inherited() {
+    let _g = shared();
+    let o = Run::bash(
+        "grep -E '^Sig(Ign|Blk):' /proc/self/status\n\
+         yes | head -n 1 >/dev/null\n\
+         echo \"YES-STATUS ${PIPESTATUS[0]}\"\n",
+    )
+    .run();
+    assert_eq!(o.status(), "success", "{}", o.dump());
+    for line in ["SigIgn:\t0000000000000000", "SigBlk:\t0000000000000000"] {
+        assert!(o.stdout().contains(line), "{line:?} missing\n{}", o.dump());
+    }
+    // 128 + SIGPIPE: `yes` was killed by the signal, not told EPIPE.
+    assert!(o.stdout().contains("YES-STATUS 141"), "{}", o.dump());
+    assert!(!o.stderr().contains("Broken pipe"), "{}", o.dump());
+}
+
 #[test]
 fn etc_is_synthetic_without_host_accounts() {
     let _g = shared();

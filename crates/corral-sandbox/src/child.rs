@@ -463,6 +463,9 @@ fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd) -> ! {
     if let Err(e) = nix::sys::signal::SigSet::empty().thread_set_mask() {
         plan.fail("restoring the signal mask", e);
     }
+    // Neither Corral's runtime (which ignores SIGPIPE) nor whoever started it decides how the
+    // program reacts to signals: without this, `yes | head -1` would print "Broken pipe".
+    sys::reset_signal_dispositions();
     sys::cloexec_from(if plan.socket.is_some() { 4 } else { 3 });
     let in_cgroup = match join_cgroup(plan) {
         Ok(joined) => joined,

@@ -115,6 +115,31 @@ pub fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
+/// Sets every signal but SIGKILL and SIGSTOP, real-time ones included, back to its default
+/// action (an ignored signal stays ignored across `execve`). Through the raw system call:
+/// glibc's `sigaction` refuses the real-time signals it reserves for itself.
+pub fn reset_signal_dispositions() {
+    // The kernel's `struct sigaction`, all zero: SIG_DFL, no flags, an empty mask. (Larger
+    // than the struct on every architecture; the kernel reads only its own size.)
+    let default = [0u64; 4];
+    for signal in 1..=64 {
+        if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: `default` is a valid, zeroed kernel sigaction; no old action is asked
+        // for; 8 is the kernel's sigset size. Numbers the kernel lacks fail with EINVAL.
+        unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                signal,
+                default.as_ptr(),
+                std::ptr::null_mut::<u64>(),
+                8usize,
+            )
+        };
+    }
+}
+
 /// Closes every descriptor >= 3 that is not in `keep`.
 pub fn close_all_except(keep: &[RawFd]) {
     let mut keep: Vec<u32> = keep.iter().map(|&fd| fd as u32).collect();
