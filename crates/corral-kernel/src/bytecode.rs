@@ -19,12 +19,15 @@ use std::path::{Path, PathBuf};
 use base64::Engine;
 use corral_sandbox::rootfs::RUNTIME_DIR;
 use corral_sandbox::{Rootfs, SandboxSpec, Status};
-use sha2::{Digest, Sha256};
 use siphasher::sip::{SipHasher13, SipHasher24};
+use siphasher::sip128::{Hasher128, SipHasher13 as SipHasher128};
 
 use crate::runtime::{as_support_files, PYTHON_COMPILER, PYTHON_ONESHOT, PYTHON_ONESHOT_RUNTIME};
 
 const MAX_PYC_BYTES: usize = 1 << 20;
+
+/// SHA-256 of the one-shot runtime's file names and sources, computed by `build.rs`.
+const ONESHOT_RUNTIME_SHA256: &str = env!("CORRAL_ONESHOT_RUNTIME_SHA256");
 
 /// A filled cache, as a one-shot run uses it: a directory with the runtime's sources and, in
 /// `__pycache__/`, their bytecode, bound read-only at [`RUNTIME_DIR`] (no per-run copies).
@@ -44,8 +47,7 @@ pub struct BytecodeCache {
 impl BytecodeCache {
     /// The cache for sandboxes of `rootfs`, under `data_dir`.
     pub fn new(data_dir: &Path, rootfs: &Rootfs) -> BytecodeCache {
-        let mut key = Sha256::new();
-        match rootfs {
+        let image = match rootfs {
             // The host's Python can be upgraded in place: its binary's identity is the key.
             Rootfs::Host => {
                 let python = fs::metadata("/usr/bin/python3");
@@ -53,19 +55,21 @@ impl BytecodeCache {
                     use std::os::unix::fs::MetadataExt;
                     (m.len(), m.mtime())
                 });
-                key.update(format!("host {identity:?}"));
+                format!("host {identity:?}")
             }
             // Built images are content-addressed: the path names the content.
-            Rootfs::Directory(path) => key.update(format!("dir {}", path.display())),
-        }
-        for (name, source) in PYTHON_ONESHOT_RUNTIME {
-            key.update(name);
-            key.update(source);
-        }
-        key.update("sources beside __pycache__/");
-        let key = hex::encode(&key.finalize()[..16]);
+            Rootfs::Directory(path) => format!("dir {}", path.display()),
+        };
+        // The runtime's digest is the build's; a run only names the directory, for which
+        // SipHash is enough (no name here is chosen by an adversary).
+        let mut key = SipHasher128::new();
+        key.write(ONESHOT_RUNTIME_SHA256.as_bytes());
+        key.write(image.as_bytes());
+        key.write(b"sources beside __pycache__/");
         BytecodeCache {
-            dir: data_dir.join("bytecode").join(key),
+            dir: data_dir
+                .join("bytecode")
+                .join(format!("{:032x}", key.finish128().as_u128())),
         }
     }
 
@@ -208,6 +212,32 @@ fn compiled_from(pyc: &[u8], source: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_build_digest_covers_exactly_the_oneshot_runtime() {
+        use sha2::{Digest, Sha256};
+        let mut digest = Sha256::new();
+        for (name, source) in PYTHON_ONESHOT_RUNTIME {
+            digest.update(name);
+            digest.update(source);
+        }
+        assert_eq!(ONESHOT_RUNTIME_SHA256, hex::encode(digest.finalize()));
+    }
+
+    #[test]
+    fn each_image_has_a_cache_of_its_own() {
+        let data = Path::new("/data");
+        let a = BytecodeCache::new(data, &Rootfs::Directory("/images/a".into()));
+        let b = BytecodeCache::new(data, &Rootfs::Directory("/images/b".into()));
+        let host = BytecodeCache::new(data, &Rootfs::Host);
+        assert_ne!(a.dir, b.dir);
+        assert_ne!(a.dir, host.dir);
+        assert_eq!(
+            a.dir,
+            BytecodeCache::new(data, &Rootfs::Directory("/images/a".into())).dir
+        );
+        assert!(a.dir.starts_with("/data/bytecode"));
+    }
 
     #[test]
     fn only_our_modules_bytecode_file_names_are_accepted() {
