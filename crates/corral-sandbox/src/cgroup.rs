@@ -298,13 +298,15 @@ impl Cgroup {
         }
         let mem = self.dir("memory").expect("v1 memory is required");
         write_file(&mem.join("memory.limit_in_bytes"), &memory)?;
-        // Without swap accounting this file is absent; swappiness 0 keeps the group out of swap.
-        write_optional(&mem.join("memory.memsw.limit_in_bytes"), &memory)?;
-        write_optional(&mem.join("memory.swappiness"), "0")?;
+        // A memory+swap limit equal to the memory limit leaves no room for swap. Without swap
+        // accounting that file is absent, and swappiness 0 keeps the group out of swap.
+        if !write_optional(&mem.join("memory.memsw.limit_in_bytes"), &memory)? {
+            write_optional(&mem.join("memory.swappiness"), "0")?;
+        }
         let pid_dir = self.dir("pids").expect("v1 pids is required");
         write_file(&pid_dir.join("pids.max"), &pids)?;
         if let Some(cpu) = self.dir("cpu") {
-            write_file(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+            // A new group's period is the kernel's default, which CPU_PERIOD_US is.
             write_file(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
         }
         Ok(())
@@ -469,10 +471,12 @@ fn write_file(path: &Path, value: &str) -> io::Result<()> {
     })
 }
 
-fn write_optional(path: &Path, value: &str) -> io::Result<()> {
+/// Writes `value` to `path` if the kernel offers that file; tells whether it did.
+fn write_optional(path: &Path, value: &str) -> io::Result<bool> {
     match write_file(path, value) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        other => other,
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -562,6 +566,20 @@ mod tests {
         )
         .unwrap();
         assert_eq!(cg.oom_kills(), 3);
+        // Without swap accounting (no memsw file) swappiness keeps the group out of swap;
+        // with it, the memsw limit does and swappiness is left alone.
+        let memory = root.path().join("memory/corral/sbx");
+        fs::write(memory.join("memory.swappiness"), "").unwrap();
+        cg.apply(&limits).unwrap();
+        assert_eq!(read("memory/corral/sbx/memory.swappiness"), "0");
+        fs::write(memory.join("memory.swappiness"), "").unwrap();
+        fs::write(memory.join("memory.memsw.limit_in_bytes"), "").unwrap();
+        cg.apply(&limits).unwrap();
+        assert_eq!(
+            read("memory/corral/sbx/memory.memsw.limit_in_bytes"),
+            "67108864"
+        );
+        assert_eq!(read("memory/corral/sbx/memory.swappiness"), "");
         std::mem::forget(cg); // the fake files make rmdir fail; the tempdir cleans up
     }
 
