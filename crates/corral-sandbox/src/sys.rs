@@ -119,8 +119,8 @@ pub fn loopback_up() -> io::Result<()> {
 /// action (an ignored signal stays ignored across `execve`). Through the raw system call:
 /// glibc's `sigaction` refuses the real-time signals it reserves for itself.
 pub fn reset_signal_dispositions() {
-    // The kernel's `struct sigaction`, all zero: SIG_DFL, no flags, an empty mask. (Larger
-    // than the struct on every architecture; the kernel reads only its own size.)
+    // The kernel's `struct sigaction` (handler, flags, restorer, mask: 32 bytes on x86_64
+    // and arm64), all zero: SIG_DFL, no flags, an empty mask.
     let default = [0u64; 4];
     for signal in 1..=64 {
         if signal == libc::SIGKILL || signal == libc::SIGSTOP {
