@@ -225,21 +225,6 @@ mod tests {
     }
 
     #[test]
-    fn each_image_has_a_cache_of_its_own() {
-        let data = Path::new("/data");
-        let a = BytecodeCache::new(data, &Rootfs::Directory("/images/a".into()));
-        let b = BytecodeCache::new(data, &Rootfs::Directory("/images/b".into()));
-        let host = BytecodeCache::new(data, &Rootfs::Host);
-        assert_ne!(a.dir, b.dir);
-        assert_ne!(a.dir, host.dir);
-        assert_eq!(
-            a.dir,
-            BytecodeCache::new(data, &Rootfs::Directory("/images/a".into())).dir
-        );
-        assert!(a.dir.starts_with("/data/bytecode"));
-    }
-
-    #[test]
     fn only_our_modules_bytecode_file_names_are_accepted() {
         assert!(valid_name("corral_oneshot.cpython-311.pyc"));
         assert!(valid_name("corral_kernel_lib.cpython-312.pyc"));
@@ -277,6 +262,8 @@ mod tests {
         let host = BytecodeCache::new(data, &Rootfs::Host);
         assert_ne!(a.dir, b.dir);
         assert_ne!(a.dir, host.dir);
+        let again = BytecodeCache::new(data, &Rootfs::Directory("/images/a/rootfs".into()));
+        assert_eq!(a.dir, again.dir);
         assert!(a.dir.starts_with("/data/bytecode"));
     }
 }
