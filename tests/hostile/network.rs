@@ -164,6 +164,13 @@ fn only_loopback_interface() {
     let o = Run::python(include_str!("attacks/net_interfaces.py")).run();
     o.assert_completed();
     assert_eq!(o.values("IFACE"), vec!["lo"], "{}", o.dump());
+    // The sandbox's init is in the sandbox's network namespace too, not the host's.
+    let init = o.values("INIT-IFACE");
+    assert!(
+        init == vec!["lo"] || !o.values("INIT-IFACE-FAIL").is_empty(),
+        "{}",
+        o.dump()
+    );
     let idx = o.values("IFINDEX");
     assert!(idx.is_empty() || idx == vec!["lo"], "{}", o.dump());
     assert_eq!(o.value("ROUTES"), "0", "routes exist\n{}", o.dump());
