@@ -54,6 +54,28 @@ fn check_processes_invisible(caller: Caller, host_pid: u32) {
     assert!(alive <= 6, "{alive} pids answer kill(0)\n{}", o.dump());
 }
 
+/// init moves the workload to another CPU while the sandbox is built; the program must still
+/// start with the CPUs its caller may use, all of them.
+#[test]
+fn program_keeps_the_callers_cpu_affinity() {
+    let _g = shared();
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let allowed = |status: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(|v| v.trim().to_string())
+    };
+    let mine = allowed(&status).unwrap();
+    for caller in CALLERS {
+        let o = Run::python("print(open('/proc/self/status').read())")
+            .caller(caller)
+            .run();
+        assert_eq!(o.status(), "success", "{}", o.dump());
+        assert_eq!(allowed(o.stdout()), Some(mine.clone()), "{}", o.dump());
+    }
+}
+
 #[test]
 fn kill_minus_one_spares_host_processes() {
     let _g = shared();

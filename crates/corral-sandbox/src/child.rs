@@ -284,18 +284,22 @@ fn init(plan: &ChildPlan) -> ! {
         Ok(pair) => pair,
         Err(e) => plan.fail("creating a socket pair", e),
     };
+    let cpus = nix::sched::sched_getaffinity(Pid::from_raw(0)).ok();
     // SAFETY: init is single-threaded.
     let workload_pid = match unsafe { nix::unistd::fork() } {
         Err(e) => plan.fail("starting the workload", e),
         Ok(ForkResult::Child) => {
             drop(go_w);
             drop(network_in);
-            workload(plan, go_r, network_out)
+            workload(plan, go_r, network_out, cpus)
         }
         Ok(ForkResult::Parent { child }) => child,
     };
     drop(go_r);
     drop(network_out);
+    if let Some(cpus) = &cpus {
+        move_off_this_cpu(workload_pid, cpus);
+    }
 
     if let Err(e) = build_root(plan) {
         plan.fail("building the sandbox root filesystem", e);
@@ -412,6 +416,28 @@ fn make_network() -> io::Result<std::fs::File> {
     std::fs::File::open("/proc/thread-self/ns/net")
 }
 
+/// Moves `pid` to the CPUs of `cpus` other than the caller's, if there are any.
+///
+/// A forked child starts on its parent's CPU, and the kernel seldom moves a task within the
+/// 2 ms a sandbox takes to build: without this the workload makes the network namespace on
+/// init's CPU, taking turns with init's mounts, while another CPU idles (seen on the 2-vCPU
+/// test VM). The workload takes `cpus` back before it execs ([`workload`]); it does so after
+/// init's `go`, which init sends after this call, so the program always starts with the
+/// affinity init had.
+fn move_off_this_cpu(pid: Pid, cpus: &nix::sched::CpuSet) {
+    let Ok(here) = nix::sched::sched_getcpu() else {
+        return;
+    };
+    let mut others = *cpus;
+    if others.unset(here).is_err() {
+        return;
+    }
+    let any_other = (0..nix::sched::CpuSet::count()).any(|c| others.is_set(c).unwrap_or(false));
+    if any_other {
+        let _ = nix::sched::sched_setaffinity(pid, &others);
+    }
+}
+
 /// After the workload is started init needs no privilege: it only waits and kills.
 fn lock_down_init(plan: &ChildPlan) {
     for set in [
@@ -492,7 +518,12 @@ fn supervise(control: RawFd, children: &nix::sys::signalfd::SignalFd, workload: 
 
 /// The workload process: drops everything, waits for init's `go` (the root is built and the
 /// host has released the program), then becomes the program.
-fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd::OwnedFd) -> ! {
+fn workload(
+    plan: &ChildPlan,
+    go: std::os::fd::OwnedFd,
+    network_out: std::os::fd::OwnedFd,
+    cpus: Option<nix::sched::CpuSet>,
+) -> ! {
     let network = match make_network() {
         Ok(ns) => ns,
         Err(e) => plan.fail("creating the network namespace", e),
@@ -534,6 +565,12 @@ fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd
         unsafe { libc::_exit(0) }
     }
     drop(go);
+    // Undoes init's `move_off_this_cpu`.
+    if let Some(cpus) = &cpus {
+        if let Err(e) = nix::sched::sched_setaffinity(Pid::from_raw(0), cpus) {
+            plan.fail("restoring the CPU affinity", e);
+        }
+    }
     let rlimits = if in_cgroup {
         &plan.rlimits
     } else {
