@@ -384,6 +384,9 @@ def prepare(preload=("numpy", "pandas", "matplotlib.pyplot")):
     global _shell
     if _shell is not None:
         return _shell
+    # Cells import the workspace's modules (see corral_oneshot.py for why not PYTHONPATH).
+    if WORKSPACE not in sys.path:
+        sys.path.insert(1, WORKSPACE)
     # IPython keeps a profile directory; HOME may be read-only inside the sandbox.
     os.environ.setdefault("IPYTHONDIR", IPYTHON_DIR)
     shell = _make_shell()

@@ -15,6 +15,7 @@ import os
 import sys
 from importlib.machinery import SourceFileLoader
 
+_WORKSPACE = "/workspace"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if os.path.basename(_HERE) == "__pycache__":  # run from the bytecode
     _HERE = os.path.dirname(_HERE)
@@ -143,6 +144,10 @@ def run(path, args):
         return 2
     sys.argv = [path, *args]
     sys.path[0] = os.path.dirname(os.path.realpath(filename))
+    # The workspace's modules are importable. Not through PYTHONPATH: every Python start-up,
+    # the program's children included, would search it first (0.12-0.15 ms each).
+    if _WORKSPACE not in sys.path:
+        sys.path.insert(1, _WORKSPACE)
     sys.stdout.reconfigure(line_buffering=True)  # stream lines as printed, not 8 KiB blocks
     main = type(sys)("__main__")
     main.__file__ = filename

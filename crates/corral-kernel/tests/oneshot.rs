@@ -113,3 +113,33 @@ fn bytecode_that_does_not_match_the_runtime_is_ignored() {
         result.stderr
     );
 }
+
+/// A program imports the modules given to it in the workspace, as a script there would, while
+/// Python itself starts without searching the workspace (no `PYTHONPATH`).
+#[test]
+fn workspace_modules_are_importable() {
+    let data = tempfile::tempdir().unwrap();
+    let cache = BytecodeCache::new(data.path(), &Rootfs::Host);
+    let helper = data.path().join("helper.py");
+    std::fs::write(&helper, "VALUE = 42\n").unwrap();
+    let mut spec = SandboxSpec::new(Vec::new());
+    spec.input_files.push(corral_sandbox::InputFile {
+        source: std::fs::File::open(&helper).unwrap(),
+        dest: "helper.py".into(),
+    });
+    let code = "import os, sys, helper\n\
+                print(helper.__file__, 'PYTHONPATH' in os.environ, sys.path[:2])\n";
+    let (result, _) = oneshot::run(
+        spec,
+        Language::Python,
+        "main.py",
+        code.as_bytes().to_vec(),
+        Some(&cache),
+        &mut |_, _| {},
+    );
+    assert_eq!(result.status, Status::Success, "{result:?}");
+    assert_eq!(
+        result.stdout,
+        "/workspace/helper.py False ['/run/corral', '/workspace']\n"
+    );
+}

@@ -39,6 +39,20 @@ fn run(session: &mut Session, code: &str) -> ExecutionResult {
 }
 
 #[test]
+fn workspace_modules_are_importable() {
+    for (how, mut s) in python_sessions() {
+        let write = run(
+            &mut s,
+            "open('/workspace/helper.py', 'w').write('VALUE = 42')",
+        );
+        assert_eq!(write.status, Status::Success, "{how}: {write:?}");
+        let r = run(&mut s, "import helper\nhelper.VALUE");
+        assert_eq!(r.status, Status::Success, "{how}: {r:?}");
+        assert_eq!(r.results[0].text.as_deref(), Some("42"), "{how}: {r:?}");
+    }
+}
+
+#[test]
 fn state_persists_across_executions() {
     for (how, mut s) in python_sessions() {
         assert_eq!(run(&mut s, "x = 40").status, Status::Success, "{how}");

@@ -172,7 +172,6 @@ pub fn base_environment(limits: &Limits) -> Vec<(String, String)> {
         ("XDG_CONFIG_HOME", "/tmp/.config"),
         ("PYTHONUNBUFFERED", "1"),
         ("PYTHONDONTWRITEBYTECODE", "1"),
-        ("PYTHONPATH", "/workspace"),
         ("MPLBACKEND", "Agg"),
         ("MPLCONFIGDIR", "/tmp/.matplotlib"),
         ("OPENBLAS_NUM_THREADS", threads.as_str()),
