@@ -89,7 +89,8 @@ def _compile_program(source, path, split_final_expression):
     than 2 ms). The last top-level statement starts on a line that begins in column 0; going
     up from the last such line, the first tail that compiles is that statement (lines of an
     unfinished bracket or string do not compile on their own). It is the final expression
-    when it compiles as one and the lines before it as a module."""
+    when it compiles as one and the lines before it as a module (no module, None, when it is
+    the whole program)."""
     def whole():
         return _compile(source, path, "exec"), None
 
@@ -110,6 +111,8 @@ def _compile_program(source, path, split_final_expression):
             except SyntaxError:
                 continue  # part of a longer statement: look further up
             return whole()  # a complete statement that is not an expression
+        if i == 0:  # the program is one expression: nothing to run before it
+            return None, final
         try:
             head = _compile(b"".join(lines[:i]), path, "exec")
         except SyntaxError:
@@ -125,7 +128,8 @@ def _run_program(namespace, source, path, split_final_expression):
     except (SyntaxError, ValueError) as error:
         return None, error.with_traceback(None)  # shown without a traceback, like Python
     try:
-        exec(code, namespace)
+        if code is not None:
+            exec(code, namespace)
         return (None if final_expression is None else eval(final_expression, namespace)), None
     except BaseException as error:
         # Drop this function's frame: the traceback starts in the program.
@@ -143,7 +147,9 @@ def run(path, args):
         sys.stderr.write(f"{sys.executable}: {message}\n")
         return 2
     sys.argv = [path, *args]
-    sys.path[0] = os.path.dirname(os.path.realpath(filename))
+    # As Python's own sys.path[0], without resolving links: Corral writes PROGRAM itself,
+    # never through one, and realpath would cost three lstat calls in the sandbox.
+    sys.path[0] = os.path.dirname(filename)
     # The workspace's modules are importable. Not through PYTHONPATH: every Python start-up,
     # the program's children included, would search it first (0.12-0.15 ms each).
     if _WORKSPACE not in sys.path:

@@ -85,6 +85,14 @@ def test_the_final_expression_is_the_main_result(tmp_path):
     assert run.frames[-1]["status"] == "ok"
 
 
+def test_a_program_of_one_expression_is_its_main_result(tmp_path):
+    run = oneshot(tmp_path, "6 * 7")
+    assert run.results == [{"type": "result", "id": "oneshot", "is_main_result": True, "data": {"text/plain": "42"}}]
+    run = oneshot(tmp_path, "1 / 0")
+    assert (run.status, run.stdout, run.stderr) == plain([PYTHON, "program.py"], tmp_path)
+    assert run.errors[0]["name"] == "ZeroDivisionError"
+
+
 def test_a_rich_final_value_uses_the_display_protocol(tmp_path):
     source = """\
         class Rich:
