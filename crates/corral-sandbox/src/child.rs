@@ -269,11 +269,10 @@ fn init(plan: &ChildPlan) -> ! {
     // The workload starts now, makes the network namespace and locks itself down (cgroup,
     // capabilities, seccomp) while init builds the root; it waits on `go` before it runs
     // anything of the program's.
-    let pipe = || match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+    let (go_r, go_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
         Ok(pipe) => pipe,
-        Err(e) => plan.fail("creating a pipe", e),
+        Err(e) => plan.fail("creating the start pipe", e),
     };
-    let (go_r, go_w) = pipe();
     // The workload sends the network namespace it made here.
     let (network_in, network_out) = match nix::sys::socket::socketpair(
         nix::sys::socket::AddressFamily::Unix,
