@@ -428,11 +428,8 @@ fn move_off_this_cpu(pid: Pid, cpus: &nix::sched::CpuSet) {
         return;
     };
     let mut others = *cpus;
-    if others.unset(here).is_err() {
-        return;
-    }
-    let any_other = (0..nix::sched::CpuSet::count()).any(|c| others.is_set(c).unwrap_or(false));
-    if any_other {
+    if others.unset(here).is_ok() {
+        // An empty set (a single usable CPU) is refused with EINVAL and changes nothing.
         let _ = nix::sched::sched_setaffinity(pid, &others);
     }
 }
