@@ -216,8 +216,9 @@ def test_a_missing_program_exits_2(tmp_path):
 
 
 def test_the_program_is_compiled_as_python_compiles_it(tmp_path):
-    # Code objects carry the program's path, a coding cookie and __future__ imports work, and
-    # nothing of the runner's compiling (a profile hook) is left behind.
+    # Code objects carry the program's path, a coding cookie and __future__ imports work,
+    # __main__ has the loader Python gives a script, and nothing of the runner's compiling (a
+    # profile hook) is left behind.
     source = """\
         # -*- coding: latin-1 -*-
         from __future__ import annotations
@@ -226,6 +227,7 @@ def test_the_program_is_compiled_as_python_compiles_it(tmp_path):
             return 1 / x
         print(inspect.getsource(f).splitlines()[0], f.__code__.co_filename == __file__)
         print(f.__annotations__, sys.getprofile(), 'é')
+        print(type(__loader__), __loader__.name, __loader__.path == __file__)
         warnings.warn('careful')
         f(0)
         """
@@ -233,6 +235,7 @@ def test_the_program_is_compiled_as_python_compiles_it(tmp_path):
     run = oneshot(tmp_path, source)
     assert (run.status, run.stdout, run.stderr) == plain([PYTHON, str(program)], tmp_path)
     assert "def f(x: undefined_name) -> None: True" in run.stdout
+    assert "<class '_frozen_importlib_external.SourceFileLoader'> __main__ True" in run.stdout
     assert f'File "{program}", line 5, in f' in run.stderr
     run = oneshot(tmp_path, "")
     assert (run.status, run.stdout, run.stderr) == (0, "", "")
