@@ -54,25 +54,34 @@ fn check_processes_invisible(caller: Caller, host_pid: u32) {
     assert!(alive <= 6, "{alive} pids answer kill(0)\n{}", o.dump());
 }
 
-/// init moves the workload to another CPU while the sandbox is built; the program must still
-/// start with the CPUs its caller may use, all of them.
+/// The host moves init, and init the workload, to another CPU while the sandbox is built; the
+/// program must still start with the CPUs its caller may use, all of them, and init must end
+/// up with them too.
 #[test]
-fn program_keeps_the_callers_cpu_affinity() {
+fn program_and_init_keep_the_callers_cpu_affinity() {
     let _g = shared();
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     let allowed = |status: &str| {
         status
             .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .filter_map(|l| l.strip_prefix("Cpus_allowed_list:"))
             .map(|v| v.trim().to_string())
+            .collect::<Vec<_>>()
     };
-    let mine = allowed(&status).unwrap();
+    let mine = allowed(&status).pop().unwrap();
     for caller in CALLERS {
-        let o = Run::python("print(open('/proc/self/status').read())")
-            .caller(caller)
-            .run();
+        let o = Run::python(
+            "print(open('/proc/self/status').read()); print(open('/proc/1/status').read())",
+        )
+        .caller(caller)
+        .run();
         assert_eq!(o.status(), "success", "{}", o.dump());
-        assert_eq!(allowed(o.stdout()), Some(mine.clone()), "{}", o.dump());
+        assert_eq!(
+            allowed(o.stdout()),
+            [mine.clone(), mine.clone()],
+            "{}",
+            o.dump()
+        );
     }
 }
 

@@ -333,6 +333,7 @@ impl Sandbox {
             workload_filters,
             init_filters,
             start_at_once,
+            cpus: nix::sched::sched_getaffinity(Pid::from_raw(0)).ok(),
         };
 
         // A single-threaded host (the `corral run` command) clones init straight into the new
@@ -395,6 +396,10 @@ impl Sandbox {
                     true,
                 ),
             };
+            // The host makes the cgroup next, while init builds the root elsewhere.
+            if let Some(cpus) = &plan.cpus {
+                child::move_off_this_cpu(first_child, cpus);
+            }
             child::write_id_maps(&format!("/proc/{first_child}"), uid, gid, deny_setgroups)
                 .and_then(|()| sandbox.send_control(&[child::MAPS_WRITTEN]))
                 .map_err(|e| SandboxError::Setup(format!("mapping the sandbox user: {e}")))?;
