@@ -287,20 +287,19 @@ fn init(plan: &ChildPlan) -> ! {
         Ok(pair) => pair,
         Err(e) => plan.fail("creating a socket pair", e),
     };
-    let cpus = plan.cpus;
     // SAFETY: init is single-threaded.
     let workload_pid = match unsafe { nix::unistd::fork() } {
         Err(e) => plan.fail("starting the workload", e),
         Ok(ForkResult::Child) => {
             drop(go_w);
             drop(network_in);
-            workload(plan, go_r, network_out, cpus)
+            workload(plan, go_r, network_out)
         }
         Ok(ForkResult::Parent { child }) => child,
     };
     drop(go_r);
     drop(network_out);
-    if let Some(cpus) = &cpus {
+    if let Some(cpus) = &plan.cpus {
         move_off_this_cpu(workload_pid, cpus);
         // Undoes the host's move of init (init stays where it is: its CPU is among `cpus`).
         let _ = nix::sched::sched_setaffinity(Pid::from_raw(0), cpus);
@@ -521,12 +520,7 @@ fn supervise(control: RawFd, children: &nix::sys::signalfd::SignalFd, workload: 
 
 /// The workload process: drops everything, waits for init's `go` (the root is built and the
 /// host has released the program), then becomes the program.
-fn workload(
-    plan: &ChildPlan,
-    go: std::os::fd::OwnedFd,
-    network_out: std::os::fd::OwnedFd,
-    cpus: Option<nix::sched::CpuSet>,
-) -> ! {
+fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd::OwnedFd) -> ! {
     let network = match make_network() {
         Ok(ns) => ns,
         Err(e) => plan.fail("creating the network namespace", e),
@@ -569,7 +563,7 @@ fn workload(
     }
     drop(go);
     // Undoes init's `move_off_this_cpu`.
-    if let Some(cpus) = &cpus {
+    if let Some(cpus) = &plan.cpus {
         if let Err(e) = nix::sched::sched_setaffinity(Pid::from_raw(0), cpus) {
             plan.fail("restoring the CPU affinity", e);
         }
