@@ -212,7 +212,16 @@ fn oneshot(args: &BenchArgs) -> Result<()> {
             c.samples.push(t);
         }
     }
-    println!("one-shot print(1), {} interleaved runs each", args.runs);
+    // The build decides part of the start-up (glibc's loader probes the CPU before main).
+    let build = if cfg!(target_env = "musl") {
+        "static musl build"
+    } else {
+        "dynamic glibc build"
+    };
+    println!(
+        "one-shot print(1), {} interleaved runs each; corral is the {build}",
+        args.runs
+    );
     println!("{:46} {:>9} {:>9}", "contender", "p50 ms", "p95 ms");
     let summaries: Vec<Summary> = contenders
         .iter()
