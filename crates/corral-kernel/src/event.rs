@@ -57,13 +57,9 @@ impl Utf8Stream {
     /// Text for `bytes`, holding back an incomplete trailing sequence for the next call.
     pub fn push(&mut self, bytes: &[u8]) -> String {
         self.pending.extend_from_slice(bytes);
-        let valid = match std::str::from_utf8(&self.pending) {
-            Ok(_) => self.pending.len(),
-            Err(e) if e.error_len().is_none() => e.valid_up_to(),
-            Err(_) => self.pending.len(), // invalid bytes: let from_utf8_lossy replace them
-        };
-        let text = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
-        self.pending.drain(..valid);
+        let complete = complete_prefix_len(&self.pending);
+        let text = String::from_utf8_lossy(&self.pending[..complete]).into_owned();
+        self.pending.drain(..complete);
         text
     }
 
@@ -72,6 +68,22 @@ impl Utf8Stream {
         let text = String::from_utf8_lossy(&self.pending).into_owned();
         self.pending.clear();
         text
+    }
+}
+
+/// How many leading bytes can be decoded now: all but an unfinished sequence at the very end.
+/// Invalid bytes before it are decoded too (as U+FFFD), each invalid sequence exactly as
+/// `from_utf8_lossy` would delimit it in the whole stream.
+fn complete_prefix_len(bytes: &[u8]) -> usize {
+    let mut start = 0;
+    loop {
+        match std::str::from_utf8(&bytes[start..]) {
+            Ok(_) => return bytes.len(),
+            Err(e) => match e.error_len() {
+                Some(invalid) => start += e.valid_up_to() + invalid,
+                None => return start + e.valid_up_to(),
+            },
+        }
     }
 }
 
@@ -126,5 +138,17 @@ mod tests {
         assert_eq!(s.push(&[0xff, b'a']), "\u{fffd}a");
         assert_eq!(s.push(&[0xe2, 0x82]), "");
         assert_eq!(s.flush(), "\u{fffd}");
+    }
+
+    #[test]
+    fn a_sequence_begun_after_invalid_bytes_waits_for_its_end() {
+        // Found by the `output_text` fuzz target: F0 F0 9F, one byte at a time, is an invalid
+        // F0 and then an unfinished F0 9F, two replacement characters, not three.
+        let mut s = Utf8Stream::default();
+        let text: String = [0xf0, 0xf0, 0x9f].iter().map(|b| s.push(&[*b])).collect();
+        assert_eq!(text + &s.flush(), "\u{fffd}\u{fffd}");
+        let mut s = Utf8Stream::default();
+        assert_eq!(s.push(&[0xff, 0xe2, 0x82]), "\u{fffd}");
+        assert_eq!(s.push(&[0xac]), "€");
     }
 }
