@@ -4,7 +4,7 @@
 //! blocking threads.
 
 pub mod config;
-mod connect;
+pub mod connect;
 pub mod db;
 mod docs_page;
 pub mod e2b;
