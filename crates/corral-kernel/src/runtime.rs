@@ -34,6 +34,12 @@ pub const ZYGOTE: (&str, &str) = (
     "corral_zygote.py",
     include_str!("../runtime/corral_zygote.py"),
 );
+/// The engine's session lockdown as a library the zygote loads (built by `build.rs` from
+/// crates/corral-session).
+pub const SESSION_LIBRARY: (&str, &[u8]) = (
+    "libcorral_session.so",
+    include_bytes!(concat!(env!("OUT_DIR"), "/libcorral_session.so")),
+);
 const BASH_KERNEL: (&str, &str) = ("corral_bash.py", include_str!("../runtime/corral_bash.py"));
 
 /// The command that starts a session kernel for `language`.

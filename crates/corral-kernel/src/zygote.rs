@@ -1,54 +1,36 @@
 //! The zygote: one sandboxed Python per image with the heavy libraries (IPython, numpy,
-//! pandas, matplotlib) imported, which forks sessions in milliseconds. Each forked session
-//! enters namespaces, a cgroup and restrictions of its own before any code runs
-//! (`runtime/corral_zygote.py`); the host then verifies that through `/proc` before the
-//! session is handed out.
+//! pandas, matplotlib) imported, which forks sessions in milliseconds. A fork request carries
+//! only the session's descriptors; the session's plan (limits, environment) goes to the
+//! forked child alone, on the session's own control socket, so the zygote never holds any
+//! tenant's data. The child enters namespaces, a cgroup and restrictions of its own through
+//! the engine's lockdown ([`corral_sandbox::session`], loaded into the zygote as
+//! `libcorral_session.so`) before any code runs; the host then verifies that through `/proc`
+//! before the session is handed out.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use corral_sandbox::cgroup::Cgroup;
-use corral_sandbox::seccomp::{self, Role as FilterRole};
+use corral_sandbox::session::{
+    SessionPlan, MAX_PLAN_BYTES, MSG_ERROR, MSG_EXIT, MSG_KERNEL, MSG_READY,
+};
 use corral_sandbox::{
     cgroup_layout, recv_with_credentials, send_fds, unique_name, ControlSocket, Limits, Policy,
     Report, Role, Rootfs, Sandbox, SandboxSpec, Workspace,
 };
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{setsockopt, socketpair, sockopt, AddressFamily, SockFlag, SockType};
-use serde_json::json;
 
-use crate::runtime::{support_files, ZYGOTE};
+use crate::runtime::{support_files, SESSION_LIBRARY, ZYGOTE};
 use crate::session::{KernelError, KernelHost, KernelProcess, Language, Session, SessionOptions};
 
 /// How long forking one session may take before it is given up.
 const FORK_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The workload's seccomp programs in the layout `corral_zygote.py` reads: a little-endian
-/// u32 count, then per program a u32 instruction count and the instructions.
-fn workload_filter_blob() -> Vec<u8> {
-    let programs = seccomp::filters(FilterRole::Workload);
-    let mut blob = (programs.len() as u32).to_le_bytes().to_vec();
-    for program in programs {
-        blob.extend_from_slice(&(program.len() as u32).to_le_bytes());
-        for i in program.iter() {
-            blob.extend_from_slice(&i.code.to_ne_bytes());
-            blob.push(i.jt);
-            blob.push(i.jf);
-            blob.extend_from_slice(&i.k.to_ne_bytes());
-        }
-    }
-    blob
-}
-
-/// The engine's rlimit set, named as Python's `resource` module names them (the forked
-/// kernel applies them to itself).
-fn rlimits(limits: &Limits, with_cgroup: bool) -> Vec<(String, u64)> {
-    corral_sandbox::workload_rlimits(limits, with_cgroup)
-        .into_iter()
-        .map(|(resource, value)| (format!("{resource:?}"), value))
-        .collect()
-}
+/// Rootless, the sessions of a zygote share their owner's per-user inotify allowance (128
+/// instances by default): each session may take this much of it.
+const ROOTLESS_INOTIFY_LIMITS: (u64, u64) = (32, 16_384);
 
 /// A pre-imported Python that forks sessions.
 pub struct Zygote {
@@ -92,8 +74,10 @@ impl Zygote {
         spec.support_files = support_files(Language::Python);
         spec.support_files
             .push((ZYGOTE.0.into(), ZYGOTE.1.as_bytes().to_vec()));
-        spec.support_files
-            .push(("workload.bpf".into(), workload_filter_blob()));
+        spec.support_files.push((
+            SESSION_LIBRARY.0.into(),
+            SESSION_LIBRARY.1.to_vec(),
+        ));
         let mut sandbox = Sandbox::create(&spec)?;
         let socket = sandbox
             .take_socket()
@@ -228,16 +212,23 @@ impl Zygote {
         .map_err(io::Error::from)?;
         setsockopt(&control_host, sockopt::PassCred, &true).map_err(io::Error::from)?;
 
-        let env: serde_json::Map<String, serde_json::Value> = options
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), json!(v)))
-            .collect();
-        let request = json!({
-            "disk_bytes": limits.disk_bytes,
-            "rlimits": rlimits(&limits, cgroup.is_some()),
-            "env": env,
-        });
+        let plan = SessionPlan {
+            host_ids: None,
+            disk_bytes: limits.disk_bytes,
+            memory_bytes: limits.memory_bytes,
+            pids: limits.pids,
+            in_cgroup: cgroup.is_some(),
+            landlock_required: !options.policy.allow_degraded,
+            inotify_limits: (!nix::unistd::geteuid().is_root()).then_some(ROOTLESS_INOTIFY_LIMITS),
+            env: options.env.clone(),
+        };
+        let plan = serde_json::to_vec(&plan).expect("a plan serializes");
+        if plan.len() > MAX_PLAN_BYTES {
+            return Err(fork_failed(format!(
+                "the session's environment is too large ({} bytes; at most {MAX_PLAN_BYTES})",
+                plan.len()
+            )));
+        }
         let mut fds: Vec<RawFd> = vec![
             proto_kernel.as_raw_fd(),
             control_init.as_raw_fd(),
@@ -245,8 +236,15 @@ impl Zygote {
             stderr_w.as_raw_fd(),
         ];
         fds.extend(join.iter().map(|f| f.as_raw_fd()));
-        send_fds(self.socket.as_fd(), request.to_string().as_bytes(), &fds)?;
+        // The request is the descriptors alone; the plan goes to the forked child only.
+        send_fds(self.socket.as_fd(), b"f", &fds)?;
         drop((proto_kernel, control_init, stdout_w, stderr_w, join));
+        nix::sys::socket::send(
+            control_host.as_raw_fd(),
+            &plan,
+            nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+        )
+        .map_err(io::Error::from)?;
 
         // The session's init reports its workspace and pid, then its kernel's pid.
         let mut workspace = None;
@@ -264,12 +262,12 @@ impl Zygote {
             }
             let got = recv_with_credentials(control_host.as_fd(), &mut buf)?;
             match (buf.get(..got.len), got.fd, got.pid) {
-                (Some([b'R']), Some(fd), Some(pid)) => {
+                (Some([MSG_READY]), Some(fd), Some(pid)) => {
                     workspace = Some(Workspace::new(fd, self.sandbox.host_ids()));
                     init_pid = Some(pid);
                 }
-                (Some([b'K']), _, Some(pid)) => kernel_pid = Some(pid),
-                (Some([b'E', msg @ ..]), _, _) => {
+                (Some([MSG_KERNEL]), _, Some(pid)) => kernel_pid = Some(pid),
+                (Some([MSG_ERROR, msg @ ..]), _, _) => {
                     return Err(fork_failed(String::from_utf8_lossy(msg).into_owned()))
                 }
                 _ => return Err(fork_failed("the forked session exited during setup".into())),
@@ -358,7 +356,7 @@ impl ForkedKernel {
     pub fn read_report(&mut self) -> Report {
         let mut buf = [0u8; 4096];
         match corral_sandbox::recv_message(self.control.as_fd(), &mut buf) {
-            Ok((5, _)) if buf[0] == b'X' => {
+            Ok((5, _)) if buf[0] == MSG_EXIT => {
                 Report::Exited(i32::from_le_bytes(buf[1..5].try_into().expect("4 bytes")))
             }
             Ok((n, _)) if n > 0 => {

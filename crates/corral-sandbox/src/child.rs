@@ -13,10 +13,11 @@ use std::path::Path;
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{unshare, CloneFlags};
-use nix::sys::resource::{setrlimit, Resource};
+use nix::sys::resource::Resource;
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{chdir, pivot_root, ForkResult, Gid, Pid, Uid};
 
+use crate::lockdown::Lockdown;
 use crate::rootfs::{self, Op, NEW_ROOT, SANDBOX_GID, SANDBOX_UID};
 use crate::seccomp;
 use crate::sys;
@@ -193,7 +194,7 @@ pub(crate) fn init_in_namespaces(plan: &ChildPlan) -> ! {
 }
 
 /// Drops every supplementary group and takes `uid` and `gid` as real, effective and saved ids.
-fn become_user(uid: Uid, gid: Gid) -> nix::Result<()> {
+pub(crate) fn become_user(uid: Uid, gid: Gid) -> nix::Result<()> {
     nix::unistd::setgroups(&[])?;
     nix::unistd::setresgid(gid, gid, gid)?;
     nix::unistd::setresuid(uid, uid, uid)
@@ -348,7 +349,9 @@ fn init(plan: &ChildPlan) -> ! {
     for fd in [plan.stdout, plan.stderr].into_iter().chain(plan.socket) {
         let _ = nix::unistd::close(fd);
     }
-    lock_down_init(plan);
+    if let Err(e) = crate::lockdown::init(plan.init_filters) {
+        plan.fail("locking down init", e);
+    }
 
     let status = supervise(plan.control, &children, workload_pid);
     let mut msg = vec![MSG_EXIT];
@@ -440,26 +443,10 @@ pub(crate) fn move_off_this_cpu(pid: Pid, cpus: &nix::sched::CpuSet) {
     }
 }
 
-/// After the workload is started init needs no privilege: it only waits and kills.
-fn lock_down_init(plan: &ChildPlan) {
-    for set in [
-        caps::CapSet::Effective,
-        caps::CapSet::Permitted,
-        caps::CapSet::Inheritable,
-    ] {
-        let _ = caps::clear(None, set);
-    }
-    // SAFETY: prctl with integer arguments only.
-    unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
-    if let Err(e) = seccomp::install(plan.init_filters) {
-        plan.fail("installing the init seccomp filter", e);
-    }
-}
-
 /// Serves the host's requests and reaps children until the workload has exited and nothing
 /// else is left; everything still running is killed once the workload is gone or the host
 /// closes the control pipe. Returns the workload's raw wait status.
-fn supervise(control: RawFd, children: &nix::sys::signalfd::SignalFd, workload: Pid) -> i32 {
+pub(crate) fn supervise(control: RawFd, children: &nix::sys::signalfd::SignalFd, workload: Pid) -> i32 {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
 
@@ -530,7 +517,7 @@ fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd
     }
     drop(network);
     drop(network_out);
-    if let Err(e) = redirect_stdio(plan) {
+    if let Err(e) = redirect_stdio(plan.stdout, plan.stderr, plan.socket) {
         plan.fail("setting up standard streams", e);
     }
     if let Err(e) = nix::sys::signal::SigSet::empty().thread_set_mask() {
@@ -544,15 +531,19 @@ fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd
         Ok(joined) => joined,
         Err(e) => plan.fail("joining the sandbox cgroup", e),
     };
-    // SAFETY: prctl with integer arguments only.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        plan.fail("setting no_new_privs", io::Error::last_os_error());
-    }
-    if let Err(e) = drop_capabilities() {
-        plan.fail("dropping capabilities", e);
-    }
-    if let Err(e) = seccomp::install(plan.workload_filters) {
-        plan.fail("installing the seccomp filter", e);
+    // The zygote's sessions mount their own filesystems, which a Landlock domain forbids;
+    // each session applies Landlock itself before running any code.
+    let lockdown = Lockdown {
+        filters: plan.workload_filters,
+        rlimits: if in_cgroup {
+            plan.rlimits.clone()
+        } else {
+            plan.fallback_rlimits.clone()
+        },
+        landlock: (plan.role == crate::spec::Role::Workload).then_some(plan.landlock_required),
+    };
+    if let Err(e) = lockdown.privileges() {
+        plan.fail("locking the workload down", e);
     }
 
     let mut byte = [0u8; 1];
@@ -568,25 +559,11 @@ fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd
             plan.fail("restoring the CPU affinity", e);
         }
     }
-    let rlimits = if in_cgroup {
-        &plan.rlimits
-    } else {
-        &plan.fallback_rlimits
-    };
-    for &(resource, limit) in rlimits {
-        if let Err(e) = setrlimit(resource, limit, limit) {
-            plan.fail(&format!("setting {resource:?}"), e);
-        }
-    }
     if let Err(e) = chdir("/workspace") {
         plan.fail("entering /workspace", e);
     }
-    // The zygote's sessions mount their own filesystems, which a Landlock domain forbids;
-    // each session applies Landlock itself before running any code.
-    if plan.role == crate::spec::Role::Workload {
-        if let Err(e) = crate::landlock_rules::restrict(plan.landlock_required) {
-            plan.fail("applying Landlock", e);
-        }
+    if let Err(e) = lockdown.confine() {
+        plan.fail("locking the workload down", e);
     }
     let argv: Vec<*const libc::c_char> = plan
         .argv
@@ -617,15 +594,16 @@ fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd
     )
 }
 
-fn redirect_stdio(plan: &ChildPlan) -> io::Result<()> {
+/// Standard input from `/dev/null`, `stdout` and `stderr` as 1 and 2, `socket` (if any) as 3.
+pub(crate) fn redirect_stdio(stdout: RawFd, stderr: RawFd, socket: Option<RawFd>) -> io::Result<()> {
     let null = nix::fcntl::open(
         "/dev/null",
         nix::fcntl::OFlag::O_RDONLY,
         nix::sys::stat::Mode::empty(),
     )?;
-    for (from, to) in [(null, 0), (plan.stdout, 1), (plan.stderr, 2)]
+    for (from, to) in [(null, 0), (stdout, 1), (stderr, 2)]
         .into_iter()
-        .chain(plan.socket.map(|s| (s, 3)))
+        .chain(socket.map(|s| (s, 3)))
     {
         if from == to {
             // dup2 onto itself is a no-op that would leave close-on-exec set.
@@ -636,21 +614,6 @@ fn redirect_stdio(plan: &ChildPlan) -> io::Result<()> {
         } else {
             nix::unistd::dup2(from, to)?;
         }
-    }
-    Ok(())
-}
-
-fn drop_capabilities() -> Result<(), caps::errors::CapsError> {
-    for cap in caps::all() {
-        caps::drop(None, caps::CapSet::Bounding, cap)?;
-    }
-    for set in [
-        caps::CapSet::Ambient,
-        caps::CapSet::Inheritable,
-        caps::CapSet::Effective,
-        caps::CapSet::Permitted,
-    ] {
-        caps::clear(None, set)?;
     }
     Ok(())
 }

@@ -11,10 +11,12 @@ pub mod cgroup;
 mod child;
 pub mod doctor;
 mod landlock_rules;
+pub mod lockdown;
 pub mod result;
 pub mod rootfs;
 mod sandbox;
 pub mod seccomp;
+pub mod session;
 pub use sys::{recv_message, recv_with_credentials, send_fds, Received};
 #[cfg(test)]
 mod seccomp_profile;

@@ -270,6 +270,32 @@ pub fn plan(
     ops
 }
 
+/// The filesystems a session forked from a zygote mounts over the zygote's (whose root has
+/// the mount points already): its own devpts, `/dev/shm`, `/proc` with the one-shot
+/// protections, `/tmp` and `/workspace`.
+pub fn session_plan(disk_bytes: u64) -> Vec<Op> {
+    let mut ops = vec![
+        Op::Devpts("/dev/pts".into()),
+        Op::Tmpfs {
+            target: "/dev/shm".into(),
+            size: disk_bytes,
+            mode: 0o1777,
+            noexec: true,
+        },
+        Op::Proc("/proc".into()),
+    ];
+    ops.extend(proc_protection());
+    for (dir, mode) in [("/tmp", 0o1777), ("/workspace", 0o755)] {
+        ops.push(Op::Tmpfs {
+            target: dir.into(),
+            size: disk_bytes,
+            mode,
+            noexec: false,
+        });
+    }
+    ops
+}
+
 /// Binds the directory open at `dir` (an `O_PATH` descriptor init opened before the new root
 /// hid its path) read-only at [`RUNTIME_DIR`] in the new root.
 pub fn bind_runtime_dir(dir: BorrowedFd<'_>, new_root: &Path) -> io::Result<()> {

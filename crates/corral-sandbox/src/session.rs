@@ -1,0 +1,353 @@
+//! A session forked from a zygote enters its own sandbox.
+//!
+//! A zygote is a pre-imported interpreter in a sandbox of the [`crate::Role::Zygote`] role; for
+//! each session it forks a child that calls [`enter`] (through the `corral_session_enter` C
+//! entry point of the `libcorral_session.so` library built from this crate, which the Python
+//! zygote loads). [`enter`] reads the session's [`SessionPlan`] from the session's own control
+//! socket — so nothing a client sent ever reaches the zygote — and then, with the same code
+//! the one-shot engine uses:
+//!
+//! 1. joins the session's cgroup (the host passes the opened membership files);
+//! 2. root mode: becomes the session's own host uid and gid (no other live sandbox has them);
+//! 3. enters a new user namespace (the sandbox user mapped to that uid) and fresh mount, pid,
+//!    net, ipc, uts and cgroup namespaces;
+//! 4. forks the session's init (pid 1), which mounts the session's filesystems (the
+//!    [`rootfs::session_plan`]: `/tmp`, `/workspace`, `/dev/shm`, `/proc` with the one-shot
+//!    masks, devpts), brings loopback up, hands the host a descriptor of `/workspace`, then
+//! 5. forks the kernel, which applies [`crate::lockdown`] (rlimits, `no_new_privs`,
+//!    capabilities, seccomp, Landlock) and only then returns to the interpreter, with the
+//!    session's environment.
+//!
+//! init reports on the control socket as the one-shot init does on its report socket:
+//! `R` + the workspace descriptor, `K` with the kernel's pid (as credentials, which the kernel
+//! translates into the host's pid namespace), `E<message>` on failure, `X` + i32 wait status
+//! when the kernel has exited; it takes `i` (interrupt) and EOF (the host is gone).
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixCredentials};
+use nix::unistd::{ForkResult, Gid, Pid, Uid};
+use serde::{Deserialize, Serialize};
+
+use crate::child;
+use crate::lockdown;
+use crate::rootfs::{self, SANDBOX_UID};
+use crate::seccomp;
+use crate::spec::{workload_rlimits, Limits};
+use crate::sys;
+
+/// Control messages (session init → host).
+pub const MSG_READY: u8 = b'R';
+pub const MSG_KERNEL: u8 = b'K';
+pub const MSG_ERROR: u8 = b'E';
+pub const MSG_EXIT: u8 = b'X';
+
+/// The largest plan the child reads; a plan carries the session's environment. (One
+/// SEQPACKET message, which must fit the socket's default send buffer.)
+pub const MAX_PLAN_BYTES: usize = 128 << 10;
+
+/// Everything a forked session needs, sent by the host on the session's control socket after
+/// the fork.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SessionPlan {
+    /// Root mode: the host uid and gid the session runs as (the zygote may switch to them).
+    pub host_ids: Option<(u32, u32)>,
+    pub disk_bytes: u64,
+    pub memory_bytes: u64,
+    pub pids: u64,
+    /// Whether the host made a cgroup (else memory and processes are limited by rlimits).
+    pub in_cgroup: bool,
+    pub landlock_required: bool,
+    /// Rootless: the most inotify instances and watches the session's user may hold, so that
+    /// one session cannot take the whole per-user allowance the sessions share.
+    pub inotify_limits: Option<(u64, u64)>,
+    /// The session's environment on top of the interpreter's own.
+    pub env: Vec<(String, String)>,
+}
+
+/// The fixed descriptors a forked session child receives, in this order, followed by the
+/// cgroup membership files (if any).
+pub struct SessionFds {
+    pub protocol: RawFd,
+    pub control: RawFd,
+    pub stdout: RawFd,
+    pub stderr: RawFd,
+    pub cgroup: Vec<RawFd>,
+}
+
+impl SessionFds {
+    pub fn from_slice(fds: &[RawFd]) -> Option<SessionFds> {
+        match fds {
+            [protocol, control, stdout, stderr, cgroup @ ..] => Some(SessionFds {
+                protocol: *protocol,
+                control: *control,
+                stdout: *stdout,
+                stderr: *stderr,
+                cgroup: cgroup.to_vec(),
+            }),
+            _ => None,
+        }
+    }
+
+    fn control(&self) -> BorrowedFd<'_> {
+        // SAFETY: the control socket stays open in the child until it exits.
+        unsafe { BorrowedFd::borrow_raw(self.control) }
+    }
+
+    fn fail(&self, what: &str, err: impl std::fmt::Display) -> ! {
+        let msg = format!("{}{what}: {err}", MSG_ERROR as char);
+        let _ = sys::send_message(self.control(), msg.as_bytes(), None);
+        // SAFETY: _exit ends this child without running the zygote's exit handlers.
+        unsafe { libc::_exit(126) }
+    }
+}
+
+/// Enters the session's sandbox; returns only in the kernel process, fully locked down, with
+/// the session's environment. Every failure is reported on the control socket and ends the
+/// process. Must be called in a freshly forked, single-threaded child of the zygote.
+pub fn enter(fds: &SessionFds) -> Vec<(String, String)> {
+    let mut keep = vec![fds.protocol, fds.control, fds.stdout, fds.stderr];
+    keep.extend(&fds.cgroup);
+    sys::close_all_except(&keep);
+    let plan = match read_plan(fds.control()) {
+        Ok(plan) => plan,
+        Err(e) => fds.fail("reading the session plan", e),
+    };
+    for &fd in &fds.cgroup {
+        if let Err(e) = join_cgroup_file(fd) {
+            fds.fail("joining the session's cgroup", e);
+        }
+    }
+    if let Some((uid, gid)) = plan.host_ids {
+        if let Err(e) = child::become_user(Uid::from_raw(uid), Gid::from_raw(gid)) {
+            fds.fail("switching to the session's host uid", e);
+        }
+        // Changing credentials made us non-dumpable, which would make /proc/self/uid_map
+        // belong to root and unwritable for us.
+        // SAFETY: prctl with integer arguments only.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
+    }
+    let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
+    if let Err(e) = unshare(CloneFlags::CLONE_NEWUSER) {
+        fds.fail(child::NAMESPACES_FAILED, e);
+    }
+    if let Err(e) = child::write_id_maps("/proc/self", uid.as_raw(), gid.as_raw(), true) {
+        fds.fail("mapping the sandbox user", e);
+    }
+    if let Err(e) = unshare(
+        CloneFlags::CLONE_NEWNS
+            | CloneFlags::CLONE_NEWPID
+            | CloneFlags::CLONE_NEWNET
+            | CloneFlags::CLONE_NEWIPC
+            | CloneFlags::CLONE_NEWUTS
+            | CloneFlags::CLONE_NEWCGROUP,
+    ) {
+        fds.fail(child::NAMESPACES_FAILED, e);
+    }
+    // The session's init is pid 1 of the new pid namespace; this process is done.
+    // SAFETY: this process is single-threaded (a fresh fork).
+    match unsafe { nix::unistd::fork() } {
+        Err(e) => fds.fail("starting the session's init", e),
+        Ok(ForkResult::Parent { .. }) => {
+            // SAFETY: see `SessionFds::fail`.
+            unsafe { libc::_exit(0) }
+        }
+        Ok(ForkResult::Child) => init(fds, plan),
+    }
+}
+
+fn read_plan(control: BorrowedFd<'_>) -> io::Result<SessionPlan> {
+    let mut buf = vec![0u8; MAX_PLAN_BYTES];
+    let (n, _) = sys::recv_message(control, &mut buf)?;
+    if n == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the host gave up on this session",
+        ));
+    }
+    let plan = serde_json::from_slice(&buf[..n]).map_err(io::Error::other);
+    // The plan carries the session's environment: keep no copy of it but the parsed one.
+    buf.fill(0);
+    plan
+}
+
+fn join_cgroup_file(fd: RawFd) -> io::Result<()> {
+    // SAFETY: `fd` is a cgroup membership file the host sent; this process owns it now.
+    let file = unsafe { OwnedFd::from_raw_fd(fd) };
+    nix::unistd::write(&file, b"0")?;
+    Ok(())
+}
+
+/// Pid 1 of the session.
+fn init(fds: &SessionFds, plan: SessionPlan) -> Vec<(String, String)> {
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    if let Some((instances, watches)) = plan.inotify_limits {
+        if let Err(e) = limit_inotify(instances, watches) {
+            fds.fail("limiting the session's inotify use", e);
+        }
+    }
+    if let Err(e) = build_filesystems(plan.disk_bytes) {
+        fds.fail("building the session's filesystems", e);
+    }
+    let workspace = match nix::fcntl::open(
+        "/workspace",
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(e) => fds.fail("opening /workspace", e),
+    };
+    if let Err(e) = send_with_pid(fds.control(), MSG_READY, Some(workspace), Pid::this()) {
+        fds.fail("reporting readiness", e);
+    }
+    let _ = nix::unistd::close(workspace);
+
+    // SIGCHLD through a signalfd, as the one-shot init takes it; the kernel unblocks it.
+    let mut sigchld = nix::sys::signal::SigSet::empty();
+    sigchld.add(nix::sys::signal::Signal::SIGCHLD);
+    if let Err(e) = sigchld.thread_block() {
+        fds.fail("blocking SIGCHLD", e);
+    }
+    let children = match nix::sys::signalfd::SignalFd::with_flags(
+        &sigchld,
+        nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
+    ) {
+        Ok(fd) => fd,
+        Err(e) => fds.fail("creating a signalfd", e),
+    };
+    // SAFETY: init is single-threaded.
+    let kernel = match unsafe { nix::unistd::fork() } {
+        Err(e) => fds.fail("starting the kernel", e),
+        Ok(ForkResult::Child) => {
+            drop(children);
+            return kernel(fds, plan);
+        }
+        Ok(ForkResult::Parent { child }) => child,
+    };
+    for fd in [fds.protocol, fds.stdout, fds.stderr] {
+        let _ = nix::unistd::close(fd);
+    }
+    drop(plan);
+    if let Err(e) = send_with_pid(fds.control(), MSG_KERNEL, None, kernel) {
+        fds.fail("reporting the kernel", e);
+    }
+    if let Err(e) = lockdown::init(seccomp::filters(seccomp::Role::Init)) {
+        fds.fail("locking down the session's init", e);
+    }
+    let status = child::supervise(fds.control, &children, kernel);
+    let mut msg = vec![MSG_EXIT];
+    msg.extend_from_slice(&status.to_le_bytes());
+    let _ = sys::send_message(fds.control(), &msg, None);
+    // SAFETY: see `SessionFds::fail`.
+    unsafe { libc::_exit(0) }
+}
+
+/// The kernel process: standard streams and the protocol socket in place, then the lockdown.
+fn kernel(fds: &SessionFds, plan: SessionPlan) -> Vec<(String, String)> {
+    if let Err(e) = nix::sys::signal::SigSet::empty().thread_set_mask() {
+        fds.fail("restoring the signal mask", e);
+    }
+    let _ = nix::unistd::setsid();
+    if let Err(e) = child::redirect_stdio(fds.stdout, fds.stderr, Some(fds.protocol)) {
+        fds.fail("setting up standard streams", e);
+    }
+    sys::close_all_except(&[3]);
+    let limits = Limits {
+        disk_bytes: plan.disk_bytes,
+        memory_bytes: plan.memory_bytes,
+        pids: plan.pids,
+        ..Limits::default()
+    };
+    let lockdown = lockdown::Lockdown {
+        filters: seccomp::filters(seccomp::Role::Workload),
+        rlimits: workload_rlimits(&limits, plan.in_cgroup),
+        landlock: Some(plan.landlock_required),
+    };
+    if let Err(e) = lockdown.apply() {
+        // The control socket is closed here: stderr reaches the host.
+        eprintln!("corral: locking the session down failed: {e}");
+        // SAFETY: see `SessionFds::fail`.
+        unsafe { libc::_exit(126) }
+    }
+    plan.env
+}
+
+/// Sends `tag` (with a descriptor) and `pid` as the sender's credentials, which the kernel
+/// translates into the receiver's pid namespace.
+fn send_with_pid(control: BorrowedFd<'_>, tag: u8, fd: Option<RawFd>, pid: Pid) -> io::Result<()> {
+    // SAFETY: ucred is plain old data.
+    let mut ucred: libc::ucred = unsafe { std::mem::zeroed() };
+    ucred.pid = pid.as_raw();
+    ucred.uid = SANDBOX_UID;
+    ucred.gid = rootfs::SANDBOX_GID;
+    let creds = UnixCredentials::from(ucred);
+    let fds = fd.map(|f| [f]);
+    let mut cmsgs = vec![ControlMessage::ScmCredentials(&creds)];
+    cmsgs.extend(fds.iter().map(|f| ControlMessage::ScmRights(f)));
+    let iov = [io::IoSlice::new(std::slice::from_ref(&tag))];
+    sendmsg::<()>(control.as_raw_fd(), &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL, None)?;
+    Ok(())
+}
+
+/// Sets the per-user inotify maxima of the session's own user namespace (the kernel checks
+/// them at every level up to the host's, so they bound what the session takes of its owner's).
+fn limit_inotify(instances: u64, watches: u64) -> io::Result<()> {
+    for (file, value) in [
+        ("/proc/sys/user/max_inotify_instances", instances),
+        ("/proc/sys/user/max_inotify_watches", watches),
+    ] {
+        std::fs::write(file, value.to_string())
+            .map_err(|e| io::Error::new(e.kind(), format!("writing {file}: {e}")))?;
+    }
+    Ok(())
+}
+
+fn build_filesystems(disk_bytes: u64) -> io::Result<()> {
+    nix::mount::mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )?;
+    rootfs::execute(&rootfs::session_plan(disk_bytes), Path::new("/"))?;
+    nix::unistd::sethostname(rootfs::HOSTNAME)?;
+    sys::loopback_up().map_err(|e| io::Error::new(e.kind(), format!("loopback up: {e}")))?;
+    nix::unistd::chdir("/workspace")?;
+    Ok(())
+}
+
+/// The C entry point of `libcorral_session.so`: `fds` holds the descriptors the zygote
+/// received with the fork request ([`SessionFds`]). Returns, in the kernel process only, the
+/// session's environment as a NUL-terminated JSON object (`{"NAME": "value", ...}`), which
+/// stays allocated for the life of the process.
+///
+/// # Safety
+/// `fds` must point to `count` readable descriptors numbers; the caller must be a freshly
+/// forked, single-threaded process.
+#[no_mangle]
+pub unsafe extern "C" fn corral_session_enter(
+    fds: *const libc::c_int,
+    count: libc::size_t,
+) -> *const libc::c_char {
+    // SAFETY: the caller passes `count` descriptor numbers at `fds`.
+    let fds = unsafe { std::slice::from_raw_parts(fds, count) };
+    let Some(fds) = SessionFds::from_slice(fds) else {
+        // SAFETY: see `SessionFds::fail`.
+        unsafe { libc::_exit(126) }
+    };
+    let env: serde_json::Map<String, serde_json::Value> = enter(&fds)
+        .into_iter()
+        .map(|(k, v)| (k, serde_json::Value::String(v)))
+        .collect();
+    let json = serde_json::Value::Object(env).to_string();
+    CString::new(json)
+        .expect("JSON escapes NUL")
+        .into_raw()
+        .cast_const()
+}
