@@ -82,7 +82,9 @@ fn build_session_library() {
         .status()
         .unwrap_or_else(|e| panic!("running cargo for corral-session: {e}"));
     assert!(status.success(), "building corral-session failed: {status}");
-    let built = target_dir.join(&target).join("release/libcorral_session.so");
+    let built = target_dir
+        .join(&target)
+        .join("release/libcorral_session.so");
     let out = Path::new(&env("OUT_DIR")).join("libcorral_session.so");
     std::fs::copy(&built, &out)
         .unwrap_or_else(|e| panic!("copying {} to {}: {e}", built.display(), out.display()));

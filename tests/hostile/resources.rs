@@ -154,3 +154,48 @@ fn output_flood_is_truncated_at_cap() {
     // corral streamed and discarded, it did not buffer 200 MiB.
     assert!(peak_rss < 96 * 1024, "corral peaked at {peak_rss} KiB RSS");
 }
+
+/// A sandbox that takes every inotify instance its user may hold leaves the caller's own
+/// allowance usable: as root the sandbox's user namespace belongs to its own host uid (made
+/// by root, every sandbox would be charged to root, and root's daemons could no longer watch
+/// files); rootless it may take only its share of the caller's.
+#[test]
+fn per_user_kernel_counts_stay_the_sandboxes_own() {
+    let _g = exclusive();
+    let before = Snapshot::take();
+    let mut running = Run::python(include_str!("attacks/inotify_hold.py"))
+        .env("HOLD", "3")
+        .timeout(20)
+        .spawn();
+    let mut refused = Vec::new();
+    let mut probes = 0;
+    while !running.has_exited() {
+        if let Err(e) = nix::sys::inotify::Inotify::init(nix::sys::inotify::InitFlags::empty()) {
+            refused.push(e.to_string());
+        }
+        probes += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = running.wait();
+    o.assert_completed();
+    o.assert_blocked("inotify-instances", &["EMFILE"]);
+    let held: u32 = o.value("INOTIFY").parse().unwrap();
+    assert!(
+        held >= 32,
+        "the sandbox held only {held} instances\n{}",
+        o.dump()
+    );
+    assert!(
+        probes > 50,
+        "only {probes} probes while the sandbox held its instances"
+    );
+    assert!(
+        refused.is_empty(),
+        "while the sandbox held {held} inotify instances the caller could not make one \
+         ({} of {probes} probes refused: {:?})\n{}",
+        refused.len(),
+        refused.first(),
+        o.dump()
+    );
+    before.assert_nothing_left();
+}

@@ -14,6 +14,6 @@ pub mod zygote;
 
 pub use event::Event;
 pub use manager::{ManagerError, SessionInfo, SessionManager};
-pub use pool::Pool;
+pub use pool::{Pool, ZygoteStatus};
 pub use session::{Death, Interrupter, KernelError, Language, Session, SessionOptions};
 pub use zygote::Zygote;

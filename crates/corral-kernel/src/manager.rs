@@ -25,6 +25,8 @@ pub struct SessionInfo {
     pub executions: u64,
     /// `None` while alive; why it died otherwise.
     pub death: Option<String>,
+    /// Protections weaker than requested for this session.
+    pub warnings: Vec<String>,
 }
 
 struct Entry {
@@ -70,6 +72,25 @@ impl SessionManager {
         self.pools.lock().expect("lock").push(pool);
     }
 
+    /// Closes every session and tears every pool down (see [`Pool::shutdown`]): nothing of
+    /// this manager's is left on the host.
+    pub fn shutdown(&self) {
+        let ids: Vec<String> = self
+            .sessions
+            .lock()
+            .expect("lock")
+            .keys()
+            .cloned()
+            .collect();
+        for id in ids {
+            let _ = self.close(&id);
+        }
+        let pools: Vec<Arc<Pool>> = self.pools.lock().expect("lock").drain(..).collect();
+        for pool in pools {
+            pool.shutdown();
+        }
+    }
+
     pub fn create(
         &self,
         options: &SessionOptions,
@@ -104,6 +125,7 @@ impl SessionManager {
             idle_timeout,
             executions: 0,
             death: None,
+            warnings: session.warnings().to_vec(),
         };
         let entry = Arc::new(Entry {
             interrupter: session.interrupter(),

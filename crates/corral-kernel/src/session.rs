@@ -103,6 +103,13 @@ pub enum KernelError {
     /// large); nothing was run.
     #[error("invalid command: {0}")]
     InvalidCommand(String),
+    /// The image's zygote is dead and its replacement was not ready within the wait; nothing
+    /// was created. Temporary: retrying after `retry_after` can succeed.
+    #[error("the Python zygote of this image is being restarted ({reason}); retry in {}s", retry_after.as_secs())]
+    ZygoteUnavailable {
+        reason: String,
+        retry_after: Duration,
+    },
 }
 
 /// What an exchange with the kernel runs.
@@ -219,6 +226,12 @@ pub struct Session {
     dead: Option<Death>,
     next_id: u64,
     executions: u64,
+    /// Protections weaker than requested (the sandbox's, the zygote's and the session's).
+    warnings: Vec<String>,
+    /// What the kernel needs kept as long as it lives: the sandbox of the zygote it was
+    /// forked from, whose init is the ancestor of its pid namespace. Declared last, so it is
+    /// dropped after the kernel.
+    keepalive: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -250,12 +263,14 @@ impl Session {
             .take_socket()
             .expect("a control socket was requested");
         sandbox.start()?;
+        let warnings = sandbox.warnings().to_vec();
         Session::from_kernel(
             KernelProcess {
                 host: KernelHost::Sandbox(sandbox),
                 socket,
             },
             options.clone(),
+            warnings,
         )
     }
 
@@ -263,6 +278,7 @@ impl Session {
     pub(crate) fn from_kernel(
         kernel: KernelProcess,
         options: SessionOptions,
+        warnings: Vec<String>,
     ) -> Result<Session, KernelError> {
         let (wake_read, wake_write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
@@ -283,6 +299,8 @@ impl Session {
             dead: None,
             next_id: 1,
             executions: 0,
+            warnings,
+            keepalive: None,
         };
         session.await_ready()?;
         Ok(session)
@@ -361,6 +379,11 @@ impl Session {
         }
     }
 
+    /// Protections weaker than requested for this session (also in every result).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
     pub fn language(&self) -> Language {
         self.options.language
     }
@@ -372,6 +395,34 @@ impl Session {
 
     pub fn is_alive(&self) -> bool {
         self.dead.is_none()
+    }
+
+    /// Keeps `what` until this session's kernel is gone (a restart, which makes a kernel of
+    /// its own sandbox, lets go of it).
+    pub(crate) fn keep_alive(&mut self, what: Arc<dyn std::any::Any + Send + Sync>) {
+        self.keepalive = Some(what);
+    }
+
+    /// Whether an idle session's kernel is still there: not marked dead, its sandbox has
+    /// reported nothing and its socket is not hung up. Looks without waiting and reads
+    /// nothing; for sessions kept ready in the warm pool, whose kernel can be killed while no
+    /// execution watches it.
+    pub(crate) fn probe_alive(&self) -> bool {
+        if self.dead.is_some() {
+            return false;
+        }
+        let mut fds = [
+            PollFd::new(self.kernel.host.report_fd(), PollFlags::POLLIN),
+            PollFd::new(self.kernel.socket.as_fd(), PollFlags::empty()),
+        ];
+        if poll(&mut fds, PollTimeout::ZERO).is_err() {
+            return true;
+        }
+        let reported = fds[0].revents().is_some_and(|r| !r.is_empty());
+        let hung_up = fds[1]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR));
+        !reported && !hung_up
     }
 
     /// How many executions this session has run.
@@ -460,6 +511,7 @@ impl Session {
         let cpu_before = self.kernel.host.cpu_time();
         let mut result = ExecutionResult {
             status: Status::Success,
+            warnings: self.warnings.clone(),
             ..ExecutionResult::sandbox_error("")
         };
         result.error_message = None;

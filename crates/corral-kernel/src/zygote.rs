@@ -12,12 +12,13 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use corral_sandbox::cgroup::Cgroup;
+use corral_sandbox::ids::IdLease;
 use corral_sandbox::session::{
     SessionPlan, MAX_PLAN_BYTES, MSG_ERROR, MSG_EXIT, MSG_KERNEL, MSG_READY,
 };
 use corral_sandbox::{
-    cgroup_layout, recv_with_credentials, send_fds, unique_name, ControlSocket, Limits, Policy,
-    Report, Role, Rootfs, Sandbox, SandboxSpec, Workspace,
+    recv_with_credentials, sandbox_cgroup, send_fds, ControlSocket, Limits, Policy, Report, Role,
+    Rootfs, Sandbox, SandboxSpec, Workspace, ROOTLESS_INOTIFY_LIMITS,
 };
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{setsockopt, socketpair, sockopt, AddressFamily, SockFlag, SockType};
@@ -28,9 +29,11 @@ use crate::session::{KernelError, KernelHost, KernelProcess, Language, Session, 
 /// How long forking one session may take before it is given up.
 const FORK_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Rootless, the sessions of a zygote share their owner's per-user inotify allowance (128
-/// instances by default): each session may take this much of it.
-const ROOTLESS_INOTIFY_LIMITS: (u64, u64) = (32, 16_384);
+/// Rootless, every session runs as the caller's own uid.
+pub const ROOTLESS_SHARED_UID_WARNING: &str =
+    "rootless: sessions run as the host uid of the user running Corral, so per-user kernel \
+     limits (pipe buffers, processes, message queues) are shared between them; each \
+     session may hold at most 32 of that user's inotify instances";
 
 /// A pre-imported Python that forks sessions.
 pub struct Zygote {
@@ -74,10 +77,8 @@ impl Zygote {
         spec.support_files = support_files(Language::Python);
         spec.support_files
             .push((ZYGOTE.0.into(), ZYGOTE.1.as_bytes().to_vec()));
-        spec.support_files.push((
-            SESSION_LIBRARY.0.into(),
-            SESSION_LIBRARY.1.to_vec(),
-        ));
+        spec.support_files
+            .push((SESSION_LIBRARY.0.into(), SESSION_LIBRARY.1.to_vec()));
         let mut sandbox = Sandbox::create(&spec)?;
         let socket = sandbox
             .take_socket()
@@ -162,8 +163,11 @@ impl Zygote {
         }
     }
 
-    pub fn is_alive(&mut self) -> bool {
-        let mut fds = [PollFd::new(self.sandbox.report_fd(), PollFlags::POLLIN)];
+    /// Whether the zygote process still takes fork requests: its end of the request socket
+    /// hangs up when it dies. (Its sandbox's init outlives it while sessions it forked live:
+    /// they are in pid namespaces below the zygote's.)
+    pub fn is_alive(&self) -> bool {
+        let mut fds = [PollFd::new(self.socket.as_fd(), PollFlags::empty())];
         !matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
     }
 
@@ -172,22 +176,12 @@ impl Zygote {
     pub fn fork_session(&self, options: &SessionOptions) -> Result<Session, KernelError> {
         assert_eq!(options.language, Language::Python, "the zygote runs Python");
         let limits = options.limits;
-        let name = unique_name();
-        let cgroup = match cgroup_layout() {
-            Some(layout) => Cgroup::create(layout, &name, &limits).map_err(|e| e.to_string()),
-            None => Err("no cgroup hierarchy".to_string()),
-        };
-        let cgroup = match cgroup {
-            Ok(c) => Some(c),
-            Err(reason) if options.policy.strict => {
-                return Err(KernelError::Sandbox(corral_sandbox::SandboxError::Refused(
-                    format!(
-                    "cannot create a cgroup ({reason}) and --strict forbids the rlimit fallback"
-                ),
-                )))
-            }
-            Err(_) => None,
-        };
+        let (cgroup, cgroup_warning) = sandbox_cgroup(&limits, options.policy)?;
+        let mut warnings: Vec<String> = self.sandbox.warnings().to_vec();
+        warnings.extend(cgroup_warning);
+        if !nix::unistd::geteuid().is_root() {
+            warnings.push(ROOTLESS_SHARED_UID_WARNING.into());
+        }
         let join = match &cgroup {
             Some(c) => c.join_files()?,
             None => Vec::new(),
@@ -212,8 +206,14 @@ impl Zygote {
         .map_err(io::Error::from)?;
         setsockopt(&control_host, sockopt::PassCred, &true).map_err(io::Error::from)?;
 
+        // Root mode: the session's own host uid, which no other live sandbox has.
+        let id_lease = nix::unistd::geteuid()
+            .is_root()
+            .then(IdLease::acquire)
+            .transpose()?;
+        let host_ids = id_lease.as_ref().map(|lease| (lease.id(), lease.id()));
         let plan = SessionPlan {
-            host_ids: None,
+            host_ids,
             disk_bytes: limits.disk_bytes,
             memory_bytes: limits.memory_bytes,
             pids: limits.pids,
@@ -263,7 +263,7 @@ impl Zygote {
             let got = recv_with_credentials(control_host.as_fd(), &mut buf)?;
             match (buf.get(..got.len), got.fd, got.pid) {
                 (Some([MSG_READY]), Some(fd), Some(pid)) => {
-                    workspace = Some(Workspace::new(fd, self.sandbox.host_ids()));
+                    workspace = Some(Workspace::new(fd, host_ids.or(self.sandbox.host_ids())));
                     init_pid = Some(pid);
                 }
                 (Some([MSG_KERNEL]), _, Some(pid)) => kernel_pid = Some(pid),
@@ -281,6 +281,7 @@ impl Zygote {
             init_pid: init_pid.expect("set with the workspace"),
             cgroup,
             killed: false,
+            _id_lease: id_lease,
         };
         let kernel_pid = kernel_pid.expect("loop ends with it");
         let session = Session::from_kernel(
@@ -289,6 +290,7 @@ impl Zygote {
                 socket: proto_host,
             },
             options.clone(),
+            warnings,
         )?;
         verify_isolation(kernel_pid)
             .map_err(|e| fork_failed(format!("isolation check failed: {e}")))?;
@@ -350,6 +352,8 @@ pub(crate) struct ForkedKernel {
     init_pid: i32,
     pub cgroup: Option<Cgroup>,
     killed: bool,
+    /// Root mode: the lease on the session's host uid, released once it is killed.
+    _id_lease: Option<IdLease>,
 }
 
 impl ForkedKernel {

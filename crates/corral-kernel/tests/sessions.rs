@@ -307,6 +307,32 @@ fn sessions_cannot_see_each_other() {
     assert_ne!(ra.stdout, rb.stdout);
 }
 
+/// The largest limits the HTTP API accepts (corral-server's `Limits::validate`) make a working
+/// forked session: a 64 GiB workspace once failed before the kernel started.
+#[test]
+fn forked_sessions_take_the_largest_limits() {
+    let mut options = SessionOptions::new(Language::Python);
+    options.limits.memory_bytes = 64 << 30;
+    options.limits.pids = 32_768;
+    options.limits.cpus = 64.0;
+    options.limits.timeout = Duration::from_secs(24 * 3600);
+    for disk_mb in [1024, 4096, 64 << 10] {
+        options.limits.disk_bytes = disk_mb << 20;
+        let mut s = zygote()
+            .fork_session(&options)
+            .unwrap_or_else(|e| panic!("disk {disk_mb} MiB: {e}"));
+        let r = run(
+            &mut s,
+            "import os\nst = os.statvfs('/workspace')\nprint(st.f_blocks * st.f_frsize >> 20)",
+        );
+        assert_eq!(
+            r.stdout,
+            format!("{disk_mb}\n"),
+            "disk {disk_mb} MiB: {r:?}"
+        );
+    }
+}
+
 #[test]
 fn forked_kernels_are_locked_down() {
     let mut s = zygote()

@@ -43,6 +43,16 @@ pub(crate) struct ChildPlan {
     pub ops: Vec<Op>,
     /// Root mode: switch to these host ids first.
     pub switch_to: Option<(Uid, Gid)>,
+    /// Root mode, zygote role: no user namespace. The zygote runs in the host's, as
+    /// `switch_to`, keeping only CAP_SETUID and CAP_SETGID (bounded by its seccomp filter to
+    /// the sandbox uid range), so that each session it forks becomes a host uid of its own
+    /// before entering a user namespace of its own: every per-uid kernel account of a
+    /// session is then its own, up to the host's level (a user namespace nested in a shared
+    /// one would share its owner's). init builds the root as root, then becomes `switch_to`
+    /// with no capability.
+    pub host_userns: bool,
+    /// Rootless: the sandbox's share of the caller's inotify allowance, set by init.
+    pub inotify_limits: Option<(u64, u64)>,
     /// Both ways: children → host reports; host → workload the cgroup to join (see
     /// [`MSG_CGROUP`]).
     pub report: RawFd,
@@ -143,7 +153,7 @@ impl ChildPlan {
 /// single-threaded case). It makes the namespaces and init, which it leaves to the host.
 pub(crate) fn stage1(plan: &ChildPlan) -> ! {
     plan.close_host_descriptors();
-    if let Some((uid, gid)) = plan.switch_to {
+    if let Some((uid, gid)) = plan.switch_to.filter(|_| !plan.host_userns) {
         if let Err(e) = become_user(uid, gid) {
             plan.fail("switching to the unprivileged sandbox user", e);
         }
@@ -153,11 +163,17 @@ pub(crate) fn stage1(plan: &ChildPlan) -> ! {
         unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
     }
     let (host_uid, host_gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
-    if let Err(e) = unshare(NAMESPACES) {
-        plan.fail(NAMESPACES_FAILED, e);
-    }
-    if let Err(e) = write_id_maps("/proc/self", host_uid.as_raw(), host_gid.as_raw(), true) {
-        plan.fail("mapping the sandbox user", e);
+    if plan.host_userns {
+        if let Err(e) = unshare(NAMESPACES.difference(CloneFlags::CLONE_NEWUSER)) {
+            plan.fail(NAMESPACES_FAILED, e);
+        }
+    } else {
+        if let Err(e) = unshare(NAMESPACES) {
+            plan.fail(NAMESPACES_FAILED, e);
+        }
+        if let Err(e) = write_id_maps("/proc/self", host_uid.as_raw(), host_gid.as_raw(), true) {
+            plan.fail("mapping the sandbox user", e);
+        }
     }
     // SAFETY: stage 1 is single-threaded (it is a fresh fork).
     match unsafe { sys::clone_process(libc::CLONE_PARENT) } {
@@ -198,6 +214,20 @@ pub(crate) fn become_user(uid: Uid, gid: Gid) -> nix::Result<()> {
     nix::unistd::setgroups(&[])?;
     nix::unistd::setresgid(gid, gid, gid)?;
     nix::unistd::setresuid(uid, uid, uid)
+}
+
+/// [`become_user`], keeping the permitted capabilities (the lockdown then reduces them).
+fn become_user_keeping_capabilities(uid: Uid, gid: Gid) -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    become_user(uid, gid)?;
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 0, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Joins the sandbox's cgroup (the host's [`MSG_CGROUP`]) and makes it the root of a new
@@ -306,6 +336,11 @@ fn init(plan: &ChildPlan) -> ! {
         let _ = nix::sched::sched_setaffinity(Pid::from_raw(0), cpus);
     }
 
+    if let Some((instances, watches)) = plan.inotify_limits {
+        if let Err(e) = crate::lockdown::limit_inotify(instances, watches) {
+            plan.fail("limiting the sandbox's inotify use", e);
+        }
+    }
     if let Err(e) = build_root(plan) {
         plan.fail("building the sandbox root filesystem", e);
     }
@@ -349,11 +384,19 @@ fn init(plan: &ChildPlan) -> ! {
     for fd in [plan.stdout, plan.stderr].into_iter().chain(plan.socket) {
         let _ = nix::unistd::close(fd);
     }
+    if let Some((uid, gid)) = plan.switch_to.filter(|_| plan.host_userns) {
+        if let Err(e) = become_user(uid, gid) {
+            plan.fail("switching to the unprivileged sandbox user", e);
+        }
+    }
     if let Err(e) = crate::lockdown::init(plan.init_filters) {
         plan.fail("locking down init", e);
     }
 
-    let status = supervise(plan.control, &children, workload_pid);
+    // A zygote's sessions live in pid namespaces below its own, as init's children once their
+    // forking child is gone: they outlive the zygote, and init waits for them.
+    let kill_with_workload = plan.role == crate::spec::Role::Workload;
+    let status = supervise(plan.control, &children, workload_pid, kill_with_workload);
     let mut msg = vec![MSG_EXIT];
     msg.extend_from_slice(&status.to_le_bytes());
     let _ = sys::send_message(plan.report(), &msg, None);
@@ -444,9 +487,15 @@ pub(crate) fn move_off_this_cpu(pid: Pid, cpus: &nix::sched::CpuSet) {
 }
 
 /// Serves the host's requests and reaps children until the workload has exited and nothing
-/// else is left; everything still running is killed once the workload is gone or the host
-/// closes the control pipe. Returns the workload's raw wait status.
-pub(crate) fn supervise(control: RawFd, children: &nix::sys::signalfd::SignalFd, workload: Pid) -> i32 {
+/// else is left; everything still running is killed once the host closes the control pipe,
+/// and once the workload is gone when `kill_with_workload`. Returns the workload's raw wait
+/// status.
+pub(crate) fn supervise(
+    control: RawFd,
+    children: &nix::sys::signalfd::SignalFd,
+    workload: Pid,
+    kill_with_workload: bool,
+) -> i32 {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
 
@@ -468,7 +517,7 @@ pub(crate) fn supervise(control: RawFd, children: &nix::sys::signalfd::SignalFd,
                 workload_status = Some(raw);
             }
         }
-        if workload_status.is_some() || host_gone {
+        if workload_status.is_some() && kill_with_workload || host_gone {
             // Daemons and stragglers die with the workload. Repeated after every reap so a
             // process forked during a sweep is caught by the next one.
             // SAFETY: kill(-1) from a namespace's init signals every other process in it.
@@ -541,7 +590,17 @@ fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd
             plan.fallback_rlimits.clone()
         },
         landlock: (plan.role == crate::spec::Role::Workload).then_some(plan.landlock_required),
+        keep_capabilities: if plan.host_userns {
+            &crate::lockdown::ID_CAPABILITIES
+        } else {
+            &[]
+        },
     };
+    if let Some((uid, gid)) = plan.switch_to.filter(|_| plan.host_userns) {
+        if let Err(e) = become_user_keeping_capabilities(uid, gid) {
+            plan.fail("switching to the unprivileged sandbox user", e);
+        }
+    }
     if let Err(e) = lockdown.privileges() {
         plan.fail("locking the workload down", e);
     }
@@ -595,7 +654,11 @@ fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd
 }
 
 /// Standard input from `/dev/null`, `stdout` and `stderr` as 1 and 2, `socket` (if any) as 3.
-pub(crate) fn redirect_stdio(stdout: RawFd, stderr: RawFd, socket: Option<RawFd>) -> io::Result<()> {
+pub(crate) fn redirect_stdio(
+    stdout: RawFd,
+    stderr: RawFd,
+    socket: Option<RawFd>,
+) -> io::Result<()> {
     let null = nix::fcntl::open(
         "/dev/null",
         nix::fcntl::OFlag::O_RDONLY,

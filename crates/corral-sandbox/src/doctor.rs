@@ -55,10 +55,25 @@ pub fn run_checks() -> Vec<Check> {
         if euid.is_root() {
             format!(
                 "root: sandboxes run as unprivileged host uids from {}",
-                sandbox::ROOT_MODE_ID_BASE
+                crate::ids::ROOT_MODE_ID_BASE
             )
         } else {
             format!("rootless (uid {euid}): sandboxes run as your own uid through a user namespace")
+        },
+    ));
+
+    checks.push(check(
+        "uid per session",
+        euid.is_root(),
+        if euid.is_root() {
+            "every sandbox and session runs as a host uid of its own: per-uid kernel limits \
+             (inotify, pipe buffers, processes, message queues) are its own"
+                .to_string()
+        } else {
+            "rootless: every sandbox and session runs as your uid, so per-uid kernel limits \
+             (pipe buffers, processes, message queues) are shared between them; each session \
+             may hold at most 32 of your inotify instances (run as root for a uid per session)"
+                .to_string()
         },
     ));
 

@@ -10,6 +10,7 @@
 pub mod cgroup;
 mod child;
 pub mod doctor;
+pub mod ids;
 mod landlock_rules;
 pub mod lockdown;
 pub mod result;
@@ -24,13 +25,14 @@ pub mod spec;
 mod sys;
 pub mod workspace;
 
+pub use ids::ROOT_MODE_ID_BASE;
 pub use result::{ExecutionResult, FileEntry, LanguageError, RichResult, Status};
 pub use sandbox::{
-    cgroup_layout, run, sweep_stale_cgroups_once, unique_name, Capture, Finish, Outcome, Report,
-    Sandbox, SandboxError, Stream, ROOT_MODE_ID_BASE,
+    cgroup_layout, run, sandbox_cgroup, sweep_stale_cgroups_once, unique_name, Capture, Finish,
+    Outcome, Report, Sandbox, SandboxError, Stream,
 };
 pub use spec::{
     workload_rlimits, ControlSocket, InputFile, Limits, Policy, Role, Rootfs, SandboxSpec,
-    CORE_LIMIT,
+    CORE_LIMIT, ROOTLESS_INOTIFY_LIMITS,
 };
 pub use workspace::{Workspace, WorkspaceError};

@@ -6,6 +6,7 @@
 //! permitted), the seccomp filters; then the rlimits and Landlock. The one-shot workload
 //! applies the first part while init still builds the root and the rest once released.
 
+use caps::Capability;
 use nix::sys::resource::{setrlimit, Resource};
 
 use crate::landlock_rules::{self, LandlockError};
@@ -38,7 +39,13 @@ pub struct Lockdown {
     /// `Some(required)`: apply Landlock (a kernel without it is an error when required);
     /// `None`: a zygote, whose sessions mount their own filesystems and apply it themselves.
     pub landlock: Option<bool>,
+    /// Kept in the bounding, permitted and effective sets; every other capability goes.
+    /// Empty but for a root-mode zygote ([`ID_CAPABILITIES`]).
+    pub keep_capabilities: &'static [Capability],
 }
+
+/// What a root-mode zygote keeps: giving each forked session its own host uid and gid.
+pub const ID_CAPABILITIES: [Capability; 2] = [Capability::CAP_SETUID, Capability::CAP_SETGID];
 
 impl Lockdown {
     /// Everything, in order.
@@ -50,7 +57,7 @@ impl Lockdown {
     /// `no_new_privs`, no capability in any set, the seccomp filters.
     pub fn privileges(&self) -> Result<(), LockdownError> {
         no_new_privs()?;
-        drop_capabilities().map_err(LockdownError::Capabilities)?;
+        drop_capabilities(self.keep_capabilities).map_err(LockdownError::Capabilities)?;
         seccomp::install(self.filters).map_err(LockdownError::Seccomp)
     }
 
@@ -88,17 +95,47 @@ fn no_new_privs() -> Result<(), LockdownError> {
     Ok(())
 }
 
-fn drop_capabilities() -> Result<(), caps::errors::CapsError> {
-    for cap in caps::all() {
-        caps::drop(None, caps::CapSet::Bounding, cap)?;
-    }
-    for set in [
-        caps::CapSet::Ambient,
-        caps::CapSet::Inheritable,
+fn drop_capabilities(keep: &[Capability]) -> Result<(), caps::errors::CapsError> {
+    // Dropping from the bounding set needs CAP_SETPCAP in effect, which a change of uid (a
+    // root-mode zygote's) has taken out of the effective set but left permitted.
+    caps::set(
+        None,
         caps::CapSet::Effective,
-        caps::CapSet::Permitted,
-    ] {
+        &caps::read(None, caps::CapSet::Permitted)?,
+    )?;
+    for cap in caps::all() {
+        if !keep.contains(&cap) {
+            caps::drop(None, caps::CapSet::Bounding, cap)?;
+        }
+    }
+    for set in [caps::CapSet::Ambient, caps::CapSet::Inheritable] {
         caps::clear(None, set)?;
+    }
+    let kept: caps::CapsHashSet = keep.iter().copied().collect();
+    // Effective first: it must stay a subset of permitted.
+    for set in [caps::CapSet::Effective, caps::CapSet::Permitted] {
+        caps::set(None, set, &kept)?;
+    }
+    // What is kept must survive the program's execve, which a non-root uid does only through
+    // the ambient set (a subset of inheritable).
+    caps::set(None, caps::CapSet::Inheritable, &kept)?;
+    for &cap in keep {
+        caps::raise(None, caps::CapSet::Ambient, cap)?;
+    }
+    Ok(())
+}
+
+/// Sets the per-user inotify maxima of the caller's own user namespace (which needs
+/// CAP_SYS_RESOURCE there). The kernel checks them at every level up to the host's, so they
+/// bound what the sandbox takes of its owner's allowance: rootless, every sandbox's owner is
+/// the caller ([`crate::spec::ROOTLESS_INOTIFY_LIMITS`]).
+pub fn limit_inotify(instances: u64, watches: u64) -> std::io::Result<()> {
+    for (file, value) in [
+        ("/proc/sys/user/max_inotify_instances", instances),
+        ("/proc/sys/user/max_inotify_watches", watches),
+    ] {
+        std::fs::write(file, value.to_string())
+            .map_err(|e| std::io::Error::new(e.kind(), format!("writing {file}: {e}")))?;
     }
     Ok(())
 }

@@ -15,17 +15,14 @@ use nix::unistd::{ForkResult, Gid, Pid, Uid};
 
 use crate::cgroup::{Cgroup, Layout};
 use crate::child::{self, ChildPlan, MSG_CGROUP, MSG_ERROR, MSG_EXIT, MSG_INIT_PID, MSG_READY};
+use crate::ids::IdLease;
 use crate::landlock_rules;
 use crate::result::{ExecutionResult, Status};
 use crate::rootfs::{self, Entry};
 use crate::seccomp::{self, Role};
-use crate::spec::{base_environment, workload_rlimits, ControlSocket, SandboxSpec};
+use crate::spec::{base_environment, workload_rlimits, zygote_rlimits, ControlSocket, SandboxSpec};
 use crate::workspace::Workspace;
 
-/// First host uid/gid given to sandboxes when Corral runs as root; each sandbox gets one of
-/// the next 65536, owning nothing on the host.
-pub const ROOT_MODE_ID_BASE: u32 = 1_000_000_000;
-const ROOT_MODE_ID_RANGE: u32 = 65_536;
 /// Room in the root tmpfs for the synthetic files and mount points, beyond the program file.
 const ROOT_TMPFS_SLACK: u64 = 4 << 20;
 /// How long to wait for pipes to close after the sandbox was killed.
@@ -127,13 +124,6 @@ pub fn sweep_stale_cgroups_once() {
     });
 }
 
-fn next_root_mode_id() -> u32 {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let salt = std::process::id().wrapping_mul(2_654_435_761);
-    ROOT_MODE_ID_BASE
-        + salt.wrapping_add(COUNTER.fetch_add(1, Ordering::Relaxed)) % ROOT_MODE_ID_RANGE
-}
-
 /// A name for a sandbox or session cgroup: `<pid>-<counter>-<nanos>` (the owner pid lets
 /// a later process recognize what a killed one left behind).
 pub fn unique_name() -> String {
@@ -160,6 +150,61 @@ fn cstrings(items: impl IntoIterator<Item = String>) -> Result<Vec<CString>, San
         .collect()
 }
 
+/// While alive, this (single-threaded, root) process's effective uid and gid are another's;
+/// the saved ids stay root's, which dropping it takes back (with the capabilities).
+struct EffectiveIds;
+
+impl EffectiveIds {
+    fn switch(uid: Uid, gid: Gid) -> nix::Result<EffectiveIds> {
+        let keep = Gid::from_raw(u32::MAX);
+        nix::unistd::setresgid(keep, gid, keep)?;
+        let keep = Uid::from_raw(u32::MAX);
+        if let Err(e) = nix::unistd::setresuid(keep, uid, keep) {
+            let keep = Gid::from_raw(u32::MAX);
+            let _ = nix::unistd::setresgid(keep, Gid::from_raw(0), keep);
+            return Err(e);
+        }
+        Ok(EffectiveIds)
+    }
+}
+
+impl Drop for EffectiveIds {
+    fn drop(&mut self) {
+        let (keep_uid, keep_gid) = (Uid::from_raw(u32::MAX), Gid::from_raw(u32::MAX));
+        // The saved ids are root's: taking them back cannot fail.
+        nix::unistd::setresuid(keep_uid, Uid::from_raw(0), keep_uid)
+            .and_then(|()| nix::unistd::setresgid(keep_gid, Gid::from_raw(0), keep_gid))
+            .expect("restoring root's effective ids");
+    }
+}
+
+/// A new cgroup for one sandbox with `limits`; where none can be made and the policy allows
+/// running without, `None` and the warning that says so.
+pub fn sandbox_cgroup(
+    limits: &crate::spec::Limits,
+    policy: crate::spec::Policy,
+) -> Result<(Option<Cgroup>, Option<String>), SandboxError> {
+    let cgroup = match cgroup_layout() {
+        Some(layout) => Cgroup::create(layout, &unique_name(), limits).map_err(|e| e.to_string()),
+        None => Err(
+            "no cgroup v1 or v2 hierarchy with the memory and pids controllers is mounted".into(),
+        ),
+    };
+    match cgroup {
+        Ok(cg) => Ok((Some(cg), None)),
+        Err(reason) if policy.strict => Err(SandboxError::Refused(format!(
+            "cannot create a cgroup ({reason}) and --strict forbids the rlimit fallback"
+        ))),
+        Err(reason) => Ok((
+            None,
+            Some(format!(
+                "cgroups unavailable ({reason}): memory and process limits are enforced \
+                 with rlimits only (RLIMIT_DATA, RLIMIT_NPROC) and CPU only by the timeout"
+            )),
+        )),
+    }
+}
+
 /// A running (or ready to run) sandbox. Dropping it kills whatever is left and removes
 /// every trace of it.
 #[derive(Debug)]
@@ -181,6 +226,9 @@ pub struct Sandbox {
     workspace: Option<Workspace>,
     warnings: Vec<String>,
     limits: crate::spec::Limits,
+    /// Root mode: the lease on `host_ids`, released (after `Drop` has killed and reaped
+    /// everything) when the sandbox is dropped.
+    _id_lease: Option<IdLease>,
 }
 
 /// Receives the bytes a program sends on its fd-3 socket.
@@ -309,14 +357,26 @@ impl Sandbox {
         )
         .map_err(SandboxError::io("socketpair"))?;
 
-        let switch_to = root_mode.then(|| {
-            let id = next_root_mode_id();
-            (Uid::from_raw(id), Gid::from_raw(id))
-        });
+        let id_lease = root_mode
+            .then(IdLease::acquire)
+            .transpose()
+            .map_err(|source| SandboxError::Io {
+                what: "leasing a host uid for the sandbox",
+                source,
+            })?;
+        let switch_to = id_lease
+            .as_ref()
+            .map(|lease| (Uid::from_raw(lease.id()), Gid::from_raw(lease.id())));
+        // Root mode: a zygote stays in the host's user namespace (see ChildPlan::host_userns).
+        let host_userns = root_mode && spec.role == crate::spec::Role::Zygote;
         let plan = ChildPlan {
             runtime_dir: spec.runtime_dir.clone(),
             ops,
             switch_to,
+            host_userns,
+            // A zygote's sessions each set their own share, below the zygote's namespace.
+            inotify_limits: (!root_mode && spec.role == crate::spec::Role::Workload)
+                .then_some(crate::spec::ROOTLESS_INOTIFY_LIMITS),
             report: report_child.as_raw_fd(),
             control: control_r.as_raw_fd(),
             socket: socket.as_ref().map(|(_, child)| child.as_raw_fd()),
@@ -327,8 +387,14 @@ impl Sandbox {
             exec_candidates: cstrings(exec_candidates)?,
             argv: cstrings(spec.argv.iter().cloned())?,
             envp: cstrings(env.into_iter().map(|(k, v)| format!("{k}={v}")))?,
-            rlimits: workload_rlimits(&limits, true),
-            fallback_rlimits: workload_rlimits(&limits, false),
+            rlimits: match spec.role {
+                crate::spec::Role::Workload => workload_rlimits(&limits, true),
+                crate::spec::Role::Zygote => zygote_rlimits(),
+            },
+            fallback_rlimits: match spec.role {
+                crate::spec::Role::Workload => workload_rlimits(&limits, false),
+                crate::spec::Role::Zygote => zygote_rlimits(),
+            },
             landlock_required: !spec.policy.allow_degraded,
             workload_filters,
             init_filters,
@@ -339,12 +405,28 @@ impl Sandbox {
         // A single-threaded host (the `corral run` command) clones init straight into the new
         // namespaces. Otherwise stage 1 does it: glibc's fork, unlike a raw clone, leaves
         // malloc usable in the child whatever locks other threads hold.
-        let direct = crate::sys::single_threaded();
+        let direct = crate::sys::single_threaded() && !host_userns;
         let first_child = if direct {
+            // Root mode: a user namespace belongs to the effective uid that creates it, and
+            // the kernel charges every per-user count inside it (inotify instances, message
+            // queues, pending signals) to that owner at the host's level as well. Made by
+            // root, a sandbox could use up root's own allowance on the host: the host makes
+            // it as the sandbox's uid.
+            let as_owner = switch_to
+                .map(|(uid, gid)| EffectiveIds::switch(uid, gid))
+                .transpose()
+                .map_err(SandboxError::io(
+                    "taking the sandbox's uid to create its namespaces",
+                ))?;
             // SAFETY: this process has one thread. The child only runs
             // `child::init_in_namespaces`, which uses data prepared above and system calls,
             // and ends in _exit or exec.
-            match unsafe { crate::sys::clone_process(child::NAMESPACES.bits()) } {
+            let cloned = unsafe { crate::sys::clone_process(child::NAMESPACES.bits()) };
+            if matches!(cloned, Ok(0)) {
+                child::init_in_namespaces(&plan);
+            }
+            drop(as_owner);
+            match cloned {
                 Err(e) => {
                     return Err(SandboxError::Refused(format!(
                         "{}: {e}",
@@ -370,6 +452,7 @@ impl Sandbox {
 
         let mut sandbox = Sandbox {
             host_ids: switch_to.map(|(u, g)| (u.as_raw(), g.as_raw())),
+            _id_lease: id_lease,
             init: Pid::from_raw(0),
             reaped: true,
             cgroup: None,
@@ -480,27 +563,9 @@ impl Sandbox {
     /// Creates the sandbox's cgroup (or, where the policy allows, records why there is none)
     /// and sends stage 1 its membership files.
     fn send_cgroup(&mut self, spec: &SandboxSpec) -> Result<(), SandboxError> {
-        let cgroup = match cgroup_layout() {
-            Some(layout) => {
-                Cgroup::create(layout, &unique_name(), &spec.limits).map_err(|e| e.to_string())
-            }
-            None => Err(
-                "no cgroup v1 or v2 hierarchy with the memory and pids controllers is mounted"
-                    .into(),
-            ),
-        };
-        match cgroup {
-            Ok(cg) => self.cgroup = Some(cg),
-            Err(reason) if spec.policy.strict => {
-                return Err(SandboxError::Refused(format!(
-                    "cannot create a cgroup ({reason}) and --strict forbids the rlimit fallback"
-                )))
-            }
-            Err(reason) => self.warnings.push(format!(
-                "cgroups unavailable ({reason}): memory and process limits are enforced \
-                 with rlimits only (RLIMIT_DATA, RLIMIT_NPROC) and CPU only by the timeout"
-            )),
-        }
+        let (cgroup, warning) = sandbox_cgroup(&spec.limits, spec.policy)?;
+        self.cgroup = cgroup;
+        self.warnings.extend(warning);
         let files = match &self.cgroup {
             Some(cg) => cg.join_files().map_err(|source| SandboxError::Io {
                 what: "opening the cgroup's membership files",

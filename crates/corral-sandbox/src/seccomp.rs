@@ -171,7 +171,16 @@ mod tests {
             let extra: HashSet<&str> = zygote.difference(workload).map(String::as_str).collect();
             assert_eq!(
                 extra,
-                HashSet::from(["unshare", "mount", "sethostname", "capset"])
+                HashSet::from([
+                    "unshare",
+                    "mount",
+                    "mount_setattr",
+                    "sethostname",
+                    "capset",
+                    "setresuid",
+                    "setresgid",
+                    "setgroups"
+                ])
             );
         }
     }
@@ -1040,6 +1049,60 @@ mod tests {
             assert!(probed || !exists, "{name} is not probed");
         }
         check_probes(Role::Workload, &probes);
+    }
+
+    /// A root-mode zygote keeps CAP_SETUID and CAP_SETGID: its filter lets it take only ids
+    /// of the sandbox range and drop its supplementary groups, never become root again.
+    #[test]
+    fn zygote_filter_confines_id_changes_to_the_sandbox_range() {
+        use libc::*;
+        const NO_CHANGE: c_ulong = u32::MAX as c_ulong;
+        let probes = [
+            probe!(
+                "setresuid(0, 0, 0)",
+                Expect::Errno(EPERM),
+                sys(SYS_setresuid, [0; 6])
+            ),
+            probe!(
+                "setresgid(0, 0, 0)",
+                Expect::Errno(EPERM),
+                sys(SYS_setresgid, [0; 6])
+            ),
+            probe!(
+                "setresuid(-1, 0, -1)",
+                Expect::Errno(EPERM),
+                sys(SYS_setresuid, [NO_CHANGE, 0, NO_CHANGE, 0, 0, 0])
+            ),
+            probe!(
+                "setresuid(BASE - 1, ...)",
+                Expect::Errno(EPERM),
+                sys(
+                    SYS_setresuid,
+                    [
+                        (crate::ids::ROOT_MODE_ID_BASE - 1) as c_ulong,
+                        NO_CHANGE,
+                        NO_CHANGE,
+                        0,
+                        0,
+                        0
+                    ]
+                )
+            ),
+            Probe {
+                name: "setgroups(1, [0])",
+                expect: Expect::Errno(EPERM),
+                call: || {
+                    let groups: [gid_t; 1] = [0];
+                    sys(SYS_setgroups, [1, groups.as_ptr() as c_ulong, 0, 0, 0, 0])
+                },
+            },
+            probe!(
+                "setresuid(-1, -1, -1)",
+                Expect::Success,
+                sys(SYS_setresuid, [NO_CHANGE, NO_CHANGE, NO_CHANGE, 0, 0, 0])
+            ),
+        ];
+        check_probes(Role::Zygote, &probes);
     }
 
     #[test]

@@ -187,7 +187,7 @@ fn init(fds: &SessionFds, plan: SessionPlan) -> Vec<(String, String)> {
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     if let Some((instances, watches)) = plan.inotify_limits {
-        if let Err(e) = limit_inotify(instances, watches) {
+        if let Err(e) = lockdown::limit_inotify(instances, watches) {
             fds.fail("limiting the session's inotify use", e);
         }
     }
@@ -239,7 +239,7 @@ fn init(fds: &SessionFds, plan: SessionPlan) -> Vec<(String, String)> {
     if let Err(e) = lockdown::init(seccomp::filters(seccomp::Role::Init)) {
         fds.fail("locking down the session's init", e);
     }
-    let status = child::supervise(fds.control, &children, kernel);
+    let status = child::supervise(fds.control, &children, kernel, true);
     let mut msg = vec![MSG_EXIT];
     msg.extend_from_slice(&status.to_le_bytes());
     let _ = sys::send_message(fds.control(), &msg, None);
@@ -249,6 +249,10 @@ fn init(fds: &SessionFds, plan: SessionPlan) -> Vec<(String, String)> {
 
 /// The kernel process: standard streams and the protocol socket in place, then the lockdown.
 fn kernel(fds: &SessionFds, plan: SessionPlan) -> Vec<(String, String)> {
+    // init is not dumpable; the kernel is, as any program is, so that it may read its own
+    // /proc/self files (the session's code runs here; seccomp keeps ptrace out).
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
     if let Err(e) = nix::sys::signal::SigSet::empty().thread_set_mask() {
         fds.fail("restoring the signal mask", e);
     }
@@ -267,6 +271,7 @@ fn kernel(fds: &SessionFds, plan: SessionPlan) -> Vec<(String, String)> {
         filters: seccomp::filters(seccomp::Role::Workload),
         rlimits: workload_rlimits(&limits, plan.in_cgroup),
         landlock: Some(plan.landlock_required),
+        keep_capabilities: &[],
     };
     if let Err(e) = lockdown.apply() {
         // The control socket is closed here: stderr reaches the host.
@@ -290,20 +295,13 @@ fn send_with_pid(control: BorrowedFd<'_>, tag: u8, fd: Option<RawFd>, pid: Pid) 
     let mut cmsgs = vec![ControlMessage::ScmCredentials(&creds)];
     cmsgs.extend(fds.iter().map(|f| ControlMessage::ScmRights(f)));
     let iov = [io::IoSlice::new(std::slice::from_ref(&tag))];
-    sendmsg::<()>(control.as_raw_fd(), &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL, None)?;
-    Ok(())
-}
-
-/// Sets the per-user inotify maxima of the session's own user namespace (the kernel checks
-/// them at every level up to the host's, so they bound what the session takes of its owner's).
-fn limit_inotify(instances: u64, watches: u64) -> io::Result<()> {
-    for (file, value) in [
-        ("/proc/sys/user/max_inotify_instances", instances),
-        ("/proc/sys/user/max_inotify_watches", watches),
-    ] {
-        std::fs::write(file, value.to_string())
-            .map_err(|e| io::Error::new(e.kind(), format!("writing {file}: {e}")))?;
-    }
+    sendmsg::<()>(
+        control.as_raw_fd(),
+        &iov,
+        &cmsgs,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )?;
     Ok(())
 }
 

@@ -152,6 +152,22 @@ pub fn workload_rlimits(limits: &Limits, with_cgroup: bool) -> Vec<(Resource, u6
     rlimits
 }
 
+/// The rlimits of a zygote: those of [`workload_rlimits`] that do not depend on a sandbox's
+/// limits. A forked session sets its own and cannot raise a hard limit above its zygote's, so
+/// the zygote leaves the size-dependent ones (file size, and without a cgroup, data and
+/// processes) as it found them; its own cgroup bounds its memory and processes.
+pub fn zygote_rlimits() -> Vec<(Resource, u64)> {
+    workload_rlimits(&Limits::default(), true)
+        .into_iter()
+        .filter(|(resource, _)| *resource != Resource::RLIMIT_FSIZE)
+        .collect()
+}
+
+/// Rootless, every sandbox of a caller is charged to the caller's own per-user inotify
+/// allowance (128 instances by default): each sandbox may take at most this much of it
+/// (instances, watches). As root every sandbox has a uid, and so an allowance, of its own.
+pub const ROOTLESS_INOTIFY_LIMITS: (u64, u64) = (32, 16_384);
+
 /// The core-file limit of every sandboxed process (see [`workload_rlimits`]).
 pub const CORE_LIMIT: u64 = 1;
 

@@ -697,7 +697,7 @@ fn connect_error_of(e: &ServiceError) -> Value {
         ServiceError::SandboxDead(_) => "failed_precondition",
         ServiceError::TooManySandboxes { .. } => "resource_exhausted",
         ServiceError::Sandbox(_) => "internal",
-        ServiceError::ShuttingDown => "unavailable",
+        ServiceError::Unavailable { .. } | ServiceError::ShuttingDown => "unavailable",
     };
     connect_error(code, e.to_string())
 }

@@ -24,7 +24,7 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// Machine-readable: `bad_request`, `invalid_path`, `unauthorized`, `forbidden`, `not_found`,
     /// `sandbox_dead`, `payload_too_large`, `unknown_image`, `unsupported_language`,
-    /// `too_many_sandboxes`, `sandbox_error`, `shutting_down`.
+    /// `too_many_sandboxes`, `sandbox_error`, `zygote_restarting`, `shutting_down`.
     pub code: String,
     pub message: String,
 }
@@ -76,10 +76,14 @@ impl From<ServiceError> for ApiError {
                 (StatusCode::TOO_MANY_REQUESTS, "too_many_sandboxes")
             }
             ServiceError::Sandbox(_) => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox_error"),
+            ServiceError::Unavailable { .. } => {
+                (StatusCode::SERVICE_UNAVAILABLE, "zygote_restarting")
+            }
             ServiceError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
         };
         let retry_after_s = match e {
-            ServiceError::TooManySandboxes { retry_after_s, .. } => Some(retry_after_s),
+            ServiceError::TooManySandboxes { retry_after_s, .. }
+            | ServiceError::Unavailable { retry_after_s, .. } => Some(retry_after_s),
             _ => None,
         };
         ApiError {
@@ -106,5 +110,28 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restarting_zygote_is_503_with_retry_after() {
+        let e = ApiError::from(ServiceError::Unavailable {
+            message: "restarting".into(),
+            retry_after_s: 3,
+        });
+        assert_eq!(
+            (e.status, e.code, e.retry_after_s),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "zygote_restarting",
+                Some(3)
+            )
+        );
+        let response = e.into_response();
+        assert_eq!(response.headers()[header::RETRY_AFTER], "3");
     }
 }

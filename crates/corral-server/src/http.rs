@@ -354,6 +354,7 @@ async fn run(
         (status = 201, body = SandboxInfo),
         (status = 400, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 429, description = "Session limits reached; see Retry-After", body = ErrorBody),
+        (status = 503, description = "The image's zygote is being replaced, or the server is stopping; see Retry-After", body = ErrorBody),
     ))]
 async fn create_sandbox(
     State(state): State<AppState>,
@@ -558,10 +559,27 @@ async fn list_files(
     Ok(Json(FileList { files }))
 }
 
-/// Liveness; needs no key.
+/// Liveness, and the state of the warm pool's zygote; needs no key. Always 200 while the
+/// server answers: `status` is `degraded` while a zygote is down (it is being replaced).
 #[utoipa::path(get, path = "/healthz", tag = "service", responses((status = 200)))]
-async fn healthz() -> Json<serde_json::Value> {
-    Json(serde_json::json!({"status": "ok"}))
+async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let pools: Vec<serde_json::Value> = state
+        .service
+        .zygote_status()
+        .into_iter()
+        .map(|(image, zygote)| {
+            serde_json::json!({
+                "image": image,
+                "zygote_alive": zygote.alive,
+                "zygote_restarts": zygote.restarts,
+            })
+        })
+        .collect();
+    let ok = pools.iter().all(|p| p["zygote_alive"] == true);
+    Json(serde_json::json!({
+        "status": if ok { "ok" } else { "degraded" },
+        "pools": pools,
+    }))
 }
 
 /// Prometheus metrics.
@@ -570,6 +588,9 @@ async fn metrics(State(state): State<AppState>) -> Response {
     let m = &state.service.metrics;
     m.sessions_live.set(state.service.sessions_live() as i64);
     m.pool_ready.set(state.service.pool_ready() as i64);
+    if let Some((image, zygote)) = state.service.zygote_status() {
+        m.record_zygote(image, &zygote);
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -19,6 +19,11 @@ pub struct HttpLabels {
     pub status: u16,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ImageLabels {
+    pub image: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub sessions_live: Gauge,
@@ -28,6 +33,10 @@ pub struct Metrics {
     pub session_create_seconds: Histogram,
     pub sandbox_failures: Counter,
     pub http_requests: Family<HttpLabels, Counter>,
+    /// 1 while the warm pool's zygote runs, 0 while it is being replaced.
+    pub zygote_up: Family<ImageLabels, Gauge>,
+    /// Dead zygotes replaced by a new one.
+    pub zygote_restarts: Family<ImageLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -42,6 +51,8 @@ impl Default for Metrics {
             session_create_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             sandbox_failures: Counter::default(),
             http_requests: Family::default(),
+            zygote_up: Family::default(),
+            zygote_restarts: Family::default(),
             registry: Registry::default(),
         };
         registry.register("sessions_live", "Sessions alive", m.sessions_live.clone());
@@ -75,6 +86,16 @@ impl Default for Metrics {
             "HTTP requests by response status",
             m.http_requests.clone(),
         );
+        registry.register(
+            "zygote_up",
+            "Whether the warm pool's zygote runs (0 while it is being replaced)",
+            m.zygote_up.clone(),
+        );
+        registry.register(
+            "zygote_restarts",
+            "Dead zygotes replaced by a new one",
+            m.zygote_restarts.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
@@ -88,6 +109,21 @@ impl Metrics {
             })
             .inc();
         self.execution_seconds.observe(wall_ms as f64 / 1000.0);
+    }
+
+    /// Copies the pool's view of its zygote (read at scrape time) into the metrics.
+    pub fn record_zygote(&self, image: &str, zygote: &corral_kernel::ZygoteStatus) {
+        let labels = ImageLabels {
+            image: image.into(),
+        };
+        self.zygote_up
+            .get_or_create(&labels)
+            .set(i64::from(zygote.alive));
+        // The pool counts; the counter follows it, never backwards.
+        self.zygote_restarts
+            .get_or_create(&labels)
+            .inner()
+            .fetch_max(zygote.restarts, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The Prometheus text exposition.
@@ -108,6 +144,19 @@ mod tests {
         let m = Metrics::default();
         m.record_execution("execute", "success", 3);
         m.sessions_live.set(2);
+        let down = corral_kernel::ZygoteStatus {
+            alive: false,
+            restarts: 3,
+            last_error: None,
+        };
+        m.record_zygote("default", &down);
+        m.record_zygote(
+            "default",
+            &corral_kernel::ZygoteStatus {
+                restarts: 2,
+                ..down
+            },
+        );
         let text = m.encode();
         for name in [
             "corral_sessions_live 2",
@@ -116,6 +165,8 @@ mod tests {
             "corral_execution_seconds_bucket",
             "corral_session_create_seconds_count",
             "corral_sandbox_failures_total",
+            "corral_zygote_up{image=\"default\"} 0",
+            "corral_zygote_restarts_total{image=\"default\"} 3",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use corral_image::{ImageError, ResolvedImage, Store};
 use corral_kernel::bytecode::BytecodeCache;
-use corral_kernel::{Event, Language, ManagerError, Pool, SessionManager, SessionOptions};
+use corral_kernel::{
+    Event, KernelError, Language, ManagerError, Pool, SessionManager, SessionOptions, ZygoteStatus,
+};
 use corral_sandbox::{
     ExecutionResult, FileEntry, InputFile, Limits, Policy, SandboxSpec, Status, WorkspaceError,
 };
@@ -54,6 +56,10 @@ pub enum ServiceError {
     UnsupportedLanguage(String),
     #[error("{message}")]
     TooManySandboxes { message: String, retry_after_s: u64 },
+    /// Temporarily unable to create the sandbox (the image's zygote is being replaced);
+    /// retrying after `retry_after_s` can succeed.
+    #[error("{message}")]
+    Unavailable { message: String, retry_after_s: u64 },
     #[error("{0}")]
     Sandbox(String),
     #[error("the server is shutting down")]
@@ -206,6 +212,8 @@ pub struct SandboxInfo {
     pub executions: u64,
     /// Why the kernel died, when it did.
     pub death: Option<String>,
+    /// Protections weaker than requested for this session (also in every execution's result).
+    pub warnings: Vec<String>,
 }
 
 /// A checked command: what runs, with what, for how long.
@@ -374,6 +382,13 @@ impl Service {
         self.pool.as_ref().map_or(0, |p| p.ready_count())
     }
 
+    /// The warm pool's image and the state of its zygote, when there is a pool.
+    pub fn zygote_status(&self) -> Option<(&str, ZygoteStatus)> {
+        self.pool
+            .as_ref()
+            .map(|p| (self.config.default_image.as_str(), p.zygote_status()))
+    }
+
     pub fn sessions_live(&self) -> usize {
         self.sessions.lock().expect("lock").len()
     }
@@ -432,6 +447,12 @@ impl Service {
     fn manager_error(&self, id: &str, e: ManagerError) -> ServiceError {
         match e {
             ManagerError::NotFound(_) => ServiceError::NotFound(format!("no sandbox {id}")),
+            ManagerError::Kernel(e @ KernelError::ZygoteUnavailable { retry_after, .. }) => {
+                ServiceError::Unavailable {
+                    message: e.to_string(),
+                    retry_after_s: retry_after.as_secs().max(1),
+                }
+            }
             other => {
                 self.metrics.sandbox_failures.inc();
                 ServiceError::Sandbox(other.to_string())
@@ -545,6 +566,7 @@ impl Service {
             },
             executions: info.executions,
             death: info.death.clone(),
+            warnings: info.warnings.clone(),
         }
     }
 
@@ -888,6 +910,7 @@ impl Service {
             let _ = self.manager.close(&id);
             let _ = self.db.session_ended(&id, "server shut down");
         }
+        self.manager.shutdown();
     }
 }
 

@@ -110,7 +110,7 @@ pub fn sessions(image: &str, data_dir: Option<&Path>) -> Result<()> {
         options.policy,
         POOL_TARGET,
     )?;
-    println!("  zygote preloaded: {}", pool.zygote().preloaded.join(", "));
+    println!("  zygote preloaded: {}", pool.preloaded().join(", "));
     wait_for_pool(&pool);
 
     // One at a time, the pool refilled in between.
@@ -141,7 +141,7 @@ pub fn sessions(image: &str, data_dir: Option<&Path>) -> Result<()> {
     let mut forked = Vec::new();
     for _ in 0..20 {
         let t = Instant::now();
-        let mut s = pool.zygote().fork_session(&options)?;
+        let mut s = pool.fork_session(&options)?;
         s.execute("print(1)", Duration::from_secs(30), &mut |_| {});
         forked.push(t.elapsed());
     }

@@ -27,7 +27,8 @@ fn free_port() -> u16 {
 }
 
 impl Server {
-    /// Starts `corral serve` on a loopback port with a fresh database and `config` (TOML).
+    /// Starts `corral serve` on a loopback port with a fresh database and `config` (TOML;
+    /// without a warm pool unless it sets `pool_size`).
     fn start(config: &str) -> Server {
         let dir = tempfile::tempdir().unwrap();
         Self::start_in(dir, config)
@@ -42,7 +43,12 @@ impl Server {
         let port = free_port();
         let db = dir.path().join("corral.db");
         let config_path = dir.path().join("corral.toml");
-        std::fs::write(&config_path, format!("pool_size = 0\n{config}")).unwrap();
+        let pool = if config.contains("pool_size") {
+            ""
+        } else {
+            "pool_size = 0\n"
+        };
+        std::fs::write(&config_path, format!("{pool}{config}")).unwrap();
         let child = Command::new(BIN)
             .args(["serve", "--listen", &format!("{host}:{port}"), "--db"])
             .arg(&db)
@@ -685,4 +691,250 @@ fn idle_sessions_expire_and_are_recorded() {
             .unwrap()
             .is_some_and(|r| r.starts_with("expired"))
     });
+}
+
+/// The zygotes below `server`: the processes running `corral_zygote.py` in a pid namespace
+/// one below the server's, whose parent (their sandbox's init) does not run it. The sessions
+/// they fork run the same program, a namespace further down, and the short-lived children
+/// that set a session up are the zygote's own.
+fn zygotes(server: i32) -> Vec<(i32, u64)> {
+    let depth = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .map(|l| l.split_whitespace().count())
+    };
+    let runs_zygote = |pid: i32| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains("corral_zygote.py"))
+    };
+    let zygote_depth = depth(server).map(|d| d + 1);
+    descendants(server)
+        .into_iter()
+        .filter(|&(pid, _)| {
+            runs_zygote(pid)
+                && depth(pid) == zygote_depth
+                && stat(pid).is_some_and(|(parent, _)| !runs_zygote(parent))
+        })
+        .collect()
+}
+
+fn signal(pid: i32, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).unwrap();
+}
+
+/// What one client saw of one creation (and of `print(1)` in the session it got).
+#[derive(Debug)]
+struct Attempt {
+    started: Instant,
+    /// When the creation was answered.
+    answered: Instant,
+    status: u16,
+    retry_after: Option<String>,
+    code: String,
+    /// Status and stdout of the execution, when the creation succeeded.
+    executed: Option<(u16, Value)>,
+}
+
+/// Creates a session, runs `print(1)` in it and deletes it.
+fn attempt(url: &str) -> Attempt {
+    let started = Instant::now();
+    let response = ureq::post(&format!("{url}/v1/sandboxes"))
+        .set("Accept", "application/json")
+        .send_string(r#"{"image":"host"}"#);
+    let response = match response {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("POST /v1/sandboxes: {e}"),
+    };
+    let answered = Instant::now();
+    let status = response.status();
+    let retry_after = response.header("Retry-After").map(String::from);
+    let body: Value = response.into_json().unwrap_or(Value::Null);
+    let mut executed = None;
+    if status == 201 {
+        let id = body["id"].as_str().unwrap();
+        let result = ureq::post(&format!("{url}/v1/sandboxes/{id}/execute"))
+            .set("Accept", "application/json")
+            .send_string(r#"{"code":"print(1)"}"#);
+        let result = match result {
+            Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("execute: {e}"),
+        };
+        executed = Some((result.status(), result.into_json().unwrap_or(Value::Null)));
+        let _ = ureq::delete(&format!("{url}/v1/sandboxes/{id}")).call();
+    }
+    Attempt {
+        started,
+        answered,
+        status,
+        retry_after,
+        code: error_code(&body).to_string(),
+        executed,
+    }
+}
+
+fn metric(s: &Server, name: &str) -> Option<f64> {
+    let (_, text) = s.raw("GET", "/metrics", None, None);
+    String::from_utf8(text)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// `kill -9` of the warm pool's zygote while clients keep creating sessions: it is replaced,
+/// creations in the gap wait for the new one or get 503 with `Retry-After` (never a 500),
+/// and nothing of the old one is left. The replacement is held stopped for longer than a
+/// creation waits, so the gap is long enough for 503s.
+#[test]
+fn a_killed_zygote_is_replaced_and_creations_in_the_gap_get_503_with_retry_after() {
+    use nix::sys::signal::Signal;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let s = Server::start("pool_size = 2\ndefault_image = \"host\"");
+    let (_, health) = s.call("GET", "/healthz", None, None);
+    assert_eq!(
+        health,
+        json!({"status": "ok", "pools": [{"image": "host", "zygote_alive": true, "zygote_restarts": 0}]})
+    );
+    let old = zygotes(s.pid());
+    assert_eq!(old.len(), 1, "one zygote: {old:?}");
+    let (old_pid, old_start) = old[0];
+    let old_init = stat(old_pid).unwrap().0;
+    let old_init_start = stat(old_init).unwrap().1;
+
+    let attempts = Arc::new(Mutex::new(Vec::<Attempt>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let (url, attempts, stop) = (s.url.clone(), attempts.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let a = attempt(&url);
+                    let failed = a.status != 201;
+                    attempts.lock().unwrap().push(a);
+                    if failed {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                }
+            })
+        })
+        .collect();
+    let succeeded = |since: Instant| {
+        attempts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|a| a.started >= since && a.status == 201)
+            .count()
+    };
+    let begin = Instant::now();
+    wait_until("sessions are created", Duration::from_secs(30), || {
+        succeeded(begin) >= 4
+    });
+
+    // The old generation: the zygote's sandbox and everything in it.
+    let old_generation: Vec<(i32, u64)> = descendants(old_init)
+        .into_iter()
+        .chain([(old_init, old_init_start)])
+        .collect();
+    assert!(alive(old_pid, old_start));
+    signal(old_pid, Signal::SIGKILL);
+    let killed = Instant::now();
+
+    // Hold the replacement stopped before it is ready.
+    let mut replacement = None;
+    wait_until(
+        "a replacement zygote starts",
+        Duration::from_secs(20),
+        || {
+            // (An orphan of the old zygote, not yet killed, has the old init for its parent.)
+            replacement = zygotes(s.pid()).into_iter().find(|&(p, _)| {
+                p != old_pid && stat(p).is_some_and(|(parent, _)| parent != old_init)
+            });
+            replacement.is_some()
+        },
+    );
+    let (new_pid, new_start) = replacement.unwrap();
+    signal(new_pid, Signal::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(11));
+    let (_, health) = s.call("GET", "/healthz", None, None);
+    // Unless it was ready before it was stopped, creations have waited out the gap by now.
+    let caught = health["pools"][0]["zygote_alive"] == false;
+    if caught {
+        assert_eq!(health["status"], "degraded", "{health}");
+        assert_eq!(metric(&s, "corral_zygote_up{image=\"host\"}"), Some(0.0));
+    }
+    signal(new_pid, Signal::SIGCONT);
+    let resumed = Instant::now();
+
+    wait_until(
+        "the new zygote is up and creations succeed again",
+        Duration::from_secs(20),
+        || {
+            let (_, health) = s.call("GET", "/healthz", None, None);
+            health["status"] == "ok" && succeeded(resumed) >= 2
+        },
+    );
+    let recovered = Instant::now();
+    wait_until("creations keep succeeding", Duration::from_secs(20), || {
+        succeeded(recovered) >= 4
+    });
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+
+    let attempts = attempts.lock().unwrap();
+    let (mut unavailable, mut lost) = (0, 0);
+    for a in attempts.iter() {
+        match a.status {
+            201 => {
+                let (status, result) = a.executed.as_ref().unwrap();
+                // A session handed out before the kill may die with its zygote, where the
+                // engine has it die (409, or a result with a sandbox_error status); never a
+                // server error.
+                assert!(*status < 500, "execute: {status} {result}");
+                lost += usize::from(result["stdout"] != "1\n");
+                if a.started >= recovered {
+                    assert_eq!((*status, &result["stdout"]), (200, &json!("1\n")), "{a:?}");
+                }
+            }
+            503 => {
+                unavailable += 1;
+                assert_eq!(a.code, "zygote_restarting", "{a:?}");
+                let retry: u64 = a.retry_after.as_deref().unwrap_or("").parse().unwrap_or(0);
+                assert!(retry >= 1, "a 503 without Retry-After: {a:?}");
+                assert!(a.answered > killed && a.started < recovered, "{a:?}");
+            }
+            _ => panic!("a creation failed other than with 503: {a:?}"),
+        }
+    }
+    if caught {
+        assert!(unavailable > 0, "creations outlasting the wait get 503");
+    }
+    eprintln!(
+        "{} creations, {unavailable} answered 503, {lost} sessions lost with the old zygote; \
+         caught the replacement: {caught}",
+        attempts.len()
+    );
+    assert_eq!(
+        metric(&s, "corral_zygote_restarts_total{image=\"host\"}"),
+        Some(1.0)
+    );
+    assert_eq!(metric(&s, "corral_zygote_up{image=\"host\"}"), Some(1.0));
+    let (_, health) = s.call("GET", "/healthz", None, None);
+    assert_eq!(
+        health,
+        json!({"status": "ok", "pools": [{"image": "host", "zygote_alive": true, "zygote_restarts": 1}]})
+    );
+    // Every session is closed by now: nothing of the old generation is left (its sandbox's
+    // init reaped too), and the one zygote is the replacement.
+    wait_until(
+        "the old zygote's processes are gone",
+        Duration::from_secs(10),
+        || old_generation.iter().all(|&(p, start)| !alive(p, start)),
+    );
+    assert_eq!(zygotes(s.pid()), vec![(new_pid, new_start)]);
 }

@@ -255,6 +255,7 @@ class SandboxInfo:
     state: Optional[str] = None
     executions: Optional[int] = None
     death: Optional[str] = None
+    warnings: List[str] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SandboxInfo":
@@ -268,4 +269,5 @@ class SandboxInfo:
             state=data.get("state"),
             executions=data.get("executions"),
             death=data.get("death"),
+            warnings=[str(w) for w in data.get("warnings") or []],
         )
