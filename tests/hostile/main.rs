@@ -12,6 +12,7 @@ mod host;
 mod concurrency;
 mod files_io;
 mod filesystem;
+mod multitenant;
 mod network;
 mod privileges;
 mod processes;

@@ -1,0 +1,1344 @@
+//! Multi-tenant attacks (issue 18): two tenants, A and B, each with an API key of its own,
+//! share one real `corral serve`: its zygote, its warm pool, its host. Every test starts the
+//! server on a loopback port with a database of its own and the shared image store (the
+//! `default` image must be built, as for `crates/corral/tests/image.rs`), sends every request
+//! with a key so that sessions belong to tenants, attacks across tenants, then stops the
+//! server and checks that none of its processes and cgroups is left.
+//!
+//! Rootless, the documented model (docs/threat-model.md §6) is that all the caller's
+//! sandboxes share its uid and with it the per-uid kernel counters; the tests whose subject is
+//! exactly that (pipe buffers, host uids) check the weaker property that holds there and say
+//! so. inotify is counted per user namespace as well, so it is held to isolation in both modes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+use crate::harness::*;
+
+// ---- the server -----------------------------------------------------------------------------
+
+/// A `corral serve` of this test. Dropping it kills it; [`Server::stop`] stops it and checks
+/// what it leaves.
+struct Server {
+    child: Option<Child>,
+    url: String,
+    db: PathBuf,
+    log: PathBuf,
+    agent: ureq::Agent,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+impl Server {
+    /// Starts the server with a warm pool of `pool_size` sessions of the default image (0:
+    /// every session is a sandbox of its own, no zygote) and waits until it answers.
+    fn start(pool_size: usize) -> Server {
+        let dir = tempfile::Builder::new()
+            .prefix("hx-mt-")
+            .tempdir()
+            .expect("tempdir");
+        let port = free_port();
+        let db = dir.path().join("keys.db");
+        let log = dir.path().join("server.log");
+        let config = dir.path().join("server.toml");
+        fs::write(
+            &config,
+            format!("pool_size = {pool_size}\ndefault_image = \"default\"\nshutdown_grace_s = 2\n"),
+        )
+        .unwrap();
+        // The image store is the one corral finds by itself (CORRAL_DATA_DIR, or the shared
+        // /var/lib/corral); keys, sessions and the audit log go to this test's database.
+        let child = Command::new(corral_bin())
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--db")
+            .arg(&db)
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", corral_bin().display()));
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(5))
+            .timeout(Duration::from_secs(120))
+            .build();
+        let mut server = Server {
+            child: Some(child),
+            url: format!("http://127.0.0.1:{port}"),
+            db,
+            log,
+            agent,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while server
+            .agent
+            .get(&format!("{}/healthz", server.url))
+            .call()
+            .is_err()
+        {
+            let exited = server.child.as_mut().unwrap().try_wait().unwrap();
+            assert!(
+                exited.is_none() && Instant::now() < deadline,
+                "corral serve did not come up ({exited:?})\n{}",
+                server.log_text()
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    fn log_text(&self) -> String {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        format!("--- corral serve stderr ---\n{}", tail(&text, 4000))
+    }
+
+    /// `corral key create --name NAME` on this server's database.
+    fn key(&self, name: &str) -> String {
+        let out = Command::new(corral_bin())
+            .args(["key", "create", "--name", name, "--db"])
+            .arg(&self.db)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "corral key create: {out:?}");
+        let key = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        assert!(!key.is_empty(), "corral key create printed no key");
+        key
+    }
+
+    /// (status, JSON body) of a request made with `key`.
+    fn call(&self, method: &str, path: &str, key: &str, body: Option<&Value>) -> (u16, Value) {
+        let request = self
+            .agent
+            .request(method, &format!("{}{path}", self.url))
+            .set("Accept", "application/json")
+            .set("Authorization", &format!("Bearer {key}"));
+        let response = match body {
+            Some(b) => request
+                .set("Content-Type", "application/json")
+                .send_string(&b.to_string()),
+            None => request.call(),
+        };
+        let response = match response {
+            Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("{method} {path}: {e}\n{}", self.log_text()),
+        };
+        let status = response.status();
+        let mut bytes = Vec::new();
+        response.into_reader().read_to_end(&mut bytes).unwrap();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    /// Creates a session of `key` from `body`: its id, or the error answer.
+    fn try_session(&self, key: &str, body: &Value) -> Result<String, (u16, Value)> {
+        let (status, info) = self.call("POST", "/v1/sandboxes", key, Some(body));
+        match (status, info["id"].as_str()) {
+            (201, Some(id)) => Ok(id.to_string()),
+            _ => Err((status, info)),
+        }
+    }
+
+    fn session(&self, key: &str, body: &Value) -> String {
+        self.try_session(key, body)
+            .unwrap_or_else(|(status, answer)| {
+                panic!(
+                    "creating a session ({body}) failed: {status} {answer}\n{}",
+                    self.log_text()
+                )
+            })
+    }
+
+    fn info(&self, key: &str, id: &str) -> Value {
+        let (status, info) = self.call("GET", &format!("/v1/sandboxes/{id}"), key, None);
+        assert_eq!(status, 200, "GET {id}: {info}");
+        info
+    }
+
+    fn delete(&self, key: &str, id: &str) {
+        let (status, answer) = self.call("DELETE", &format!("/v1/sandboxes/{id}"), key, None);
+        assert_eq!(status, 204, "DELETE {id}: {answer}");
+    }
+
+    /// Executes `code` in session `id` of `key`; the folded result.
+    fn exec(&self, key: &str, id: &str, code: &str) -> Outcome {
+        let started = Instant::now();
+        let body = json!({"code": code, "timeout_s": 60});
+        let (status, result) = self.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/execute"),
+            key,
+            Some(&body),
+        );
+        assert_eq!(
+            status,
+            200,
+            "executing in {id} failed: {result}\n{}",
+            self.log_text()
+        );
+        outcome(result, started.elapsed())
+    }
+
+    /// A one-shot run (`POST /v1/run`) of `key`.
+    fn run(&self, key: &str, body: &Value) -> Outcome {
+        let started = Instant::now();
+        let (status, result) = self.call("POST", "/v1/run", key, Some(body));
+        assert_eq!(status, 200, "POST /v1/run: {result}\n{}", self.log_text());
+        outcome(result, started.elapsed())
+    }
+
+    fn metric(&self, name: &str) -> Option<f64> {
+        let text = self
+            .agent
+            .get(&format!("{}/metrics", self.url))
+            .call()
+            .ok()?
+            .into_string()
+            .ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
+    /// Waits until the warm pool holds `n` sessions; fails at once when the server says it
+    /// cannot fork them.
+    fn wait_pool(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if self.metric("corral_pool_ready").unwrap_or(0.0) >= n as f64 {
+                return;
+            }
+            let log = fs::read_to_string(&self.log).unwrap_or_default();
+            assert!(
+                !log.contains("not built"),
+                "the `default` image is not built in the store corral finds (CORRAL_DATA_DIR={:?}, \
+                 or /var/lib/corral): `corral image build default`\n{}",
+                std::env::var_os("CORRAL_DATA_DIR"),
+                self.log_text()
+            );
+            assert!(
+                !log.contains("warm pool:") && !log.contains("no warm pool"),
+                "the server cannot fork the sessions of its warm pool: no session can be made\n{}",
+                self.log_text()
+            );
+            assert!(
+                Instant::now() < deadline,
+                "the warm pool did not reach {n} sessions within 60 s\n{}",
+                self.log_text()
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM, then: the server exits cleanly, every process it had started is gone and so is
+    /// every cgroup named after it. Returns what is not so.
+    fn stop(mut self) -> Vec<String> {
+        let pid = self.pid();
+        let procs = descendants(pid);
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let mut child = self.child.take().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "corral serve did not stop within 30 s of SIGTERM\n{}",
+                    self.log_text()
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        // What the server did not remove before it exited stays: nothing else removes a
+        // cgroup but the next server's sweep, which may run at any time now (another test's
+        // server starting), so this is looked at at once.
+        let cgroups = cgroup_names_of(pid);
+        let mut left = Vec::new();
+        if !status.success() {
+            left.push(format!("corral serve exited with {status:?}"));
+        }
+        if !cgroups.is_empty() {
+            left.push(format!("the server left cgroups behind: {cgroups:?}"));
+        }
+        let gone = |procs: &[(i32, u64)]| procs.iter().all(|&(p, start)| !alive(p, start));
+        if !wait_until(Duration::from_secs(10), || gone(&procs)) {
+            let alive: Vec<_> = procs
+                .iter()
+                .filter(|&&(p, start)| alive(p, start))
+                .map(|&(p, _)| (p, comm(p)))
+                .collect();
+            left.push(format!(
+                "SANDBOX HOLE: processes outlived the server: {alive:?}"
+            ));
+        }
+        left
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A folded result as the harness's [`Outcome`], for its assertions and dump.
+fn outcome(result: Value, wall: Duration) -> Outcome {
+    let o = Outcome {
+        exit: ExitStatus::from_raw(0),
+        raw_stdout: result.to_string(),
+        raw_stderr: String::new(),
+        json: Some(result),
+        wall,
+    };
+    if std::env::var_os("HOSTILE_VERBOSE").is_some() {
+        eprintln!("{}", o.dump());
+    }
+    o
+}
+
+fn tail(s: &str, n: usize) -> &str {
+    let mut start = s.len().saturating_sub(n);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+/// Whether `ok` became true within `limit`.
+fn wait_until(limit: Duration, mut ok: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !ok() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
+/// Fails with everything found: what the attack achieved, then what the server left on the
+/// host after it was stopped.
+fn verdict(what: &str, found: &[String], host: &[String]) {
+    let mut message = String::new();
+    if !found.is_empty() {
+        message += &format!("{what}:\n  {}\n", found.join("\n  "));
+    }
+    if !host.is_empty() {
+        message += &format!(
+            "after the server stopped, the host is not as before:\n  {}\n",
+            host.join("\n  ")
+        );
+    }
+    assert!(message.is_empty(), "{message}");
+}
+
+/// A Python attack with the prelude and its parameters (`MT`, from JSON carried as hex, so
+/// that no parameter is ever quoted into the code).
+fn program(attack: &str, params: &Value) -> String {
+    format!(
+        "{PRELUDE}\nimport json as _mt_json\nMT = _mt_json.loads(bytes.fromhex('{}').decode())\n{attack}",
+        hex(params.to_string().as_bytes())
+    )
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .filter_map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect()
+}
+
+fn random_bytes(n: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; n];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .expect("/dev/urandom");
+    buf
+}
+
+fn running_as_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+// ---- host-side process and cgroup views -------------------------------------------------------
+
+/// (ppid, start time) from /proc/PID/stat.
+fn stat(pid: i32) -> Option<(i32, u64)> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    Some((fields[1].parse().ok()?, fields[19].parse().ok()?))
+}
+
+fn alive(pid: i32, start: u64) -> bool {
+    stat(pid).is_some_and(|(_, s)| s == start)
+}
+
+fn comm(pid: i32) -> String {
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Every process whose parent chain leads to `root` (not `root` itself), with its start time.
+fn descendants(root: i32) -> Vec<(i32, u64)> {
+    let mut parent = HashMap::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Some(st) = stat(pid) {
+            parent.insert(pid, st);
+        }
+    }
+    let mut out = Vec::new();
+    for (&pid, &(_, start)) in &parent {
+        let mut p = pid;
+        while let Some(&(pp, _)) = parent.get(&p) {
+            if pp == root {
+                out.push((pid, start));
+                break;
+            }
+            if pp <= 1 {
+                break;
+            }
+            p = pp;
+        }
+    }
+    out
+}
+
+/// Cgroup directories of sandboxes created by process `pid` (named `<pid>-…`), on any
+/// hierarchy.
+fn cgroups_of(pid: i32) -> Vec<PathBuf> {
+    let prefix = format!("{pid}-");
+    let mut found = Vec::new();
+    for base in fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        for dir in [base.path().join("corral"), base.path()] {
+            for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
+                if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                    found.push(entry.path());
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The distinct sandbox cgroup names of process `pid`.
+fn cgroup_names_of(pid: i32) -> std::collections::BTreeSet<String> {
+    cgroups_of(pid)
+        .iter()
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect()
+}
+
+/// A `Key:` line of /proc/PID/status, split on whitespace.
+fn status_field(pid: i32, key: &str) -> Vec<String> {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .map(|v| v.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+// ---- 1. secrets ------------------------------------------------------------------------------
+
+/// A 24-byte slice of a secret and the 24 bytes that follow it there.
+#[derive(Debug, Clone)]
+struct Needle {
+    what: String,
+    slice: Vec<u8>,
+    after: Vec<u8>,
+}
+
+impl Needle {
+    fn at(what: &str, secret: &str, offset: usize) -> Needle {
+        let b = secret.as_bytes();
+        assert!(offset + 48 <= b.len(), "{what}: offset {offset} too late");
+        Needle {
+            what: format!("{what}[{offset}..]"),
+            slice: b[offset..offset + 24].to_vec(),
+            after: b[offset + 24..offset + 48].to_vec(),
+        }
+    }
+
+    /// Whether bytes found after a hit are this secret's continuation (at least 8 of them:
+    /// a hit at the very end of a region has fewer).
+    fn continued_by(&self, found: &[u8]) -> bool {
+        found.len() >= 8 && self.after.starts_with(found)
+    }
+}
+
+/// Tenant A's secrets: a JWT-like token (~900 characters) and a PEM-like key (~3000), random
+/// for every run.
+struct Secrets {
+    jwt: String,
+    pem: String,
+}
+
+impl Secrets {
+    fn new() -> Secrets {
+        let b64url = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let header = b64url.encode(br#"{"alg":"RS256","typ":"JWT","kid":"tenant-a"}"#);
+        let jwt = format!(
+            "{header}.{}.{}",
+            b64url.encode(random_bytes(500)),
+            b64url.encode(random_bytes(128))
+        );
+        let body = base64::engine::general_purpose::STANDARD.encode(random_bytes(2190));
+        let lines: Vec<&str> = body
+            .as_bytes()
+            .chunks(64)
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect();
+        let pem = format!(
+            "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+            lines.join("\n")
+        );
+        Secrets { jwt, pem }
+    }
+
+    /// Three distinct slices of each secret, all in its random part.
+    fn needles(&self) -> Vec<Needle> {
+        let payload = self.jwt.find('.').unwrap() + 1;
+        let signature = self.jwt.rfind('.').unwrap() + 1;
+        let body = "-----BEGIN PRIVATE KEY-----\n".len();
+        let pem_end = self.pem.len() - "\n-----END PRIVATE KEY-----\n".len();
+        vec![
+            Needle::at("A's JWT", &self.jwt, payload + 37),
+            Needle::at("A's JWT", &self.jwt, payload + 333),
+            Needle::at("A's JWT", &self.jwt, signature + 50),
+            Needle::at("A's PEM", &self.pem, body + 101),
+            Needle::at("A's PEM", &self.pem, (body + pem_end) / 2),
+            Needle::at("A's PEM", &self.pem, pem_end - 120),
+        ]
+    }
+}
+
+/// Uses the secrets the way a program would; prints their lengths so the test knows they
+/// arrived.
+const USE_SECRETS: &str = r#"
+import base64, hashlib, os
+token = os.environ['TENANT_A_JWT']
+key = os.environ['TENANT_A_PEM']
+claims = base64.urlsafe_b64decode(token.split('.')[1] + '==')
+fingerprint = hashlib.sha256(key.encode()).hexdigest()
+cache = {'token': token, 'key': key.splitlines()[1:-1], 'claims': claims}
+print('LENGTHS %d %d' % (len(token), len(key)))
+"#;
+
+/// What one scan of tenant B found.
+fn check_scan(
+    o: &Outcome,
+    label: &str,
+    a: &[Needle],
+    canary: &Needle,
+    own: Option<&Needle>,
+    s: &Secrets,
+    leaks: &mut Vec<String>,
+) {
+    assert!(
+        o.has_line("START") && o.has_line("DONE"),
+        "{label}: the scan did not run to its end\n{}",
+        o.dump()
+    );
+    assert_eq!(o.status(), "success", "{label}\n{}", o.dump());
+    let scanned: Vec<Vec<&str>> = o
+        .values("SCANNED")
+        .into_iter()
+        .map(|v| v.split(' ').collect())
+        .collect();
+    let own_bytes: u64 = scanned
+        .iter()
+        .find(|f| f[0] == "self")
+        .and_then(|f| f[1].parse().ok())
+        .unwrap_or(0);
+    assert!(
+        own_bytes >= 8 << 20,
+        "{label}: the scan read only {own_bytes} bytes of its own memory\n{}",
+        o.dump()
+    );
+    // Reading another process's memory is a hole of its own.
+    for l in o.lines().filter(|l| l.starts_with("ALLOWED ")) {
+        leaks.push(format!("{label}: {l}"));
+    }
+    // Every hit: "<index> <address> <following bytes> <region>".
+    let mut found_canary = false;
+    let mut found_own = false;
+    let mut copies: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for hit in o.values("HIT") {
+        let f: Vec<&str> = hit.splitn(4, ' ').collect();
+        let (Some(k), Some(after)) = (f.first().and_then(|k| k.parse::<usize>().ok()), f.get(2))
+        else {
+            panic!("{label}: malformed HIT line {hit:?}");
+        };
+        let after = unhex(after);
+        if k < a.len() {
+            if a[k].continued_by(&after) {
+                let place = format!("{} {}", f.get(1).unwrap_or(&"?"), f.get(3).unwrap_or(&"?"));
+                copies.entry(k).or_default().push(place);
+            }
+        } else if k == a.len() {
+            found_canary |= canary.continued_by(&after);
+        } else if own.is_some_and(|n| n.continued_by(&after)) {
+            found_own = true;
+        }
+    }
+    assert!(
+        found_canary,
+        "{label}: the scan did not find the session's own live canary: it does not really read \
+         its heap\n{}",
+        o.dump()
+    );
+    if own.is_some() {
+        assert!(
+            found_own,
+            "{label}: the scan did not find the session's own environment secret\n{}",
+            o.dump()
+        );
+    }
+    for (k, places) in copies {
+        leaks.push(format!(
+            "{label}: {} is in its memory, followed by the rest of the secret, at {}",
+            a[k].what,
+            places.join(", ")
+        ));
+    }
+    // Nothing of A's in B's environment, nor anywhere in what B printed.
+    let keys = o.value("ENVKEYS");
+    for name in ["TENANT_A_JWT", "TENANT_A_PEM"] {
+        if keys.split(' ').any(|k| k == name) {
+            leaks.push(format!(
+                "{label}: A's variable {name} is in B's environment"
+            ));
+        }
+    }
+    let env = [unhex(o.value("ENVRAW")), unhex(o.value("PROCENV"))].concat();
+    let text = format!("{}{}", o.stdout(), o.stderr());
+    for n in a {
+        if contains(&env, &n.slice) {
+            leaks.push(format!("{label}: {} is in B's environment", n.what));
+        }
+        if contains(text.as_bytes(), &n.slice) {
+            leaks.push(format!("{label}: {} is in B's output", n.what));
+        }
+    }
+    for whole in [&s.jwt, &s.pem] {
+        if text.contains(whole.as_str()) {
+            leaks.push(format!("{label}: a whole secret of A's is in B's output"));
+        }
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Tenant A's sessions hold secrets in their environment and use them; then tenant B, in
+/// sessions from the warm pool (forked after A's) and freshly forked ones, and in a one-shot
+/// run, reads all of its own memory looking for them. Sessions are forked from one
+/// pre-imported interpreter, which parsed A's requests: nothing of them may reach B.
+#[test]
+fn secrets_do_not_cross_tenants() {
+    let _g = shared();
+    let s = Server::start(2);
+    s.wait_pool(2);
+    let (key_a, key_b) = (s.key("A"), s.key("B"));
+    let secrets = Secrets::new();
+    let env = json!({"TENANT_A_JWT": secrets.jwt, "TENANT_A_PEM": secrets.pem});
+    let lengths = format!("{} {}", secrets.jwt.len(), secrets.pem.len());
+
+    // A: sessions with the secrets, used, some closed; a one-shot run with them too.
+    let a_sessions: Vec<String> = (0..3)
+        .map(|_| s.session(&key_a, &json!({ "env": env })))
+        .collect();
+    for id in &a_sessions {
+        let o = s.exec(&key_a, id, &program(USE_SECRETS, &json!({})));
+        assert_eq!(
+            o.value("LENGTHS"),
+            lengths,
+            "A's secrets did not arrive\n{}",
+            o.dump()
+        );
+    }
+    for id in &a_sessions[..2] {
+        s.delete(&key_a, id);
+    }
+    let o = s.run(
+        &key_a,
+        &json!({"code": program(USE_SECRETS, &json!({})), "env": env}),
+    );
+    assert_eq!(o.value("LENGTHS"), lengths, "{}", o.dump());
+    // A takes the pool's sessions: the pool forks new ones, after A's secrets went through
+    // the zygote.
+    for _ in 0..2 {
+        s.session(&key_a, &json!({}));
+    }
+    s.wait_pool(2);
+
+    // B: two sessions from the pool, two forked for B alone, one one-shot run.
+    let needles = secrets.needles();
+    let canary_text = random_text(48);
+    let canary = Needle::at("B's canary", &canary_text, 0);
+    let own_secret = random_text(600);
+    let own = Needle::at("B's own secret", &own_secret, 200);
+    // The needles: A's six, then B's canary, then (for B's sessions with an environment of
+    // their own) a slice of B's own secret.
+    let mut params = json!({
+        "needles": needles
+            .iter()
+            .chain([&canary])
+            .map(|n| hex(&n.slice))
+            .collect::<Vec<_>>(),
+        "canary": hex(canary_text.as_bytes()),
+    });
+    let scan_plain = program(include_str!("attacks/mt_memscan.py"), &params);
+    params["needles"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!(hex(&own.slice)));
+    params["own"] = json!("TENANT_B_OWN");
+    let scan_own = program(include_str!("attacks/mt_memscan.py"), &params);
+    let own_env = json!({ "TENANT_B_OWN": own_secret });
+
+    let mut leaks = Vec::new();
+    let b_sessions = [
+        ("B pooled session 1", json!({}), false),
+        ("B pooled session 2", json!({}), false),
+        (
+            "B forked session (own limits)",
+            json!({"limits": {"memory_mb": 700, "pids": 200}}),
+            false,
+        ),
+        (
+            "B forked session (own env)",
+            json!({ "env": own_env }),
+            true,
+        ),
+    ];
+    for (label, body, with_own) in &b_sessions {
+        let id = s.session(&key_b, body);
+        let code = if *with_own { &scan_own } else { &scan_plain };
+        let o = s.exec(&key_b, &id, code);
+        check_scan(
+            &o,
+            label,
+            &needles,
+            &canary,
+            with_own.then_some(&own),
+            &secrets,
+            &mut leaks,
+        );
+    }
+    let o = s.run(&key_b, &json!({"code": scan_own, "env": own_env}));
+    check_scan(
+        &o,
+        "B one-shot run",
+        &needles,
+        &canary,
+        Some(&own),
+        &secrets,
+        &mut leaks,
+    );
+
+    let host = s.stop();
+    verdict(
+        "SANDBOX HOLE: tenant A's secrets reached tenant B",
+        &leaks,
+        &host,
+    );
+}
+
+/// `n` random characters of the base64url alphabet (secrets of B's own, and the canary).
+fn random_text(n: usize) -> String {
+    let b = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random_bytes(n));
+    b[..n].to_string()
+}
+
+// ---- 2. inotify ------------------------------------------------------------------------------
+
+/// One step of `attacks/mt_inotify.py` in session `id`.
+fn inotify_step(s: &Server, key: &str, id: &str, step: &str) -> Outcome {
+    let code = program(
+        include_str!("attacks/mt_inotify.py"),
+        &json!({ "step": step }),
+    );
+    let o = s.exec(key, id, &code);
+    o.assert_completed();
+    o
+}
+
+/// inotify instances and watches are limited per user, counted at every level of user
+/// namespaces up to the host's. Tenant A's session takes every instance it can get, then every
+/// watch; tenant B's session, alive meanwhile, must still get an instance and add watches.
+#[test]
+fn inotify_exhaustion_is_per_session() {
+    // The counters are the host's: no other sandbox may be alive meanwhile (rootless, they are
+    // this test process's own).
+    let _g = exclusive();
+    let s = Server::start(2);
+    s.wait_pool(2);
+    let (key_a, key_b) = (s.key("A"), s.key("B"));
+    let a = s.session(&key_a, &json!({}));
+    let b = s.session(&key_b, &json!({}));
+
+    let setup = inotify_step(&s, &key_b, &b, "setup");
+    for what in ["SETUP-INIT", "SETUP-WATCH"] {
+        assert_eq!(setup.value(what), "OK", "{}", setup.dump());
+    }
+    let before = inotify_step(&s, &key_b, &b, "probe");
+    for what in ["PROBE-INIT", "PROBE-WATCH-NEW", "PROBE-WATCH-KEPT"] {
+        assert_eq!(
+            before.value(what),
+            "OK",
+            "B's probe fails before any attack\n{}",
+            before.dump()
+        );
+    }
+
+    // A: every instance it can open.
+    let hog = inotify_step(&s, &key_a, &a, "hog-instances");
+    let f: Vec<&str> = hog.value("INSTANCES").split(' ').collect();
+    let held: usize = f[0].parse().unwrap();
+    let nofile: usize = f[2].trim_start_matches("nofile=").parse().unwrap();
+    let limits = fields(hog.value("LIMITS"));
+    let max_instances: usize = limits["instances"].parse().unwrap_or(usize::MAX);
+    if max_instances + 16 < nofile {
+        assert!(
+            f[1] == "EMFILE" && held + 16 < nofile,
+            "A did not reach the inotify instance limit (it stopped after {held} with {}, \
+             nofile {nofile}): the attack did not run as meant\n{}",
+            f[1],
+            hog.dump()
+        );
+    } else {
+        eprintln!(
+            "inotify_exhaustion_is_per_session: max_user_instances {max_instances} is beyond \
+             what one session may open (nofile {nofile})"
+        );
+    }
+    let during_instances = inotify_step(&s, &key_b, &b, "probe");
+
+    // A: keeps 16 instances, adds every watch it can.
+    let hog_watches = inotify_step(&s, &key_a, &a, "hog-watches");
+    let watches = hog_watches.value("WATCHES").to_string();
+    assert!(
+        watches.split(' ').nth(1) == Some("ENOSPC"),
+        "A did not reach the inotify watch limit ({watches}, {}; the attack stops after 40 s \
+         or when the image has no more files): the attack did not run as meant\n{}",
+        hog.value("LIMITS"),
+        hog_watches.dump()
+    );
+    let during_watches = inotify_step(&s, &key_b, &b, "probe");
+
+    s.delete(&key_a, &a);
+    let after = inotify_step(&s, &key_b, &b, "probe");
+    let mut host = s.stop();
+    // The host: this process (rootless, the uid whose counters A filled) still gets instances.
+    let fd = unsafe { nix::libc::inotify_init1(nix::libc::IN_CLOEXEC) };
+    if fd < 0 {
+        host.push("this process cannot create an inotify instance".into());
+    } else {
+        unsafe { nix::libc::close(fd) };
+    }
+
+    let mut starved = Vec::new();
+    for what in ["PROBE-INIT", "PROBE-WATCH-NEW", "PROBE-WATCH-KEPT"] {
+        let got = after.value(what);
+        if got != "OK" {
+            starved.push(format!(
+                "once A's session is gone: B's {what} still fails with {got}"
+            ));
+        }
+    }
+    for (when, o) in [
+        (format!("A holds {held} instances"), &during_instances),
+        (
+            format!(
+                "A holds {} watches",
+                watches.split(' ').next().unwrap_or("?")
+            ),
+            &during_watches,
+        ),
+    ] {
+        for what in ["PROBE-INIT", "PROBE-WATCH-NEW", "PROBE-WATCH-KEPT"] {
+            let got = o.value(what);
+            if got != "OK" {
+                starved.push(format!("while {when}: B's {what} failed with {got}"));
+            }
+        }
+    }
+    verdict(
+        &format!(
+            "SANDBOX HOLE: one tenant's session exhausts inotify for another's ({})",
+            hog.value("LIMITS")
+        ),
+        &starved,
+        &host,
+    );
+}
+
+// ---- 3. pipe buffers -------------------------------------------------------------------------
+
+/// `PROBE size=… grow=… grown=… holds=…` as a map.
+fn fields(line: &str) -> BTreeMap<String, String> {
+    line.split(' ')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Pipe buffers are accounted per user (`pipe-user-pages-soft`): once a user's pipes hold that
+/// many pages, its new pipes get the minimum size and cannot grow. Tenant A's session grows
+/// pipes until that happens; tenant B's session must still get full-size pipes.
+#[test]
+fn pipe_buffer_exhaustion_is_per_session() {
+    let _g = exclusive();
+    let s = Server::start(2);
+    s.wait_pool(2);
+    let (key_a, key_b) = (s.key("A"), s.key("B"));
+    let a = s.session(&key_a, &json!({}));
+    let b = s.session(&key_b, &json!({}));
+    let step = |key: &str, id: &str, step: &str| {
+        let code = program(
+            include_str!("attacks/mt_pipes.py"),
+            &json!({ "step": step }),
+        );
+        let o = s.exec(key, id, &code);
+        o.assert_completed();
+        o
+    };
+
+    let before = step(&key_b, &b, "probe");
+    let hog = step(&key_a, &a, "hog");
+    let limits = fields(hog.value("LIMITS"));
+    let during = step(&key_b, &b, "probe");
+    s.delete(&key_a, &a);
+    let mut host = s.stop();
+    // The host: a new pipe of this process (rootless, of the user whose pages A took) has its
+    // full size again.
+    let (r, w) = nix::unistd::pipe().unwrap();
+    let host_size = nix::fcntl::fcntl(w.as_raw_fd(), nix::fcntl::FcntlArg::F_GETPIPE_SZ).unwrap();
+    drop((r, w));
+    if host_size != 65536 {
+        host.push(format!(
+            "a new pipe of this process holds {host_size} bytes"
+        ));
+    }
+
+    let mut found = Vec::new();
+    let probe = fields(during.value("PROBE"));
+    let hogged = fields(hog.value("HOG"));
+    let summary = format!(
+        "A holds {} pipes, {} pages in all (soft limit {} pages); B's new pipe then: {probe:?}",
+        hogged["pipes"], hogged["pages"], limits["soft"]
+    );
+    if limits["soft"] == "0" {
+        eprintln!("pipe_buffer_exhaustion_is_per_session: no per-user pipe limit here (pipe-user-pages-soft is 0)");
+    } else {
+        // A's own new pipes come out minimal: its user is over the limit.
+        assert_eq!(
+            hogged["stop"],
+            "new-pipes-shrunk",
+            "A did not pass the per-user pipe buffer limit: the attack did not run as meant\n{}",
+            hog.dump()
+        );
+        let before = fields(before.value("PROBE"));
+        assert_eq!(
+            (before["size"].as_str(), before["grow"].as_str()),
+            ("65536", "OK"),
+            "B's pipes are small before any attack: {before:?}"
+        );
+        if running_as_root() {
+            if probe["size"] != "65536" || probe["grow"] != "OK" {
+                found.push(summary);
+            }
+        } else {
+            // Rootless, every sandbox is the caller's uid, whose per-user counters they share
+            // (docs/threat-model.md §6): B's pipes may shrink, but must still work.
+            eprintln!("pipe_buffer_exhaustion_is_per_session (rootless, one uid): {summary}");
+            if probe["holds"].parse::<usize>().unwrap_or(0) < 4096 {
+                found.push(format!("B's pipes do not work at all: {summary}"));
+            }
+        }
+    }
+    verdict(
+        "SANDBOX HOLE: one tenant's session shrinks another's pipes",
+        &found,
+        &host,
+    );
+}
+
+// ---- 4. host uids ----------------------------------------------------------------------------
+
+/// Host processes (below the server) one of whose threads is named `name`.
+fn processes_named(server: i32, name: &str) -> Vec<i32> {
+    descendants(server)
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| {
+            fs::read_dir(format!("/proc/{p}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        })
+        .collect()
+}
+
+fn host_uid(pid: i32) -> Option<u32> {
+    let ids: Vec<u32> = status_field(pid, "Uid:")
+        .iter()
+        .filter_map(|u| u.parse().ok())
+        .collect();
+    (ids.len() == 4 && ids.iter().all(|&u| u == ids[0])).then(|| ids[0])
+}
+
+fn pid_namespace(pid: i32) -> Option<PathBuf> {
+    fs::read_link(format!("/proc/{pid}/ns/pid")).ok()
+}
+
+/// From the host, the kernels of live sessions (two tenants', pooled and freshly forked) run as
+/// host uids of their own: no other process of the server's sandboxes holds one of them (root
+/// mode; rootless, all of them are the caller's, as documented).
+#[test]
+fn sessions_have_distinct_host_uids() {
+    let _g = shared();
+    let s = Server::start(2);
+    s.wait_pool(2);
+    let (key_a, key_b) = (s.key("A"), s.key("B"));
+    let tag = hex(&random_bytes(4));
+    let sessions = [
+        ("A pooled", &key_a, json!({})),
+        ("B pooled", &key_b, json!({})),
+        ("B forked", &key_b, json!({"limits": {"memory_mb": 700}})),
+    ];
+    let mut kernels = Vec::new();
+    for (i, (label, key, body)) in sessions.iter().enumerate() {
+        let id = s.session(key, body);
+        let name = format!("mtid{tag}{i}");
+        let o = s.exec(
+            key,
+            &id,
+            &program(
+                include_str!("attacks/mt_identity.py"),
+                &json!({ "name": name }),
+            ),
+        );
+        o.assert_completed();
+        assert_eq!(o.value("COMM"), name, "{}", o.dump());
+        let pids = processes_named(s.pid(), &name);
+        assert_eq!(
+            pids.len(),
+            1,
+            "{label}: host processes named {name}: {pids:?}\n{}",
+            o.dump()
+        );
+        let uid = host_uid(pids[0]).unwrap_or_else(|| panic!("{label}: uids of {}", pids[0]));
+        kernels.push((
+            *label,
+            pids[0],
+            uid,
+            pid_namespace(pids[0]),
+            o.value("IDS").to_string(),
+        ));
+    }
+    let everyone: Vec<(i32, Option<u32>, Option<PathBuf>, String)> = descendants(s.pid())
+        .into_iter()
+        .map(|(p, _)| (p, host_uid(p), pid_namespace(p), comm(p)))
+        .collect();
+    let host = s.stop();
+
+    let seen: Vec<String> = kernels
+        .iter()
+        .map(|(label, pid, uid, _, inside)| {
+            format!("{label}: pid {pid}, host uid {uid} ({inside})")
+        })
+        .collect();
+    let mut found = Vec::new();
+    if running_as_root() {
+        // A kernel's sandbox is what shares its pid namespace (its init and its children);
+        // no process of the server's outside it may hold its uid: not another session, not a
+        // pooled one, not the zygote.
+        for (i, (label, _, uid, own_ns, _)) in kernels.iter().enumerate() {
+            assert_ne!(*uid, 0, "{label} runs as host root");
+            for (other, _, other_uid, _, _) in &kernels[i + 1..] {
+                if uid == other_uid {
+                    found.push(format!("{label} and {other} both run as host uid {uid}"));
+                }
+            }
+            let outside: Vec<String> = everyone
+                .iter()
+                .filter(|(_, u, ns, _)| *u == Some(*uid) && own_ns.is_some() && ns != own_ns)
+                .map(|(p, _, _, name)| format!("{p} ({name})"))
+                .collect();
+            if !outside.is_empty() {
+                found.push(format!(
+                    "{label}'s host uid {uid} is also held outside its sandbox by {}",
+                    outside.join(", ")
+                ));
+            }
+        }
+    } else {
+        // Rootless, every sandbox runs as the caller (docs/threat-model.md §6).
+        let me = nix::unistd::getuid().as_raw();
+        for (label, _, uid, _, _) in &kernels {
+            if *uid != me {
+                found.push(format!(
+                    "{label} runs as uid {uid}, not as the caller ({me})"
+                ));
+            }
+        }
+        eprintln!("sessions_have_distinct_host_uids (rootless: the caller's uid): {seen:#?}");
+    }
+    verdict(
+        &format!("SANDBOX HOLE: sessions share host uids (kernels: {seen:?})"),
+        &found,
+        &host,
+    );
+}
+
+// ---- 5. random state -------------------------------------------------------------------------
+
+/// Sessions forked from one pre-imported interpreter start from a copy of its memory: their
+/// random streams must still differ (reseeded in every child), and so should their str hash
+/// seeds.
+#[test]
+fn sessions_differ_in_random_state() {
+    let _g = shared();
+    let s = Server::start(2);
+    s.wait_pool(2);
+    let (key_a, key_b) = (s.key("A"), s.key("B"));
+    let sessions = [
+        ("A pooled", &key_a, json!({})),
+        ("B pooled", &key_b, json!({})),
+        ("B forked", &key_b, json!({"limits": {"memory_mb": 700}})),
+    ];
+    let mut states = Vec::new();
+    for (label, key, body) in &sessions {
+        let id = s.session(key, body);
+        let o = s.exec(
+            key,
+            &id,
+            &program(include_str!("attacks/mt_random_state.py"), &json!({})),
+        );
+        o.assert_completed();
+        let state: Value = serde_json::from_str(o.value("STATE")).unwrap();
+        states.push((*label, state));
+    }
+    let host = s.stop();
+
+    let mut same = Vec::new();
+    for i in 0..states.len() {
+        for j in i + 1..states.len() {
+            let ((l1, s1), (l2, s2)) = (&states[i], &states[j]);
+            for field in ["random", "random_bits", "urandom", "numpy", "numpy_bits"] {
+                if !s1[field].is_null() && s1[field] == s2[field] {
+                    same.push(format!("{l1} and {l2}: the same {field} {}", s1[field]));
+                }
+            }
+            // Not asserted: hash() of a str uses the interpreter's SipHash key, chosen once when
+            // the interpreter starts and cached in every string of the zygote's heap, on which
+            // every dict and set the zygote built depends, so a forked child cannot change it.
+            // Sessions of one zygote share it (and the zygote's address-space layout); a new
+            // zygote has a new one (docs/threat-model.md §7.1).
+        }
+    }
+    let shown: Vec<String> = states.iter().map(|(l, st)| format!("{l}: {st}")).collect();
+    verdict(
+        &format!("sessions share random state (states: {})", shown.join("; ")),
+        &same,
+        &host,
+    );
+}
+
+// ---- 6. limits -------------------------------------------------------------------------------
+
+/// Every limit at the largest value the API accepts (crates/corral-server/src/service.rs)
+/// gives a session that starts and runs code; one more is refused as a bad request.
+#[test]
+fn session_limits_accept_the_api_maxima() {
+    let _g = shared();
+    let s = Server::start(1);
+    s.wait_pool(1);
+    let key = s.key("A");
+    let cases = [
+        ("disk_mb 1024", json!({"disk_mb": 1024})),
+        ("disk_mb 65536 (maximum)", json!({"disk_mb": 65536})),
+        ("memory_mb 65536 (maximum)", json!({"memory_mb": 65536})),
+        ("timeout_s 86400 (maximum)", json!({"timeout_s": 86400})),
+        ("cpus 64 (maximum)", json!({"cpus": 64})),
+        ("pids 32768 (maximum)", json!({"pids": 32768})),
+        (
+            "every maximum at once",
+            json!({"disk_mb": 65536, "memory_mb": 65536, "timeout_s": 86400, "cpus": 64, "pids": 32768}),
+        ),
+    ];
+    let code = "print(1)\nimport os\nst = os.statvfs('/workspace')\nprint('DISK', st.f_blocks * st.f_frsize)";
+    let mut failed = Vec::new();
+    for (label, limits) in &cases {
+        match s.try_session(&key, &json!({ "limits": limits })) {
+            Err((status, answer)) => failed.push(format!("{label}: {status} {answer}")),
+            Ok(id) => {
+                let o = s.exec(&key, &id, code);
+                let disk = limits["disk_mb"].as_u64().map(|mb| (mb << 20).to_string());
+                if o.status() != "success" || !o.stdout().starts_with("1\n") {
+                    failed.push(format!("{label}: print(1) gave {}", o.dump()));
+                } else if disk.as_deref().is_some_and(|d| o.value("DISK") != d) {
+                    failed.push(format!("{label}: /workspace has {} bytes", o.value("DISK")));
+                }
+                s.delete(&key, &id);
+            }
+        }
+    }
+    // One past each maximum is refused before any sandbox is made.
+    for limits in [
+        json!({"disk_mb": 65537}),
+        json!({"memory_mb": 65537}),
+        json!({"timeout_s": 86401}),
+        json!({"cpus": 65}),
+        json!({"pids": 32769}),
+    ] {
+        let (status, answer) = s.call(
+            "POST",
+            "/v1/sandboxes",
+            &key,
+            Some(&json!({ "limits": limits })),
+        );
+        assert_eq!(status, 400, "{limits}: {answer}");
+    }
+    let host = s.stop();
+    verdict("sessions refuse limits the API accepts", &failed, &host);
+}
+
+// ---- 7. warnings -----------------------------------------------------------------------------
+
+fn warnings_of(v: &Value) -> Option<Vec<String>> {
+    v["warnings"]
+        .as_array()?
+        .iter()
+        .map(|w| w.as_str().map(str::to_string))
+        .collect()
+}
+
+/// Whether `w` (from a one-shot run) is reported among `session`'s warnings: the same
+/// weakened protection, in whatever words.
+fn reported(w: &str, session: &[String]) -> bool {
+    let w = w.to_lowercase();
+    let topic = ["rlimit", "landlock", "swap", "cgroup"]
+        .into_iter()
+        .find(|t| w.contains(t));
+    session.iter().any(|s| match topic {
+        Some(t) => s.to_lowercase().contains(t),
+        None => s.to_lowercase() == w,
+    })
+}
+
+/// A session reports the protections that are weaker than asked for as one-shot runs do: a
+/// `warnings` array on the session's info (`GET /v1/sandboxes/{id}`) and on every folded
+/// execution result. (Assumed shape: the one-shot result's `warnings`, an array of strings.)
+#[test]
+fn sessions_carry_warnings() {
+    let _g = shared();
+    let s = Server::start(1);
+    s.wait_pool(1);
+    let key = s.key("A");
+    let oneshot = s.run(&key, &json!({"code": "print(1)"}));
+    assert_eq!(oneshot.status(), "success", "{}", oneshot.dump());
+    let expected = warnings_of(oneshot.j()).unwrap_or_else(|| {
+        panic!(
+            "the one-shot result has no warnings array\n{}",
+            oneshot.dump()
+        )
+    });
+
+    let before = cgroup_names_of(s.pid());
+    let forked = s.session(&key, &json!({"limits": {"memory_mb": 700}}));
+    let forked_has_cgroup = cgroup_names_of(s.pid()).len() > before.len();
+    let pooled = s.session(&key, &json!({}));
+
+    let mut missing = Vec::new();
+    for (label, id) in [("forked session", &forked), ("pooled session", &pooled)] {
+        let info = s.info(&key, id);
+        let result = s.exec(&key, id, "print(1)");
+        assert_eq!(result.stdout(), "1\n", "{}", result.dump());
+        for (what, value) in [("info", &info), ("execution result", result.j())] {
+            let Some(got) = warnings_of(value) else {
+                missing.push(format!(
+                    "{label}: its {what} has no `warnings` array: {value}"
+                ));
+                continue;
+            };
+            for w in &expected {
+                if !reported(w, &got) {
+                    missing.push(format!(
+                        "{label}: its {what} does not report {w:?} (it has {got:?})"
+                    ));
+                }
+            }
+            if label == "forked session"
+                && !forked_has_cgroup
+                && !got.iter().any(|w| w.to_lowercase().contains("rlimit"))
+            {
+                missing.push(format!(
+                    "{label}: it has no cgroup (memory and pids are rlimits only) but its {what} does not say so: {got:?}"
+                ));
+            }
+        }
+    }
+    let host = s.stop();
+    verdict(
+        &format!(
+            "sessions do not carry their sandbox's warnings (one-shot runs report {expected:?}; \
+             the forked session {} a cgroup)",
+            if forked_has_cgroup { "has" } else { "has no" }
+        ),
+        &missing,
+        &host,
+    );
+}
