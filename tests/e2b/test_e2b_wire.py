@@ -60,9 +60,52 @@ def test_sandbox_info(sbx):
 
 
 def test_sandbox_plane_needs_the_access_token(client, sbx):
-    assert_e2b_error(client.get("/health", headers=plane(sbx, token="wrong")), 401)
-    assert_e2b_error(client.post("/execute", json={"code": "1"}, headers=plane(sbx, token="")), 401)
+    assert_e2b_error(client.get("/health", headers=plane(sbx, token="wrong")), 502)
+    assert_e2b_error(client.post("/execute", json={"code": "1"}, headers=plane(sbx, token="")), 502)
     assert client.get("/health", headers=plane(sbx)).status_code == 204
+
+
+def test_unauthorized_and_unknown_sandboxes_answer_alike(corral_server, sbx):
+    """Without its token, another's sandbox is answered exactly as a sandbox that does not
+    exist: the answer must not tell an id that exists from one that does not."""
+    other = Sandbox.create()  # whose token another tenant would hold
+    # A connection per request: the server may close one whose body it did not read.
+    fresh = httpx.Limits(max_keepalive_connections=0)
+    client = httpx.Client(base_url=corral_server, timeout=60, limits=fresh)
+    try:
+        requests = [
+            ("GET", "/health", {}),
+            ("POST", "/execute", {"json": {"code": "1"}}),
+            ("GET", "/files", {"params": {"path": "a.txt"}}),
+            (
+                "POST",
+                "/process.Process/Start",
+                {"content": b"", "headers": {"Content-Type": "application/connect+json"}},
+            ),
+        ]
+
+        def answer(sandbox_id, token, method, path, kwargs):
+            headers = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "49983"}
+            if token is not None:
+                headers["X-Access-Token"] = token
+            kwargs = dict(kwargs)
+            headers.update(kwargs.pop("headers", {}))
+            r = client.request(method, path, headers=headers, **kwargs)
+            # The id the client sent is echoed back; everything else must be the same.
+            body = r.text.replace(sandbox_id, "<id>")
+            return r.status_code, r.headers.get("content-type"), body
+
+        unknown_id = "i" + sbx.sandbox_id[1:][::-1] + "x"
+        for method, path, kwargs in requests:
+            unknown = answer(unknown_id, other._envd_access_token, method, path, kwargs)
+            assert unknown[0] == 502, unknown
+            for token in (other._envd_access_token, "wrong", "", None):
+                existing = answer(sbx.sandbox_id, token, method, path, kwargs)
+                assert existing == unknown, (method, path, token)
+        assert client.get("/health", headers=plane(sbx)).status_code == 204
+    finally:
+        client.close()
+        other.kill()
 
 
 def test_sandbox_plane_without_a_sandbox(client, sbx):

@@ -217,6 +217,68 @@ fn kernel_memory_and_addresses_hidden() {
     o.assert_blocked("syslog-read", EPERM);
 }
 
+/// `/proc` files that name the host (its boot line, kernel build, hardware, disks, boot id)
+/// are masked, for both ways a one-shot sandbox is started.
+#[test]
+fn host_identifying_proc_files_are_masked() {
+    let _g = shared();
+    let host_cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    for caller in CALLERS {
+        let o = Run::python(include_str!("attacks/host_proc_files.py"))
+            .caller(caller)
+            .run();
+        o.assert_completed();
+        o.assert_no_escape();
+        let hidden = &["EMPTY", "ENOENT", "EACCES", "EPERM"];
+        for name in [
+            "cmdline",
+            "bootconfig",
+            "config.gz",
+            "modules",
+            "kallsyms",
+            "iomem",
+            "ioports",
+            "interrupts",
+            "devices",
+            "misc",
+            "consoles",
+            "crypto",
+            "partitions",
+            "diskstats",
+            "swaps",
+            "buddyinfo",
+            "zoneinfo",
+            "pagetypeinfo",
+            "sys/kernel/random/boot_id",
+            "bus",
+            "fs",
+            "irq",
+            "driver",
+            "scsi",
+            "acpi",
+            "asound",
+        ] {
+            o.assert_blocked(name, hidden);
+        }
+        for secret in [host_cmdline.trim(), boot_id.trim()] {
+            if !secret.is_empty() {
+                o.assert_absent(secret);
+            }
+        }
+        // The mount table names no host path: not the image store, not corral's location.
+        let mounts = o.value("MOUNTS");
+        let bin = corral_bin();
+        for host_path in [bin.parent().unwrap().to_str().unwrap(), "/var/lib/corral"] {
+            assert!(
+                !mounts.contains(host_path),
+                "{caller:?}: /proc/mounts names {host_path}\n{}",
+                o.dump()
+            );
+        }
+    }
+}
+
 #[test]
 fn tmp_and_dev_shm_are_private() {
     let _g = shared();

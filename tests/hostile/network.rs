@@ -287,3 +287,36 @@ fn bash_dev_tcp_and_cat_secret() {
     s.assert_unchanged();
     assert_no_tcp_connection(&l);
 }
+
+/// Only TCP and UDP: MPTCP, UDP-Lite, SCTP and ping sockets are other kernel protocol
+/// modules, and the seccomp filter refuses them whatever the host's kernel has built in.
+#[test]
+fn inet_sockets_take_tcp_and_udp_only() {
+    let _g = shared();
+    let o = Run::python(include_str!("attacks/socket_protocols.py")).run();
+    o.assert_completed();
+    o.assert_no_escape();
+    let denied = &["EPERM", "EACCES"];
+    for family in ["inet", "inet6"] {
+        for what in ["mptcp", "udplite", "sctp", "sctp-seqpacket"] {
+            o.assert_blocked(&format!("{what}-{family}"), denied);
+        }
+        o.assert_blocked(&format!("ping-{family}"), denied);
+    }
+    o.assert_blocked("mptcp-high-bits", denied);
+    for what in o.values("WORKS") {
+        let (name, result) = what.split_once(' ').unwrap_or((what, ""));
+        // IPv6 may be disabled on the host: its sockets then fail, but never with EPERM.
+        let ok = result == "ok"
+            || (name.contains("inet6") && ["EADDRNOTAVAIL", "EAFNOSUPPORT"].contains(&result));
+        assert!(ok, "{name} over loopback failed: {result}\n{}", o.dump());
+    }
+    for kind in ["tcp-inet-0", "tcp-inet-6", "udp-inet-0", "udp-inet-17"] {
+        assert!(
+            o.has_line(&format!("WORKS {kind} ok")),
+            "{kind} over loopback must work\n{}",
+            o.dump()
+        );
+    }
+    assert_eq!(o.values("WORKS").len(), 8, "{}", o.dump());
+}

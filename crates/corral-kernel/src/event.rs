@@ -28,23 +28,45 @@ pub enum Event {
 /// A kernel's MIME bundle as a result; unknown types and malformed values are dropped (the
 /// kernel is untrusted), and a PNG that is not valid base64 is not passed on.
 pub fn rich_result(is_main_result: bool, data: &Map<String, Value>) -> RichResult {
-    let text = |key: &str| data.get(key).and_then(Value::as_str).map(str::to_string);
+    into_rich_result(is_main_result, data.clone())
+}
+
+/// [`rich_result`] of a bundle the caller gives up: its values are moved, not copied, so a
+/// result costs the host its size once.
+pub fn into_rich_result(is_main_result: bool, mut data: Map<String, Value>) -> RichResult {
+    let mut text = |key: &str| match data.remove(key) {
+        Some(Value::String(s)) => Some(s),
+        _ => None,
+    };
     let png = text("image/png")
-        .map(|p| {
-            p.chars()
-                .filter(|c| !c.is_ascii_whitespace())
-                .collect::<String>()
+        .map(|mut p| {
+            if p.bytes().any(|b| b.is_ascii_whitespace()) {
+                p.retain(|c| !c.is_ascii_whitespace());
+            }
+            p
         })
-        .filter(|p| base64::engine::general_purpose::STANDARD.decode(p).is_ok());
+        .filter(|p| is_base64(p.as_bytes()));
     RichResult {
         is_main_result,
         text: text("text/plain"),
         html: text("text/html"),
         png,
         svg: text("image/svg+xml"),
-        json: data.get("application/json").cloned(),
         markdown: text("text/markdown"),
+        json: data.remove("application/json"),
     }
+}
+
+/// Whether `text` is standard, padded base64, checked piecewise without decoding it whole.
+fn is_base64(text: &[u8]) -> bool {
+    // Whole quads, so each piece but the last is valid exactly when its part of the whole is.
+    const PIECE: usize = 16 << 10;
+    let mut out = [0u8; PIECE / 4 * 3];
+    text.chunks(PIECE).all(|piece| {
+        base64::engine::general_purpose::STANDARD
+            .decode_slice(piece, &mut out)
+            .is_ok()
+    })
 }
 
 /// Turns a byte stream into text without splitting a UTF-8 sequence across events.
@@ -127,6 +149,20 @@ mod tests {
         let bad: Map<String, Value> =
             serde_json::from_str(r#"{"image/png":"not base64!"}"#).unwrap();
         assert_eq!(rich_result(false, &bad).png, None);
+    }
+
+    proptest::proptest! {
+        /// The piecewise check agrees with decoding the whole text.
+        #[test]
+        fn base64_is_checked_like_a_whole_decode(
+            text in "[A-Za-z0-9+/=]{0,64}",
+            repeat in 4000usize..4200,
+            tail in "[A-Za-z0-9+/= ]{0,6}",
+        ) {
+            let text = "QUJD".repeat(repeat) + &text + &tail;
+            let whole = base64::engine::general_purpose::STANDARD.decode(&text).is_ok();
+            proptest::prop_assert_eq!(is_base64(text.as_bytes()), whole);
+        }
     }
 
     #[test]

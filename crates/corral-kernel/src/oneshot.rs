@@ -8,8 +8,8 @@ use corral_sandbox::{
 };
 
 use crate::bytecode::BytecodeCache;
-use crate::event::rich_result;
-use crate::protocol::{Decoder, KernelMessage};
+use crate::event::into_rich_result;
+use crate::protocol::{Decoder, KernelMessage, ResultLimits};
 use crate::runtime::{as_support_files, PYTHON_ONESHOT, PYTHON_ONESHOT_RUNTIME};
 use crate::session::Language;
 
@@ -52,7 +52,10 @@ pub fn run(
     if spec.control_socket.is_none() {
         return corral_sandbox::run(&spec, on_output, None);
     }
-    let mut decoder = Decoder::new();
+    // Results are bounded while they are decoded (docs/kernel-protocol.md): a frame that does
+    // not fit in what is left of the run's budget is discarded as it arrives.
+    let limits = ResultLimits::of(&spec.limits);
+    let mut decoder = Decoder::with_limits(limits);
     let mut protocol_error = None;
     let mut results = Vec::new();
     let mut error = None;
@@ -67,7 +70,7 @@ pub fn run(
                     is_main_result,
                     data,
                     ..
-                })) => results.push(rich_result(is_main_result, &data)),
+                })) => results.push(into_rich_result(is_main_result, data)),
                 Ok(Some(KernelMessage::Error {
                     name,
                     value,
@@ -99,6 +102,9 @@ pub fn run(
     }
     result.results = results;
     result.error = error;
+    if let Some(warning) = decoder.dropped().warning(limits) {
+        result.warnings.push(warning);
+    }
     if let Some(e) = protocol_error {
         result
             .warnings

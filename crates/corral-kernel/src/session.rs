@@ -7,13 +7,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use corral_sandbox::{
-    ControlSocket, ExecutionResult, LanguageError, Limits, Policy, Report, RichResult, Rootfs,
-    Sandbox, SandboxError, SandboxSpec, Status, Workspace,
+    ControlSocket, ExecutionResult, LanguageError, Limits, Policy, Report, Rootfs, Sandbox,
+    SandboxError, SandboxSpec, Status, Workspace,
 };
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use crate::event::{rich_result, Event, Utf8Stream};
-use crate::protocol::{encode, Decoder, DoneStatus, HostMessage, KernelMessage, MAX_FRAME};
+use crate::event::{into_rich_result, Event, Utf8Stream};
+use crate::protocol::{
+    encode, Decoder, DoneStatus, HostMessage, KernelMessage, ResultLimits, MAX_FRAME,
+};
 use crate::runtime;
 
 /// How long a kernel may take to answer an interrupt before its sandbox is killed.
@@ -292,7 +294,7 @@ impl Session {
         .map_err(io::Error::from)?;
         let mut session = Session {
             kernel,
-            decoder: Decoder::new(),
+            decoder: Decoder::with_limits(ResultLimits::of(&options.limits)),
             options,
             wake_read,
             wake_write: Arc::new(wake_write),
@@ -528,6 +530,8 @@ impl Session {
         // session was idle (a client that left just as its execution ended) must not stop
         // this one.
         self.drain_wake();
+        // Each exchange may send back the whole budget of frames and results again.
+        self.decoder.begin_execution();
         if let Err(e) = write_all(self.kernel.socket.as_fd(), frame) {
             self.die(
                 Status::SandboxError,
@@ -614,6 +618,9 @@ impl Session {
             }
         }
 
+        if let Some(warning) = self.decoder.dropped().warning(self.decoder.limits()) {
+            result.warnings.push(warning);
+        }
         if let Some(death) = &self.dead {
             result.status = death.status;
             result.error_message = Some(death.message.clone());
@@ -683,9 +690,12 @@ impl Session {
                     is_main_result,
                     data,
                 })) if rid == id => {
-                    let r: RichResult = rich_result(is_main_result, &data);
-                    on_event(&Event::Result(r.clone()));
-                    result.results.push(r);
+                    // Kept once: the event lends it to `on_event`, then it joins the result.
+                    let event = Event::Result(into_rich_result(is_main_result, data));
+                    on_event(&event);
+                    if let Event::Result(r) = event {
+                        result.results.push(r);
+                    }
                 }
                 Ok(Some(KernelMessage::Error {
                     id: eid,

@@ -368,6 +368,51 @@ fn forked_kernels_are_locked_down() {
     assert!(out.contains("ro 30") || out.contains("ro 13"), "{out}");
 }
 
+/// A session's `/proc` masks what names the host (boot line, kernel build, hardware, disks),
+/// whether the session was forked from the zygote (`rootfs::session_plan`) or started directly.
+#[test]
+fn sessions_see_nothing_of_the_hosts_boot_and_hardware() {
+    let host_cmdline = std::fs::read_to_string("/proc/cmdline").unwrap();
+    for (how, mut s) in python_sessions() {
+        let r = run(
+            &mut s,
+            "import os\n\
+             for name in ('cmdline', 'config.gz', 'bootconfig', 'kallsyms', 'partitions', 'iomem', 'sys/kernel/random/boot_id'):\n\
+             \x20   try:\n\
+             \x20       print(name, len(open('/proc/' + name, 'rb').read()))\n\
+             \x20   except OSError as e:\n\
+             \x20       print(name, 'errno', e.errno)\n\
+             print('bus', sorted(os.listdir('/proc/bus')) if os.path.isdir('/proc/bus') else 'absent')\n\
+             print('CMDLINE', open('/proc/cmdline').read())",
+        );
+        assert_eq!(r.status, Status::Success, "{how}: {r:?}");
+        let out = &r.stdout;
+        assert!(out.contains("cmdline 0\n"), "{how}: {out}");
+        assert!(out.contains("CMDLINE \n"), "{how}: {out}");
+        assert!(
+            host_cmdline.trim().is_empty() || !out.contains(host_cmdline.trim()),
+            "{how}: the host's boot line is visible: {out}"
+        );
+        for name in [
+            "config.gz",
+            "bootconfig",
+            "kallsyms",
+            "partitions",
+            "iomem",
+            "sys/kernel/random/boot_id",
+        ] {
+            assert!(
+                out.contains(&format!("{name} 0\n")) || out.contains(&format!("{name} errno")),
+                "{how}: /proc/{name} is readable: {out}"
+            );
+        }
+        assert!(
+            out.contains("bus []") || out.contains("bus absent"),
+            "{how}: {out}"
+        );
+    }
+}
+
 #[test]
 fn javascript_session_keeps_state_and_awaits() {
     let mut s = Session::create(&SessionOptions::new(Language::Javascript)).unwrap();

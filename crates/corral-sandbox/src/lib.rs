@@ -12,6 +12,7 @@ mod child;
 pub mod doctor;
 pub mod ids;
 mod landlock_rules;
+pub mod limits;
 pub mod lockdown;
 pub mod result;
 pub mod rootfs;
@@ -26,6 +27,7 @@ mod sys;
 pub mod workspace;
 
 pub use ids::ROOT_MODE_ID_BASE;
+pub use limits::{LimitError, LimitField};
 pub use result::{ExecutionResult, FileEntry, LanguageError, RichResult, Status};
 pub use sandbox::{
     cgroup_layout, run, sandbox_cgroup, sweep_stale_cgroups_once, unique_name, Capture, Finish,

@@ -52,11 +52,53 @@ pub const HOST_ETC_WHITELIST: [&str; 5] = [
 /// Device nodes bound from the host's `/dev`.
 const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 
-/// `/proc` files hidden behind `/dev/null`: they describe the whole host, not the sandbox.
-/// (`keys` would list the caller's own keys in rootless mode; `1/cgroup` is init's, which
-/// stays in the host's cgroup, so its path would climb out of the sandbox's cgroup namespace
-/// into the host's tree.)
-const PROC_MASKED: [&str; 5] = ["timer_list", "sched_debug", "kcore", "keys", "1/cgroup"];
+/// `/proc` entries hidden from the sandbox, files behind `/dev/null` and directories behind an
+/// empty read-only tmpfs (those that do not exist on the host are skipped): they describe the
+/// whole host, not the sandbox. `keys` would list the caller's own keys in rootless mode;
+/// `1/cgroup` is init's, which stays in the host's cgroup, so its path would climb out of the
+/// sandbox's cgroup namespace into the host's tree. The rest name the host: its boot line and
+/// boot configuration, its kernel build, its hardware and drivers, its disks, its boot id.
+/// `kallsyms` and `modules` show real kernel addresses to everyone on a host whose
+/// `kptr_restrict` is 0 and `perf_event_paranoid` at most 1. Left readable on purpose:
+/// `version` (it repeats `uname(2)`, which no mount hides), `cpuinfo`, `meminfo`, `stat`,
+/// `loadavg`, `uptime` (runtimes size their pools from them; docs/threat-model.md §8), and
+/// files only real root can read (`kmsg`, `slabinfo`, `vmallocinfo`, `pagetypeinfo`, ...).
+const PROC_MASKED: [&str; 31] = [
+    "timer_list",
+    "sched_debug",
+    "kcore",
+    "keys",
+    "1/cgroup",
+    // The host's boot and kernel build.
+    "cmdline",
+    "bootconfig",
+    "config.gz",
+    "kallsyms",
+    "modules",
+    "sys/kernel/random/boot_id",
+    // Its hardware and drivers.
+    "iomem",
+    "ioports",
+    "interrupts",
+    "devices",
+    "misc",
+    "consoles",
+    "crypto",
+    "buddyinfo",
+    "zoneinfo",
+    "bus",
+    "irq",
+    "driver",
+    "acpi",
+    "scsi",
+    "asound",
+    // Its disks and filesystems (`fs` has a directory per host disk: `fs/ext4/<disk>`).
+    "partitions",
+    "diskstats",
+    "swaps",
+    "fs",
+    "mdstat",
+];
 
 /// Where [`crate::SandboxSpec::runtime_dir`] appears inside the sandbox.
 pub const RUNTIME_DIR: &str = "/run/corral/lib";
@@ -121,7 +163,8 @@ pub enum Op {
     Devpts(PathBuf),
     /// Bind a path onto itself read-only (used for `/proc/sys`).
     ReadOnlySelf(PathBuf),
-    /// Bind `/dev/null` over a file.
+    /// Bind `/dev/null` over a file, or an empty read-only tmpfs over a directory; nothing
+    /// when the path does not exist.
     Mask(PathBuf),
 }
 
@@ -472,17 +515,25 @@ fn execute_one(op: &Op, root: &Path) -> io::Result<()> {
         }
         Op::Mask(path) => {
             let p = inside(root, path);
-            if !p.exists() {
-                return Ok(());
+            match fs::symlink_metadata(&p) {
+                Err(_) => Ok(()),
+                Ok(m) if m.is_dir() => mount(
+                    Some("tmpfs"),
+                    &p,
+                    Some("tmpfs"),
+                    nosuid_nodev | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY,
+                    Some("size=4k,nr_inodes=2,mode=555"),
+                )
+                .map_err(io::Error::from),
+                Ok(_) => mount(
+                    Some(inside(root, Path::new("/dev/null")).as_path()),
+                    &p,
+                    None::<&str>,
+                    MsFlags::MS_BIND,
+                    None::<&str>,
+                )
+                .map_err(io::Error::from),
             }
-            mount(
-                Some(inside(root, Path::new("/dev/null")).as_path()),
-                &p,
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
-            )
-            .map_err(io::Error::from)
         }
     }
 }
@@ -609,7 +660,34 @@ mod tests {
             .unwrap();
         assert!(proc_at < ro_at);
         assert!(ops.contains(&Op::Mask("/proc/timer_list".into())));
+        for host_wide in [
+            "cmdline",
+            "config.gz",
+            "kallsyms",
+            "partitions",
+            "bus",
+            "fs",
+        ] {
+            let mask = Op::Mask(Path::new("/proc").join(host_wide));
+            let at = ops.iter().position(|o| *o == mask).unwrap();
+            assert!(proc_at < at);
+        }
+        let boot_id = Op::Mask("/proc/sys/kernel/random/boot_id".into());
+        assert!(ro_at < ops.iter().position(|o| *o == boot_id).unwrap());
         assert!(!format!("{ops:?}").contains("\"/sys\""));
+    }
+
+    #[test]
+    fn sessions_get_the_one_shot_proc_protection() {
+        let protection = |ops: &[Op]| -> Vec<Op> {
+            ops.iter()
+                .filter(|o| matches!(o, Op::Mask(_) | Op::ReadOnlySelf(_)))
+                .cloned()
+                .collect()
+        };
+        let one_shot = protection(&host_plan());
+        assert_eq!(protection(&session_plan(1 << 20)), one_shot);
+        assert!(one_shot.contains(&Op::Mask("/proc/cmdline".into())));
     }
 
     #[test]

@@ -28,6 +28,41 @@ const ROOT_TMPFS_SLACK: u64 = 4 << 20;
 /// How long to wait for pipes to close after the sandbox was killed.
 const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
 
+/// What runtimes print when an allocation fails (compared without case): Python's
+/// `MemoryError`, `strerror(ENOMEM)` and bash's `xmalloc: cannot allocate`, V8's "Allocation
+/// failed - JavaScript heap out of memory", C++'s `std::bad_alloc`, GNU's "memory exhausted".
+const OUT_OF_MEMORY_MARKERS: [&str; 6] = [
+    "memoryerror",
+    "cannot allocate",
+    "out of memory",
+    "allocation failed",
+    "bad_alloc",
+    "memory exhausted",
+];
+
+/// How much of the end of stderr is searched for [`OUT_OF_MEMORY_MARKERS`].
+const OUT_OF_MEMORY_TAIL: usize = 16 << 10;
+
+/// Whether a failed program ran into `RLIMIT_DATA`, the memory limit of the rlimit fallback
+/// (no cgroup, so no OOM kill to observe): its peak memory, which the host measures, reached
+/// at least half of `limit`, and it failed as programs do when an allocation is refused
+/// (the end of its stderr says so, or it died of SIGSEGV, SIGBUS or SIGABRT). The peak is the
+/// largest single process's resident size (`ru_maxrss`), and the rlimit bounds each process's
+/// data segment alone: a program that fails with half the limit resident is taken to have
+/// reached it (its interpreter and libraries are resident but not counted; its reserved but
+/// untouched memory is counted but not resident).
+fn hit_rlimit_data(limit: u64, peak: u64, signal: Option<i32>, stderr: &[u8]) -> bool {
+    if limit == 0 || peak < limit / 2 {
+        return false;
+    }
+    if matches!(signal, Some(libc::SIGSEGV | libc::SIGBUS | libc::SIGABRT)) {
+        return true;
+    }
+    let tail = String::from_utf8_lossy(&stderr[stderr.len().saturating_sub(OUT_OF_MEMORY_TAIL)..])
+        .to_lowercase();
+    OUT_OF_MEMORY_MARKERS.iter().any(|m| tail.contains(m))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     /// A protection cannot be applied and the policy does not allow running without it.
@@ -826,6 +861,8 @@ impl Sandbox {
             // nothing else is left.
             self.kill();
         }
+        // Without a cgroup, memory is bounded by RLIMIT_DATA alone (the rlimit fallback).
+        let rlimit_memory = self.cgroup.is_none();
         let finish = self.finish();
         let (exit_code, signal) = exit_status.map_or((None, None), child::decode_status);
         let (status, message) = if let Some(msg) = setup_error {
@@ -847,6 +884,22 @@ impl Sandbox {
             )
         } else if exit_code == Some(0) {
             (Status::Success, None)
+        } else if rlimit_memory
+            && hit_rlimit_data(
+                self.limits.memory_bytes,
+                finish.peak_memory_bytes,
+                signal,
+                &stderr.bytes,
+            )
+        {
+            (
+                Status::MemoryLimit,
+                Some(format!(
+                    "the program reached the {} MiB memory limit and an allocation failed \
+                     (no cgroup here: the limit is RLIMIT_DATA, per process)",
+                    self.limits.memory_bytes >> 20
+                )),
+            )
         } else {
             let how = match (exit_code, signal) {
                 (Some(code), _) => format!("exited with code {code}"),
@@ -979,4 +1032,63 @@ pub fn run(
     let workspace = sandbox.workspace.take();
     drop(sandbox);
     (result, workspace)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn rlimit_fallback_reports_failed_allocations_near_the_limit() {
+        let python =
+            b"Traceback (most recent call last):\n  File \"main.py\", line 3\nMemoryError\n";
+        let node =
+            b"FATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory\n";
+        let bash = b"main.sh: xmalloc: cannot allocate 134217729 bytes\n";
+        for stderr in [
+            &python[..],
+            node,
+            bash,
+            b"OSError: [Errno 12] Cannot allocate memory",
+        ] {
+            assert!(hit_rlimit_data(64 * MIB, 60 * MIB, None, stderr));
+            assert!(hit_rlimit_data(64 * MIB, 32 * MIB, None, stderr));
+            // A huge request refused early is the program's own error, as with a cgroup.
+            assert!(!hit_rlimit_data(64 * MIB, 31 * MIB, None, stderr));
+        }
+        // A crash on a refused allocation, without a word.
+        assert!(hit_rlimit_data(
+            64 * MIB,
+            50 * MIB,
+            Some(libc::SIGSEGV),
+            b""
+        ));
+        assert!(hit_rlimit_data(
+            64 * MIB,
+            50 * MIB,
+            Some(libc::SIGABRT),
+            b""
+        ));
+        // Other failures stay errors.
+        assert!(!hit_rlimit_data(
+            64 * MIB,
+            60 * MIB,
+            None,
+            b"ValueError: nope\n"
+        ));
+        assert!(!hit_rlimit_data(
+            64 * MIB,
+            60 * MIB,
+            Some(libc::SIGTERM),
+            b""
+        ));
+        assert!(!hit_rlimit_data(0, 60 * MIB, None, python));
+        // Only the end of stderr counts.
+        let mut early = b"MemoryError\n".to_vec();
+        early.extend(std::iter::repeat_n(b'.', OUT_OF_MEMORY_TAIL));
+        early.extend_from_slice(b"\nValueError\n");
+        assert!(!hit_rlimit_data(64 * MIB, 60 * MIB, None, &early));
+    }
 }

@@ -462,6 +462,33 @@ mod tests {
         );
         assert_eq!(action(libc::SYS_ptrace, [0; 6]), eperm);
         assert_eq!(action(libc::SYS_read, [0; 6]), allow);
+        let socket = |domain: i32, ty: i32, protocol: u64| {
+            action(
+                libc::SYS_socket,
+                [domain as u64, ty as u64, protocol, 0, 0, 0],
+            )
+        };
+        for domain in [libc::AF_INET, libc::AF_INET6] {
+            let tcp = libc::IPPROTO_TCP as u64;
+            let udp = libc::IPPROTO_UDP as u64;
+            assert_eq!(socket(domain, libc::SOCK_STREAM, 0), allow);
+            assert_eq!(socket(domain, libc::SOCK_STREAM, tcp), allow);
+            assert_eq!(socket(domain, libc::SOCK_DGRAM, 0), allow);
+            assert_eq!(socket(domain, libc::SOCK_DGRAM, udp), allow);
+            // The kernel reads the protocol as an int: bits 32-63 change nothing.
+            assert_eq!(socket(domain, libc::SOCK_STREAM, tcp | 1 << 32), allow);
+            for protocol in [
+                libc::IPPROTO_MPTCP,
+                libc::IPPROTO_UDPLITE,
+                libc::IPPROTO_SCTP,
+            ] {
+                let protocol = protocol as u64;
+                assert_eq!(socket(domain, libc::SOCK_STREAM, protocol), eperm);
+                assert_eq!(socket(domain, libc::SOCK_DGRAM, protocol), eperm);
+            }
+            assert_eq!(socket(domain, libc::SOCK_DGRAM, tcp), eperm);
+            assert_eq!(socket(domain, libc::SOCK_STREAM, udp), eperm);
+        }
     }
 
     /// Syscalls the brief forbids outright (conditionally allowed ones are probed below).
@@ -794,6 +821,55 @@ mod tests {
                 SYS_socketpair,
                 [AF_INET, SOCK_STREAM, 0, 0]
             ),
+            // AF_INET/AF_INET6 take protocol 0, TCP or UDP only: MPTCP, UDP-Lite, SCTP and
+            // ping sockets are other protocol modules, each its own kernel attack surface.
+            probe!(
+                "socket(AF_INET, SOCK_STREAM, IPPROTO_MPTCP)",
+                DENY,
+                open_socket(AF_INET, SOCK_STREAM, IPPROTO_MPTCP)
+            ),
+            probe!(
+                "socket(AF_INET6, SOCK_STREAM, IPPROTO_MPTCP)",
+                DENY,
+                open_socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, IPPROTO_MPTCP)
+            ),
+            probe!(
+                "socket(AF_INET, SOCK_DGRAM, IPPROTO_UDPLITE)",
+                DENY,
+                open_socket(AF_INET, SOCK_DGRAM, IPPROTO_UDPLITE)
+            ),
+            probe!(
+                "socket(AF_INET6, SOCK_DGRAM, IPPROTO_UDPLITE)",
+                DENY,
+                open_socket(AF_INET6, SOCK_DGRAM | SOCK_NONBLOCK, IPPROTO_UDPLITE)
+            ),
+            probe!(
+                "socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP)",
+                DENY,
+                open_socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP)
+            ),
+            probe!(
+                "socket(AF_INET, SOCK_DGRAM, IPPROTO_ICMP)",
+                DENY,
+                open_socket(AF_INET, SOCK_DGRAM, IPPROTO_ICMP)
+            ),
+            probe!(
+                "socket(AF_INET, SOCK_STREAM, IPPROTO_UDP)",
+                DENY,
+                open_socket(AF_INET, SOCK_STREAM, IPPROTO_UDP)
+            ),
+            probe!(
+                "socket(AF_INET, SOCK_STREAM, IPPROTO_MPTCP | 1 << 32)",
+                DENY,
+                sys(
+                    SYS_socket,
+                    pad([
+                        AF_INET as c_ulong,
+                        SOCK_STREAM as c_ulong,
+                        (1 << 32) | IPPROTO_MPTCP as c_ulong
+                    ])
+                )
+            ),
             probe!("mknodat(S_IFCHR)", DENY, make_node(S_IFCHR | 0o600)),
             probe!("mknodat(S_IFBLK)", DENY, make_node(S_IFBLK | 0o600)),
             probe!("mknodat(S_IFSOCK)", DENY, make_node(S_IFSOCK | 0o600)),
@@ -803,6 +879,36 @@ mod tests {
                 "socket(AF_INET, SOCK_STREAM)",
                 Expect::Success,
                 open_socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)
+            ),
+            probe!(
+                "socket(AF_INET, SOCK_STREAM, IPPROTO_TCP)",
+                Expect::Success,
+                open_socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, IPPROTO_TCP)
+            ),
+            probe!(
+                "socket(AF_INET, SOCK_DGRAM, 0)",
+                Expect::Success,
+                open_socket(AF_INET, SOCK_DGRAM, 0)
+            ),
+            probe!(
+                "socket(AF_INET, SOCK_DGRAM, IPPROTO_UDP)",
+                Expect::Success,
+                open_socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP)
+            ),
+            probe!(
+                "socket(AF_INET6, SOCK_STREAM, IPPROTO_TCP)",
+                Expect::NotErrno(EPERM),
+                open_socket(AF_INET6, SOCK_STREAM, IPPROTO_TCP)
+            ),
+            probe!(
+                "socket(AF_INET6, SOCK_DGRAM, 0)",
+                Expect::NotErrno(EPERM),
+                open_socket(AF_INET6, SOCK_DGRAM, 0)
+            ),
+            probe!(
+                "socket(AF_INET6, SOCK_DGRAM, IPPROTO_UDP)",
+                Expect::NotErrno(EPERM),
+                open_socket(AF_INET6, SOCK_DGRAM, IPPROTO_UDP)
             ),
             probe!(
                 "socket(AF_UNIX, SOCK_DGRAM)",
@@ -830,6 +936,23 @@ mod tests {
                             AF_UNIX as c_ulong,
                             SOCK_STREAM as c_ulong,
                             0,
+                            fds.as_mut_ptr() as c_ulong,
+                        ]),
+                    )
+                },
+            },
+            // socketpair's protocol is left to the kernel: AF_UNIX takes only 0 (or PF_UNIX).
+            Probe {
+                name: "socketpair(AF_UNIX, SOCK_STREAM, IPPROTO_MPTCP)",
+                expect: Expect::Errno(EPROTONOSUPPORT),
+                call: || {
+                    let mut fds = [0 as c_int; 2];
+                    sys(
+                        SYS_socketpair,
+                        pad([
+                            AF_UNIX as c_ulong,
+                            SOCK_STREAM as c_ulong,
+                            IPPROTO_MPTCP as c_ulong,
                             fds.as_mut_ptr() as c_ulong,
                         ]),
                     )
@@ -1100,6 +1223,22 @@ mod tests {
                 "setresuid(-1, -1, -1)",
                 Expect::Success,
                 sys(SYS_setresuid, [NO_CHANGE, NO_CHANGE, NO_CHANGE, 0, 0, 0])
+            ),
+            // The socket rules come from the workload profile the zygote extends.
+            probe!(
+                "socket(AF_INET, SOCK_STREAM, IPPROTO_MPTCP)",
+                Expect::Errno(EPERM),
+                open_socket(AF_INET, SOCK_STREAM, IPPROTO_MPTCP)
+            ),
+            probe!(
+                "socket(AF_INET6, SOCK_DGRAM, IPPROTO_UDPLITE)",
+                Expect::Errno(EPERM),
+                open_socket(AF_INET6, SOCK_DGRAM, IPPROTO_UDPLITE)
+            ),
+            probe!(
+                "socket(AF_INET, SOCK_STREAM, IPPROTO_TCP)",
+                Expect::Success,
+                open_socket(AF_INET, SOCK_STREAM, IPPROTO_TCP)
             ),
         ];
         check_probes(Role::Zygote, &probes);

@@ -21,6 +21,11 @@ pub struct Limits {
     pub disk_bytes: u64,
     /// Bytes of stdout and of stderr kept; the rest is drained and dropped.
     pub output_bytes: usize,
+    /// Bytes of kernel protocol frames (rich results, errors) the host buffers per execution;
+    /// a frame that does not fit in what is left is discarded as it arrives, unread.
+    pub result_bytes: usize,
+    /// Rich results kept per execution; later ones are dropped (with a warning).
+    pub result_count: usize,
 }
 
 impl Default for Limits {
@@ -32,6 +37,8 @@ impl Default for Limits {
             pids: 256,
             disk_bytes: 256 << 20,
             output_bytes: 1 << 20,
+            result_bytes: 64 << 20,
+            result_count: 256,
         }
     }
 }

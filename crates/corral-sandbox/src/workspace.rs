@@ -4,6 +4,10 @@
 //! RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV)` relative to a descriptor of the workspace root,
 //! one component at a time for directories, so a link the sandbox planted is never followed
 //! and nothing outside the workspace is reached. Only regular files are read.
+//!
+//! Files leave a sandbox for the host only through an [`OutDir`]: it creates new files only
+//! (`O_CREAT|O_EXCL|O_NOFOLLOW`, beneath a descriptor of the directory, never through a name
+//! that exists there), and caps the bytes and entries it writes.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -17,7 +21,7 @@ use nix::sys::stat::{fstat, mkdirat, Mode, SFlag};
 use crate::result::FileEntry;
 
 /// The most files `list` and `copy_out` visit: a sandbox cannot make the host walk forever.
-const MAX_ENTRIES: usize = 10_000;
+pub const MAX_ENTRIES: usize = 10_000;
 const MAX_DEPTH: usize = 32;
 
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +42,311 @@ impl WorkspaceError {
             path: path.to_path_buf(),
             source: source.into(),
         }
+    }
+}
+
+/// The output directory as a whole cannot be used: nothing was written.
+#[derive(Debug, thiserror::Error)]
+pub enum OutDirError {
+    #[error("{0:?} exists and is not a directory")]
+    NotADirectory(PathBuf),
+    #[error("{path:?}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+/// One file that was not written to an [`OutDir`] (the others still are). Paths are relative
+/// to the output directory and come from the sandbox: they are shown escaped (`{:?}`).
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    #[error(
+        "{0:?} already exists there (a file, link or special file is never written through \
+         or replaced): not copied"
+    )]
+    Exists(PathBuf),
+    #[error(
+        "{path:?} not copied: {parent:?} already exists there and is not a directory (links \
+         are never followed)"
+    )]
+    ParentNotDirectory { path: PathBuf, parent: PathBuf },
+    #[error(
+        "{path:?} not copied: its {size} bytes would pass the cap of {cap} bytes written in all \
+         ({left} left)"
+    )]
+    OverByteCap {
+        path: PathBuf,
+        size: u64,
+        cap: u64,
+        left: u64,
+    },
+    #[error("{path:?} not copied: the cap of {max} files and directories written was reached")]
+    TooManyEntries { path: PathBuf, max: usize },
+    #[error("the workspace holds more than {max} files: the rest were not copied")]
+    ListingTruncated { max: usize },
+    #[error("{0:?} changed while it was copied: not copied")]
+    Changed(PathBuf),
+    #[error("{0:?} is not a relative path of plain names: not copied")]
+    BadName(PathBuf),
+    #[error("reading {path:?} from the workspace: {source}")]
+    Read {
+        path: PathBuf,
+        source: WorkspaceError,
+    },
+    #[error("writing {path:?}: {source}")]
+    Write { path: PathBuf, source: io::Error },
+}
+
+/// What one [`Workspace::copy_out`] wrote and what it skipped.
+#[derive(Debug, Default)]
+pub struct CopyReport {
+    pub copied: Vec<FileEntry>,
+    pub skipped: Vec<CopyError>,
+}
+
+/// Caps on what one [`OutDir`] writes, over every file written through it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyLimits {
+    /// Bytes written in all, counting every file by its apparent size (a hole costs as much
+    /// as the data it stands for) and every hard link as a file of its own.
+    pub max_bytes: u64,
+    /// Files and directories created in all.
+    pub max_entries: usize,
+}
+
+impl CopyLimits {
+    /// The default for a sandbox whose workspace holds `disk_bytes`: no more than the
+    /// workspace could hold without sparse files or links.
+    pub fn for_workspace(disk_bytes: u64) -> Self {
+        CopyLimits {
+            max_bytes: disk_bytes,
+            max_entries: MAX_ENTRIES,
+        }
+    }
+}
+
+/// A host directory that files from a sandbox are written into. It only ever creates new
+/// names beneath its descriptor: a regular file with `O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC`
+/// (mode 0644), a directory with `mkdirat`; an existing name (file, hard link, symlink, FIFO,
+/// device) is never opened, followed or replaced, and a directory on the way is entered only
+/// if it is a real directory on the same mount (`openat2` with `RESOLVE_BENEATH |
+/// RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV`, `O_PATH`, so it cannot block). Nothing is written
+/// past its [`CopyLimits`].
+#[derive(Debug)]
+pub struct OutDir {
+    fd: OwnedFd,
+    path: PathBuf,
+    limits: CopyLimits,
+    bytes: u64,
+    entries: usize,
+}
+
+impl OutDir {
+    /// Fails unless `path` is a directory or does not exist yet (then [`OutDir::create`] will
+    /// make it). Changes nothing.
+    pub fn check(path: &Path) -> Result<(), OutDirError> {
+        match std::fs::metadata(path) {
+            Ok(md) if md.is_dir() => Ok(()),
+            Ok(_) => Err(OutDirError::NotADirectory(path.to_path_buf())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+                Err(OutDirError::NotADirectory(path.to_path_buf()))
+            }
+            Err(source) => Err(OutDirError::Io {
+                path: path.to_path_buf(),
+                source,
+            }),
+        }
+    }
+
+    /// Opens the directory `path` (the caller's choice, trusted: links in it are followed),
+    /// creating it and its parents if it does not exist.
+    pub fn create(path: &Path, limits: CopyLimits) -> Result<OutDir, OutDirError> {
+        match Self::open(path, limits) {
+            Err(OutDirError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(path).map_err(|source| OutDirError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+                Self::open(path, limits)
+            }
+            other => other,
+        }
+    }
+
+    /// Opens the existing directory `path`.
+    pub fn open(path: &Path, limits: CopyLimits) -> Result<OutDir, OutDirError> {
+        let fd = nix::fcntl::open(
+            path,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            nix::errno::Errno::ENOTDIR => OutDirError::NotADirectory(path.to_path_buf()),
+            e => OutDirError::Io {
+                path: path.to_path_buf(),
+                source: e.into(),
+            },
+        })?;
+        Ok(OutDir {
+            // SAFETY: open returned a new descriptor that nothing else owns.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            path: path.to_path_buf(),
+            limits,
+            bytes: 0,
+            entries: 0,
+        })
+    }
+
+    /// The directory as the caller named it.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes written so far, by apparent size.
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Creates the new file `rel` (directories on the way as needed) and copies `size` bytes
+    /// of `data` into it: no more, and nothing at all if `data` holds more than `size` bytes
+    /// (the partial file is removed again). Returns the bytes written.
+    pub fn write_new(
+        &mut self,
+        rel: &Path,
+        data: &mut dyn Read,
+        size: u64,
+    ) -> Result<u64, CopyError> {
+        let parts = checked_components(rel).map_err(|_| CopyError::BadName(rel.to_path_buf()))?;
+        let (name, parents) = parts.split_last().expect("checked non-empty");
+        let left = self.limits.max_bytes.saturating_sub(self.bytes);
+        if size > left {
+            return Err(CopyError::OverByteCap {
+                path: rel.to_path_buf(),
+                size,
+                cap: self.limits.max_bytes,
+                left,
+            });
+        }
+        let dir = self.enter_parents(rel, parents)?;
+        self.check_entries(rel)?;
+        let how = OpenHow::new()
+            .flags(
+                OFlag::O_WRONLY
+                    | OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC
+                    | OFlag::O_NOCTTY,
+            )
+            .mode(Mode::from_bits_truncate(0o644))
+            .resolve(resolve());
+        let fd = match openat2(dir.as_raw_fd(), Path::new(name), how) {
+            Ok(fd) => fd,
+            Err(nix::errno::Errno::EEXIST) => return Err(CopyError::Exists(rel.to_path_buf())),
+            Err(e) => {
+                return Err(CopyError::Write {
+                    path: rel.to_path_buf(),
+                    source: e.into(),
+                })
+            }
+        };
+        // SAFETY: openat2 returned a new descriptor that nothing else owns.
+        let mut file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        // Counted before the first byte, so that even a failed copy stays within the caps.
+        self.entries += 1;
+        self.bytes += size;
+        let copied = io::copy(&mut data.take(size), &mut file);
+        let more = copied.as_ref().is_ok_and(|_| {
+            let mut probe = [0u8; 1];
+            !matches!(data.read(&mut probe), Ok(0))
+        });
+        let failed = match copied {
+            Ok(n) if !more => return Ok(n),
+            Ok(_) => CopyError::Changed(rel.to_path_buf()),
+            Err(source) => CopyError::Write {
+                path: rel.to_path_buf(),
+                source,
+            },
+        };
+        // The file is the one just created (O_EXCL) in a directory of the caller's.
+        drop(file);
+        let _ = nix::unistd::unlinkat(
+            Some(dir.as_raw_fd()),
+            Path::new(name),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
+        Err(failed)
+    }
+
+    /// Fails when one more file or directory would pass the entry cap.
+    fn check_entries(&self, rel: &Path) -> Result<(), CopyError> {
+        if self.entries >= self.limits.max_entries {
+            return Err(CopyError::TooManyEntries {
+                path: rel.to_path_buf(),
+                max: self.limits.max_entries,
+            });
+        }
+        Ok(())
+    }
+
+    /// The directory `parents` below the root, created (`mkdirat`) where missing and entered
+    /// only if it is a real directory.
+    fn enter_parents(
+        &mut self,
+        rel: &Path,
+        parents: &[&std::ffi::OsStr],
+    ) -> Result<OwnedFd, CopyError> {
+        let write_error = |source: nix::errno::Errno| CopyError::Write {
+            path: rel.to_path_buf(),
+            source: source.into(),
+        };
+        let mut dir = self.fd.try_clone().map_err(|source| CopyError::Write {
+            path: rel.to_path_buf(),
+            source,
+        })?;
+        let mut shown = PathBuf::new();
+        for part in parents {
+            shown.push(part);
+            let enter = |dir: &OwnedFd| {
+                open_beneath(
+                    dir.as_raw_fd(),
+                    Path::new(part),
+                    OFlag::O_PATH | OFlag::O_DIRECTORY,
+                    Mode::empty(),
+                )
+            };
+            let entered = match enter(&dir) {
+                Err(nix::errno::Errno::ENOENT) => {
+                    self.check_entries(rel)?;
+                    match mkdirat(
+                        Some(dir.as_raw_fd()),
+                        *part,
+                        Mode::from_bits_truncate(0o755),
+                    ) {
+                        Ok(()) => self.entries += 1,
+                        Err(nix::errno::Errno::EEXIST) => {}
+                        Err(e) => return Err(write_error(e)),
+                    }
+                    enter(&dir)
+                }
+                other => other,
+            };
+            dir = match entered {
+                Ok(fd) => fd,
+                // A symlink (RESOLVE_NO_SYMLINKS), a file or special file, another mount.
+                Err(
+                    nix::errno::Errno::ELOOP
+                    | nix::errno::Errno::ENOTDIR
+                    | nix::errno::Errno::EXDEV,
+                ) => {
+                    return Err(CopyError::ParentNotDirectory {
+                        path: rel.to_path_buf(),
+                        parent: shown,
+                    })
+                }
+                Err(e) => return Err(write_error(e)),
+            };
+        }
+        Ok(dir)
     }
 }
 
@@ -240,74 +549,78 @@ impl Workspace {
             Some(d) => checked_components(d)?,
             None => Vec::new(),
         };
-        let shown = dir.unwrap_or(Path::new("."));
-        let _as_sandbox = AsSandboxUser::new(self.owner);
-        let root = self
-            .open_dir(&parts, false)
-            .map_err(|e| WorkspaceError::io(shown, e))?;
-        let mut out = Vec::new();
-        walk(root, parts.iter().collect(), 0, &mut out)?;
-        out.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(out)
+        Ok(self.listing(&parts)?.0)
     }
 
-    /// Copies every regular file of the workspace into `dest` (created if needed), keeping
-    /// relative paths. Nothing is written outside `dest` and no link is followed on either side.
-    pub fn copy_out(&self, dest: &Path) -> Result<Vec<FileEntry>, WorkspaceError> {
-        std::fs::create_dir_all(dest).map_err(|e| WorkspaceError::io(dest, e))?;
-        let dest_root = nix::fcntl::open(
-            dest,
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| WorkspaceError::io(dest, e))?;
-        // SAFETY: open returned a new descriptor that nothing else owns.
-        let dest_root = unsafe { OwnedFd::from_raw_fd(dest_root) };
-        let files = self.list()?;
-        for entry in &files {
-            let rel = Path::new(&entry.path);
-            let mut src = self.open_file(rel)?;
-            let parts = checked_components(rel)?;
-            let (name, parents) = parts.split_last().expect("checked non-empty");
-            let mut dir = dest_root
-                .try_clone()
-                .map_err(|e| WorkspaceError::io(dest, e))?;
-            for part in parents {
-                match mkdirat(
-                    Some(dir.as_raw_fd()),
-                    *part,
-                    Mode::from_bits_truncate(0o755),
-                ) {
-                    Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
-                    Err(e) => return Err(WorkspaceError::io(rel, e)),
-                }
-                dir = open_beneath(
-                    dir.as_raw_fd(),
-                    Path::new(part),
-                    OFlag::O_RDONLY | OFlag::O_DIRECTORY,
-                    Mode::empty(),
-                )
-                .map_err(|e| WorkspaceError::io(rel, e))?;
+    /// The regular files below `parts`, sorted, and whether the walk stopped at
+    /// [`MAX_ENTRIES`].
+    fn listing(
+        &self,
+        parts: &[&std::ffi::OsStr],
+    ) -> Result<(Vec<FileEntry>, bool), WorkspaceError> {
+        let prefix: PathBuf = parts.iter().collect();
+        let _as_sandbox = AsSandboxUser::new(self.owner);
+        let root = self.open_dir(parts, false).map_err(|e| {
+            let shown = if parts.is_empty() {
+                Path::new(".")
+            } else {
+                &prefix
+            };
+            WorkspaceError::io(shown, e)
+        })?;
+        let mut out = Vec::new();
+        let truncated = walk(root, prefix, 0, &mut out)?;
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok((out, truncated))
+    }
+
+    /// Copies every regular file of the workspace into `out`, keeping relative paths, as new
+    /// files only and within `out`'s caps (see [`OutDir`]). A file that cannot be copied
+    /// (its name exists in `out`, it passes a cap, it vanished) is skipped and reported; the
+    /// others are still copied. No link is followed on either side.
+    pub fn copy_out(&self, out: &mut OutDir) -> Result<CopyReport, WorkspaceError> {
+        let (files, truncated) = self.listing(&[])?;
+        let mut report = CopyReport::default();
+        for entry in files {
+            let rel = PathBuf::from(&entry.path);
+            let copied = self
+                .open_file(&rel)
+                .and_then(|src| {
+                    let size = src
+                        .metadata()
+                        .map_err(|e| WorkspaceError::io(&rel, e))?
+                        .len();
+                    Ok((src, size))
+                })
+                .map_err(|source| CopyError::Read {
+                    path: rel.clone(),
+                    source,
+                })
+                .and_then(|(mut src, size)| out.write_new(&rel, &mut src, size));
+            match copied {
+                Ok(size) => report.copied.push(FileEntry {
+                    path: entry.path,
+                    size,
+                }),
+                Err(e) => report.skipped.push(e),
             }
-            let out = open_beneath(
-                dir.as_raw_fd(),
-                Path::new(name),
-                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC,
-                Mode::from_bits_truncate(0o644),
-            )
-            .map_err(|e| WorkspaceError::io(rel, e))?;
-            io::copy(&mut src, &mut File::from(out)).map_err(|e| WorkspaceError::io(rel, e))?;
         }
-        Ok(files)
+        if truncated {
+            report
+                .skipped
+                .push(CopyError::ListingTruncated { max: MAX_ENTRIES });
+        }
+        Ok(report)
     }
 }
 
+/// Adds the regular files below `dir` to `out`; true when it stopped at [`MAX_ENTRIES`].
 fn walk(
     dir: OwnedFd,
     prefix: PathBuf,
     depth: usize,
     out: &mut Vec<FileEntry>,
-) -> Result<(), WorkspaceError> {
+) -> Result<bool, WorkspaceError> {
     let raw = dir.as_raw_fd();
     let mut listing = nix::dir::Dir::from_fd(raw).map_err(|e| WorkspaceError::io(&prefix, e))?;
     std::mem::forget(dir); // now owned by `listing`
@@ -318,9 +631,6 @@ fn walk(
         if name == Path::new(".") || name == Path::new("..") {
             continue;
         }
-        if out.len() >= MAX_ENTRIES {
-            break;
-        }
         let Ok(fd) = open_beneath(raw, name, OFlag::O_PATH, Mode::empty()) else {
             continue; // a symlink (RESOLVE_NO_SYMLINKS) or gone
         };
@@ -329,6 +639,9 @@ fn walk(
         };
         let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
         if kind == SFlag::S_IFREG {
+            if out.len() >= MAX_ENTRIES {
+                return Ok(true);
+            }
             out.push(FileEntry {
                 path: prefix.join(name).to_string_lossy().into_owned(),
                 size: stat.st_size as u64,
@@ -344,10 +657,12 @@ fn walk(
             OFlag::O_RDONLY | OFlag::O_DIRECTORY,
             Mode::empty(),
         ) {
-            walk(fd, prefix.join(&name), depth + 1, out)?;
+            if walk(fd, prefix.join(&name), depth + 1, out)? {
+                return Ok(true);
+            }
         }
     }
-    Ok(())
+    Ok(false)
 }
 
 #[cfg(test)]
@@ -387,6 +702,200 @@ mod tests {
             ws.list_below(Some(Path::new("../x"))),
             Err(WorkspaceError::OutsideWorkspace(_))
         ));
+    }
+
+    fn limits(max_bytes: u64, max_entries: usize) -> CopyLimits {
+        CopyLimits {
+            max_bytes,
+            max_entries,
+        }
+    }
+
+    #[test]
+    fn copy_out_creates_new_files_only_and_reports_existing_names() {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+        let src = tempfile::tempdir().unwrap();
+        let ws = workspace(src.path());
+        for name in [
+            "exec.sh",
+            "linked",
+            "fifo",
+            "symlink",
+            "dir/inner",
+            "ok",
+            "sub/ok",
+        ] {
+            ws.write_file(Path::new(name), &mut &b"sandbox"[..])
+                .unwrap();
+        }
+        let host = tempfile::tempdir().unwrap();
+        let dest = host.path().join("out");
+        std::fs::create_dir(&dest).unwrap();
+        std::fs::write(dest.join("exec.sh"), b"host").unwrap();
+        std::fs::set_permissions(dest.join("exec.sh"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+        std::fs::write(host.path().join("elsewhere"), b"host").unwrap();
+        std::fs::hard_link(host.path().join("elsewhere"), dest.join("linked")).unwrap();
+        nix::unistd::mkfifo(&dest.join("fifo"), Mode::from_bits_truncate(0o644)).unwrap();
+        std::os::unix::fs::symlink(host.path().join("not-there"), dest.join("symlink")).unwrap();
+        std::os::unix::fs::symlink(host.path(), dest.join("dir")).unwrap();
+
+        let mut out = OutDir::create(&dest, limits(1 << 20, 100)).unwrap();
+        let report = ws.copy_out(&mut out).unwrap();
+        let copied: Vec<&str> = report.copied.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(copied, ["ok", "sub/ok"]);
+        assert_eq!(std::fs::read(dest.join("sub/ok")).unwrap(), b"sandbox");
+        let mode = std::fs::metadata(dest.join("ok")).unwrap().mode();
+        assert_eq!(mode & 0o7133, 0, "mode {mode:o}");
+        let mut exists: Vec<String> = Vec::new();
+        for e in &report.skipped {
+            match e {
+                CopyError::Exists(p) => exists.push(p.display().to_string()),
+                CopyError::ParentNotDirectory { path, parent } => {
+                    assert_eq!(
+                        (path.as_path(), parent.as_path()),
+                        (Path::new("dir/inner"), Path::new("dir"))
+                    );
+                }
+                other => panic!("unexpected {other}"),
+            }
+        }
+        assert_eq!(exists, ["exec.sh", "fifo", "linked", "symlink"]);
+        assert_eq!(report.skipped.len(), 5);
+        assert_eq!(std::fs::read(dest.join("exec.sh")).unwrap(), b"host");
+        let mode = std::fs::metadata(dest.join("exec.sh")).unwrap().mode();
+        assert_eq!(mode & 0o777, 0o755);
+        assert_eq!(
+            std::fs::read(host.path().join("elsewhere")).unwrap(),
+            b"host"
+        );
+        assert!(std::fs::symlink_metadata(dest.join("fifo"))
+            .unwrap()
+            .file_type()
+            .is_fifo());
+        assert!(!host.path().join("not-there").exists());
+        assert!(!host.path().join("inner").exists());
+    }
+
+    #[test]
+    fn copy_out_counts_sparse_files_and_hard_links_by_what_it_writes() {
+        use std::os::unix::fs::MetadataExt;
+        let src = tempfile::tempdir().unwrap();
+        let sparse = std::fs::File::create(src.path().join("a-sparse")).unwrap();
+        sparse.set_len(1 << 20).unwrap();
+        for i in 0..8 {
+            std::fs::hard_link(
+                src.path().join("a-sparse"),
+                src.path().join(format!("b-link{i}")),
+            )
+            .unwrap();
+        }
+        std::fs::write(src.path().join("c-small"), b"small").unwrap();
+        let ws = workspace(src.path());
+        let dest = tempfile::tempdir().unwrap();
+        let mut out = OutDir::create(dest.path(), limits((3 << 20) + 100, 100)).unwrap();
+        let report = ws.copy_out(&mut out).unwrap();
+        // Three files of 1 MiB fit, then 100 bytes: the small file still fits after the
+        // others were refused.
+        assert_eq!(report.copied.len(), 4, "{report:?}");
+        assert_eq!(report.skipped.len(), 6, "{report:?}");
+        assert!(report
+            .skipped
+            .iter()
+            .all(|e| matches!(e, CopyError::OverByteCap { left: 100, .. })));
+        assert_eq!(out.bytes_written(), (3 << 20) + 5);
+        let allocated: u64 = std::fs::read_dir(dest.path())
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().blocks() * 512)
+            .sum();
+        assert!(allocated <= (3 << 20) + (64 << 10), "{allocated}");
+
+        // The entry cap counts directories created too.
+        let src = tempfile::tempdir().unwrap();
+        let ws = workspace(src.path());
+        for name in ["a/1", "a/2", "b/1", "c"] {
+            ws.write_file(Path::new(name), &mut &b"x"[..]).unwrap();
+        }
+        let dest = tempfile::tempdir().unwrap();
+        let mut out = OutDir::create(dest.path(), limits(1 << 20, 3)).unwrap();
+        let report = ws.copy_out(&mut out).unwrap();
+        let copied: Vec<&str> = report.copied.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(copied, ["a/1", "a/2"]);
+        assert!(report
+            .skipped
+            .iter()
+            .all(|e| matches!(e, CopyError::TooManyEntries { max: 3, .. })));
+        assert_eq!(report.skipped.len(), 2);
+    }
+
+    #[test]
+    fn copy_out_reports_a_workspace_with_too_many_files() {
+        let src = tempfile::tempdir().unwrap();
+        for i in 0..=MAX_ENTRIES {
+            std::fs::write(src.path().join(i.to_string()), b"").unwrap();
+        }
+        let ws = workspace(src.path());
+        let dest = tempfile::tempdir().unwrap();
+        let mut out = OutDir::create(dest.path(), CopyLimits::for_workspace(1 << 20)).unwrap();
+        let report = ws.copy_out(&mut out).unwrap();
+        assert_eq!(report.copied.len(), MAX_ENTRIES);
+        assert!(matches!(
+            report.skipped.as_slice(),
+            [CopyError::ListingTruncated { max: MAX_ENTRIES }]
+        ));
+    }
+
+    #[test]
+    fn write_new_never_writes_more_than_announced() {
+        let dest = tempfile::tempdir().unwrap();
+        let mut out = OutDir::create(dest.path(), limits(100, 10)).unwrap();
+        let err = out
+            .write_new(Path::new("grown"), &mut &b"0123456789"[..], 4)
+            .unwrap_err();
+        assert!(matches!(err, CopyError::Changed(_)), "{err}");
+        assert!(
+            !dest.path().join("grown").exists(),
+            "the partial file is removed"
+        );
+        assert_eq!(
+            out.write_new(Path::new("ok"), &mut &b"0123"[..], 4)
+                .unwrap(),
+            4
+        );
+        let err = out
+            .write_new(Path::new("big"), &mut &[0u8; 100][..], 100)
+            .unwrap_err();
+        assert!(
+            matches!(err, CopyError::OverByteCap { left: 92, .. }),
+            "{err}"
+        );
+        assert!(matches!(
+            out.write_new(Path::new("../escape"), &mut &b""[..], 0),
+            Err(CopyError::BadName(_))
+        ));
+    }
+
+    #[test]
+    fn an_out_dir_must_be_a_directory() {
+        let host = tempfile::tempdir().unwrap();
+        let file = host.path().join("file");
+        std::fs::write(&file, b"host").unwrap();
+        assert!(matches!(
+            OutDir::check(&file),
+            Err(OutDirError::NotADirectory(_))
+        ));
+        assert!(matches!(
+            OutDir::check(&file.join("below")),
+            Err(OutDirError::NotADirectory(_))
+        ));
+        assert!(matches!(
+            OutDir::create(&file, CopyLimits::for_workspace(1)),
+            Err(OutDirError::NotADirectory(_))
+        ));
+        assert_eq!(std::fs::read(&file).unwrap(), b"host");
+        OutDir::check(&host.path().join("new/dir")).unwrap();
+        OutDir::create(&host.path().join("new/dir"), CopyLimits::for_workspace(1)).unwrap();
+        assert!(host.path().join("new/dir").is_dir());
     }
 
     #[test]

@@ -22,6 +22,19 @@ pub struct Config {
     pub pool_size: usize,
     pub max_sessions: usize,
     pub max_sessions_per_key: usize,
+    /// One-shot runs (`POST /v1/run`) in flight at once, from all keys.
+    pub max_runs: usize,
+    /// One-shot runs in flight at once from one key; default half of `max_runs` (at least 1),
+    /// so that no key can hold every slot.
+    pub max_runs_per_key: Option<usize>,
+    /// How long a one-shot run waits for a slot (or for memory budget) before it is refused
+    /// (429 or 503, with `Retry-After`).
+    pub admission_wait_s: u64,
+    /// The memory promised to live sandboxes (each its memory limit plus its `/workspace`
+    /// and `/tmp` tmpfs) may reach this multiple of the host's `MemTotal`.
+    pub memory_overcommit: f64,
+    /// A fixed memory budget in bytes instead of `memory_overcommit` × `MemTotal`.
+    pub memory_budget_bytes: Option<u64>,
     /// Largest request body: uploaded files (JSON bodies are held to `max_json_bytes`).
     pub max_body_bytes: usize,
     pub max_json_bytes: usize,
@@ -45,6 +58,11 @@ impl Default for Config {
             pool_size: 16,
             max_sessions: 1000,
             max_sessions_per_key: 100,
+            max_runs: 64,
+            max_runs_per_key: None,
+            admission_wait_s: 10,
+            memory_overcommit: 1.5,
+            memory_budget_bytes: None,
             max_body_bytes: 64 << 20,
             max_json_bytes: 8 << 20,
             default_idle_timeout_s: 600,
@@ -71,6 +89,59 @@ impl Config {
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(self.shutdown_grace_s)
     }
+
+    /// `max_runs_per_key`, or its default: half of `max_runs`, at least 1.
+    pub fn runs_per_key(&self) -> usize {
+        self.max_runs_per_key
+            .unwrap_or(self.max_runs / 2)
+            .clamp(1, self.max_runs.max(1))
+    }
+
+    /// Refuses settings that cannot work.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.max_runs == 0 || self.max_runs_per_key == Some(0) {
+            anyhow::bail!("max_runs and max_runs_per_key must be at least 1");
+        }
+        if !(self.memory_overcommit > 0.0 && self.memory_overcommit.is_finite()) {
+            anyhow::bail!("memory_overcommit must be a positive number (1.5: 150% of MemTotal)");
+        }
+        if self.memory_budget_bytes == Some(0) {
+            anyhow::bail!("memory_budget_bytes must be more than 0");
+        }
+        Ok(())
+    }
+
+    /// The memory budget of live sandboxes: `memory_budget_bytes`, else `memory_overcommit` ×
+    /// the host's `MemTotal`.
+    pub fn memory_budget(&self) -> anyhow::Result<u64> {
+        if let Some(bytes) = self.memory_budget_bytes {
+            return Ok(bytes);
+        }
+        let total = mem_total_bytes()?;
+        Ok((total as f64 * self.memory_overcommit) as u64)
+    }
+}
+
+/// The host's `MemTotal` from `/proc/meminfo`.
+fn mem_total_bytes() -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo")
+        .map_err(|e| anyhow::anyhow!("reading /proc/meminfo: {e}"))?;
+    parse_mem_total(&text).ok_or_else(|| {
+        anyhow::anyhow!(
+            "/proc/meminfo has no MemTotal line: set memory_budget_bytes in the configuration"
+        )
+    })
+}
+
+fn parse_mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let mut words = line["MemTotal:".len()..].split_whitespace();
+    let n: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") => n.checked_mul(1024),
+        None => Some(n),
+        Some(_) => None,
+    }
 }
 
 #[cfg(test)]
@@ -86,5 +157,35 @@ mod tests {
         assert!(!Config::default().requires_keys());
         let err = toml::from_str::<Config>("pool_sise = 2").unwrap_err();
         assert!(err.to_string().contains("pool_sise"), "{err}");
+    }
+
+    #[test]
+    fn runs_per_key_defaults_to_half_the_slots() {
+        let mut c = Config::default();
+        assert_eq!((c.max_runs, c.runs_per_key()), (64, 32));
+        c.max_runs = 1;
+        assert_eq!(c.runs_per_key(), 1);
+        c.max_runs = 8;
+        c.max_runs_per_key = Some(100);
+        assert_eq!(c.runs_per_key(), 8);
+        c.check().unwrap();
+        c.max_runs_per_key = Some(0);
+        assert!(c.check().is_err());
+        let c: Config = toml::from_str("memory_overcommit = -1").unwrap();
+        assert!(c.check().is_err());
+    }
+
+    #[test]
+    fn the_budget_is_mem_total_times_the_overcommit_unless_given() {
+        assert_eq!(
+            parse_mem_total("MemTotal:       24684092 kB\nMemFree: 1 kB\n"),
+            Some(24_684_092 * 1024)
+        );
+        assert_eq!(parse_mem_total("MemFree: 1 kB\n"), None);
+        let c: Config = toml::from_str("memory_budget_bytes = 2147483648").unwrap();
+        assert_eq!(c.memory_budget().unwrap(), 2 << 30);
+        let total = mem_total_bytes().unwrap();
+        let c: Config = toml::from_str("memory_overcommit = 2.0").unwrap();
+        assert_eq!(c.memory_budget().unwrap(), total * 2);
     }
 }

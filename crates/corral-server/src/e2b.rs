@@ -10,7 +10,8 @@
 //!   per-sandbox `X-Access-Token` handed out at creation: `POST /execute` (NDJSON),
 //!   `POST/GET /files`, `GET /health` and the Connect RPC `POST /process.Process/Start`.
 //!   A sandbox that is unknown or gone answers 502 "The sandbox … was not found", as E2B's
-//!   edge proxy does; the SDK reads that as "not running".
+//!   edge proxy does; the SDK reads that as "not running". So does a sandbox whose token is
+//!   missing or wrong, so that the answer never tells whether an id exists.
 //!
 //! E2B paths are mapped onto the session's workspace: relative paths and paths under
 //! `/home/user` (E2B's home) or `/workspace` name workspace files; other absolute paths are
@@ -171,7 +172,9 @@ impl Registry {
             .map(|e| (e.token.clone(), e.template.clone()))
     }
 
-    /// The owner of the sandbox a sandbox-plane request names, if its token is right.
+    /// The owner of the sandbox a sandbox-plane request names, if its token is right. A wrong
+    /// or missing token is answered exactly as an unknown sandbox (502, "not found"): the
+    /// answer does not tell another tenant's sandbox ids from ids that do not exist.
     fn authorize(&self, headers: &HeaderMap) -> Result<(String, Tenant), E2bError> {
         let id = headers
             .get(SANDBOX_ID_HEADER)
@@ -182,18 +185,16 @@ impl Registry {
                     "this route belongs to the E2B sandbox plane: send an E2b-Sandbox-Id header",
                 )
             })?;
-        let sandboxes = self.sandboxes.lock().expect("lock");
-        let entry = sandboxes.get(id).ok_or_else(|| E2bError::not_running(id))?;
         let presented = headers
             .get(ACCESS_TOKEN_HEADER)
             .map_or(&b""[..], HeaderValue::as_bytes);
-        if !tokens_match(entry.token.as_bytes(), presented) {
-            return Err(E2bError::new(
-                StatusCode::UNAUTHORIZED,
-                "missing or wrong X-Access-Token for this sandbox",
-            ));
+        let sandboxes = self.sandboxes.lock().expect("lock");
+        match sandboxes.get(id) {
+            Some(entry) if tokens_match(entry.token.as_bytes(), presented) => {
+                Ok((id.to_string(), entry.tenant.clone()))
+            }
+            _ => Err(E2bError::not_running(id)),
         }
-        Ok((id.to_string(), entry.tenant.clone()))
     }
 
     fn next_pid(&self) -> u32 {
@@ -968,17 +969,18 @@ mod tests {
             .unwrap();
         assert_eq!(ok, ("sbx-1".to_string(), Tenant("k1".into())));
 
-        let wrong = registry
-            .authorize(&headers(&[
-                ("e2b-sandbox-id", "sbx-1"),
-                ("x-access-token", "nope"),
-            ]))
-            .unwrap_err();
-        assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
-        let missing = registry
-            .authorize(&headers(&[("e2b-sandbox-id", "sbx-1")]))
-            .unwrap_err();
-        assert_eq!(missing.status, StatusCode::UNAUTHORIZED);
+        // A wrong or missing token, even another sandbox's, is answered as an unknown id.
+        let other = registry.register("sbx-3", Tenant("k2".into()), "base".into());
+        for presented in [
+            &[("x-access-token", "nope")][..],
+            &[],
+            &[("x-access-token", &other)],
+        ] {
+            let mut sent = vec![("e2b-sandbox-id", "sbx-1")];
+            sent.extend_from_slice(presented);
+            let refused = registry.authorize(&headers(&sent)).unwrap_err();
+            assert_eq!(refused, E2bError::not_running("sbx-1"), "{presented:?}");
+        }
 
         let unknown = registry
             .authorize(&headers(&[

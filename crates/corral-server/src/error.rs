@@ -4,7 +4,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::service::ServiceError;
+use crate::service::{ServiceError, Unavailability};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -24,7 +24,8 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// Machine-readable: `bad_request`, `invalid_path`, `unauthorized`, `forbidden`, `not_found`,
     /// `sandbox_dead`, `payload_too_large`, `unknown_image`, `unsupported_language`,
-    /// `too_many_sandboxes`, `sandbox_error`, `zygote_restarting`, `shutting_down`.
+    /// `too_many_sandboxes`, `sandbox_error`, `zygote_restarting`, `memory_budget_committed`,
+    /// `shutting_down`.
     pub code: String,
     pub message: String,
 }
@@ -76,9 +77,13 @@ impl From<ServiceError> for ApiError {
                 (StatusCode::TOO_MANY_REQUESTS, "too_many_sandboxes")
             }
             ServiceError::Sandbox(_) => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox_error"),
-            ServiceError::Unavailable { .. } => {
-                (StatusCode::SERVICE_UNAVAILABLE, "zygote_restarting")
-            }
+            ServiceError::Unavailable { reason, .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                match reason {
+                    Unavailability::ZygoteRestarting => "zygote_restarting",
+                    Unavailability::MemoryBudget => "memory_budget_committed",
+                },
+            ),
             ServiceError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
         };
         let retry_after_s = match e {
@@ -120,6 +125,7 @@ mod tests {
     #[test]
     fn a_restarting_zygote_is_503_with_retry_after() {
         let e = ApiError::from(ServiceError::Unavailable {
+            reason: Unavailability::ZygoteRestarting,
             message: "restarting".into(),
             retry_after_s: 3,
         });

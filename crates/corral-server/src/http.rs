@@ -17,7 +17,7 @@ use corral_sandbox::{ExecutionResult, FileEntry};
 use futures_util::StreamExt as _;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 use utoipa::OpenApi;
 
 use crate::error::{ApiError, ErrorBody};
@@ -30,21 +30,14 @@ use crate::service::{
 const STREAM_BUFFER: usize = 64;
 /// A client that reads nothing for this long is treated as gone and its execution interrupted.
 const SLOW_CLIENT_LIMIT: Duration = Duration::from_secs(30);
-/// One-shot runs in flight at once; more wait for a slot.
-const RUN_SLOTS: usize = 64;
-
 #[derive(Clone)]
 pub struct AppState {
     pub service: Arc<Service>,
-    run_slots: Arc<Semaphore>,
 }
 
 impl AppState {
     pub fn new(service: Arc<Service>) -> AppState {
-        AppState {
-            service,
-            run_slots: Arc::new(Semaphore::new(RUN_SLOTS)),
-        }
+        AppState { service }
     }
 }
 
@@ -58,53 +51,112 @@ pub async fn blocking<T: Send + 'static>(
         .map_err(ApiError::from)
 }
 
-/// The API key of a request: `Authorization: Bearer KEY`, or `X-API-KEY: KEY`.
-pub fn presented_key(headers: &HeaderMap) -> Option<String> {
-    if let Some(v) = headers.get(header::AUTHORIZATION) {
-        let v = v.to_str().ok()?;
-        let (scheme, key) = v.split_once(' ')?;
-        return scheme
-            .eq_ignore_ascii_case("bearer")
-            .then(|| key.trim().to_string());
+/// The API key of a request: `Authorization: Bearer KEY`, or `X-API-KEY: KEY` (E2B's control
+/// plane). `None` when it carries neither header. Any other `Authorization` (another scheme, no
+/// key, bytes that are not text, the header twice) is refused with 401, never read as "no key".
+pub fn presented_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let refused = || {
+        ApiError::unauthorized(
+            "the Authorization header must be `Bearer KEY` (make a key with `corral key create`)",
+        )
+    };
+    let mut authorization = headers.get_all(header::AUTHORIZATION).iter();
+    if let Some(value) = authorization.next() {
+        if authorization.next().is_some() {
+            return Err(refused());
+        }
+        let value = value.to_str().map_err(|_| refused())?;
+        let (scheme, key) = value.trim().split_once(' ').ok_or_else(refused)?;
+        let key = key.trim();
+        if !scheme.eq_ignore_ascii_case("bearer") || key.is_empty() || key.contains(' ') {
+            return Err(refused());
+        }
+        return Ok(Some(key.to_string()));
     }
-    headers
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.trim().to_string())
+    let mut api_key = headers.get_all("x-api-key").iter();
+    match (api_key.next(), api_key.next()) {
+        (None, _) => Ok(None),
+        (Some(value), None) => value
+            .to_str()
+            .map(|v| Some(v.trim().to_string()))
+            .map_err(|_| ApiError::unauthorized("the X-API-KEY header is not a key")),
+        (Some(_), Some(_)) => Err(ApiError::unauthorized("more than one X-API-KEY header")),
+    }
 }
 
-/// Whether a keyless request can only have come from a local program: its `Host` names
-/// loopback (a DNS-rebound name does not) and any `Origin` is a loopback page. A web page the
-/// user visits can neither read from nor post to a keyless server.
+/// Whether `authority` (`host[:port]`, as in `Host` or in an origin) names loopback:
+/// `localhost`, an address of 127.0.0.0/8 or `[::1]`, with or without a port. Anything that
+/// does not parse as exactly that is not loopback.
+fn loopback_authority(authority: &str) -> bool {
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((v6, "")) => (Ok(v6), None),
+            Some((v6, after)) => match after.strip_prefix(':') {
+                Some(port) => (Ok(v6), Some(port)),
+                None => return false,
+            },
+            None => return false,
+        },
+        None => match authority.split_once(':') {
+            Some((host, port)) => (Err(host), Some(port)),
+            None => (Err(authority), None),
+        },
+    };
+    let port_ok = port.is_none_or(|p| {
+        !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok()
+    });
+    let host_ok = match host {
+        Ok(v6) => v6
+            .parse::<std::net::Ipv6Addr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        Err(name) => {
+            name.eq_ignore_ascii_case("localhost")
+                || name
+                    .parse::<std::net::Ipv4Addr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+    };
+    port_ok && host_ok
+}
+
+/// Whether `origin` is a loopback page's origin: `http` or `https`, `://`, a loopback
+/// authority, and nothing else (no path, no user information).
+fn loopback_origin(origin: &str) -> bool {
+    let Some((scheme, authority)) = origin.split_once("://") else {
+        return false;
+    };
+    (scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https"))
+        && loopback_authority(authority)
+}
+
+/// Whether a keyless request can only have come from a local program. It fails closed: the
+/// request must carry exactly one `Host`, which parses to a loopback name or address (a
+/// DNS-rebound name does not), and at most one `Origin`, which parses to a loopback page's
+/// origin. A missing `Host`, or a `Host` or `Origin` that cannot be parsed, is not local. A web
+/// page the user visits can neither read from nor post to a keyless server.
 pub fn from_local_program(headers: &HeaderMap) -> bool {
-    fn loopback_host(authority: &str) -> bool {
-        let host = match authority.strip_prefix('[') {
-            Some(v6) => v6.split(']').next().unwrap_or(""),
-            None => authority.split(':').next().unwrap_or(""),
-        };
-        host == "localhost"
-            || host
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback())
+    /// The header's only value as text; `Err` when it appears twice or is not text.
+    fn single(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<&str>, ()> {
+        let mut values = headers.get_all(name).iter();
+        match (values.next(), values.next()) {
+            (None, _) => Ok(None),
+            (Some(v), None) => v.to_str().map(Some).map_err(|_| ()),
+            (Some(_), Some(_)) => Err(()),
+        }
     }
-    let host_ok = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .is_none_or(loopback_host);
-    let origin_ok = headers
-        .get(header::ORIGIN)
-        .and_then(|o| o.to_str().ok())
-        .is_none_or(|o| {
-            o.strip_prefix("http://")
-                .or_else(|| o.strip_prefix("https://"))
-                .is_some_and(loopback_host)
-        });
+    let host_ok = matches!(single(headers, header::HOST), Ok(Some(h)) if loopback_authority(h));
+    let origin_ok = match single(headers, header::ORIGIN) {
+        Ok(None) => true,
+        Ok(Some(o)) => loopback_origin(o),
+        Err(()) => false,
+    };
     host_ok && origin_ok
 }
 
-/// The tenant of a request: its key's, or `local` for a keyless request to a loopback server.
+/// The tenant of a request: its key's, or `local` for a keyless request to a loopback server
+/// that comes from a local program ([`from_local_program`]).
 pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Tenant, ApiError> {
-    match presented_key(headers) {
+    match presented_key(headers)? {
         None if !state.service.config().requires_keys() => {
             if from_local_program(headers) {
                 Ok(Tenant::local())
@@ -112,8 +164,8 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Tenan
                 Err(ApiError::new(
                     StatusCode::FORBIDDEN,
                     "forbidden",
-                    "a request without a key must come from a local program (Host and Origin \
-                     on loopback); send `Authorization: Bearer KEY`",
+                    "a request without a key must come from a local program (a loopback Host, \
+                     and a loopback Origin if any); send `Authorization: Bearer KEY`",
                 ))
             }
         }
@@ -331,20 +383,18 @@ pub fn ndjson_stream(
         (status = 200, description = "The result object (DESIGN §3), whatever the program did", body = corral_sandbox::ExecutionResult),
         (status = 400, description = "Malformed request", body = ErrorBody),
         (status = 422, description = "Unknown image or language", body = ErrorBody),
+        (status = 429, description = "No run slot within admission_wait_s (max_runs, max_runs_per_key); see Retry-After", body = ErrorBody),
+        (status = 503, description = "The host's memory budget is committed, or the server is stopping; see Retry-After", body = ErrorBody),
     ))]
 async fn run(
     State(state): State<AppState>,
     tenant: Tenant,
     ApiJson(req): ApiJson<RunRequest>,
 ) -> Result<Json<ExecutionResult>, ApiError> {
-    let _slot = state
-        .run_slots
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?;
+    // A slot and the memory the run's limits promise (bounded wait; see admission.rs).
+    let permit = state.service.admit_run(&tenant, &req).await?;
     let service = state.service.clone();
-    let result = blocking(move || service.run(&tenant, &req, &mut |_, _| {})).await?;
+    let result = blocking(move || service.run(&tenant, &req, permit, &mut |_, _| {})).await?;
     Ok(Json(result))
 }
 
@@ -354,7 +404,7 @@ async fn run(
         (status = 201, body = SandboxInfo),
         (status = 400, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 429, description = "Session limits reached; see Retry-After", body = ErrorBody),
-        (status = 503, description = "The image's zygote is being replaced, or the server is stopping; see Retry-After", body = ErrorBody),
+        (status = 503, description = "The image's zygote is being replaced, the host's memory budget is committed, or the server is stopping; see Retry-After", body = ErrorBody),
     ))]
 async fn create_sandbox(
     State(state): State<AppState>,
@@ -582,9 +632,12 @@ async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
     }))
 }
 
-/// Prometheus metrics.
-#[utoipa::path(get, path = "/metrics", tag = "service", responses((status = 200, content_type = "text/plain")))]
-async fn metrics(State(state): State<AppState>) -> Response {
+/// Prometheus metrics. Authenticated like the API: a key, or a keyless local program on a
+/// loopback server.
+#[utoipa::path(get, path = "/metrics", tag = "service", responses(
+    (status = 200, content_type = "text/plain"),
+    (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+async fn metrics(State(state): State<AppState>, _tenant: Tenant) -> Response {
     let m = &state.service.metrics;
     m.sessions_live.set(state.service.sessions_live() as i64);
     m.pool_ready.set(state.service.pool_ready() as i64);
@@ -723,32 +776,85 @@ mod tests {
 
     #[test]
     fn keyless_requests_must_come_from_local_programs() {
-        let headers = |pairs: &[(header::HeaderName, &str)]| {
+        let headers = |pairs: &[(header::HeaderName, &[u8])]| {
             let mut h = HeaderMap::new();
             for (k, v) in pairs {
-                h.insert(k, v.parse().unwrap());
+                h.append(k, header::HeaderValue::from_bytes(v).unwrap());
             }
             h
         };
+        let (host, origin) = (header::HOST, header::ORIGIN);
         for ok in [
-            headers(&[]),
-            headers(&[(header::HOST, "127.0.0.1:8420")]),
+            headers(&[(host.clone(), b"127.0.0.1:8420")]),
+            headers(&[(host.clone(), b"127.0.0.1")]),
+            headers(&[(host.clone(), b"127.255.0.9:1")]),
+            headers(&[(host.clone(), b"LOCALHOST")]),
             headers(&[
-                (header::HOST, "localhost:8420"),
-                (header::ORIGIN, "http://localhost:3000"),
+                (host.clone(), b"localhost:8420"),
+                (origin.clone(), b"http://localhost:3000"),
             ]),
-            headers(&[(header::HOST, "[::1]:8420")]),
+            headers(&[
+                (host.clone(), b"[::1]:8420"),
+                (origin.clone(), b"HTTPS://[::1]"),
+            ]),
+            headers(&[(host.clone(), b"[::1]")]),
         ] {
             assert!(from_local_program(&ok), "{ok:?}");
         }
         for bad in [
-            headers(&[(header::HOST, "evil.example:8420")]),
-            headers(&[(header::HOST, "127.0.0.1.evil.example")]),
+            headers(&[]),
+            headers(&[(origin.clone(), b"http://localhost")]),
+            headers(&[(host.clone(), b"")]),
+            headers(&[(host.clone(), b"evil.example:8420")]),
+            headers(&[(host.clone(), b"127.0.0.1.evil.example")]),
+            headers(&[(host.clone(), b"localhost.")]),
+            headers(&[(host.clone(), b"127.1")]),
+            headers(&[(host.clone(), b"0x7f.0.0.1")]),
+            headers(&[(host.clone(), b"[::ffff:127.0.0.1]")]),
+            headers(&[(host.clone(), b"::1")]),
+            headers(&[(host.clone(), b"[::1")]),
+            headers(&[(host.clone(), b"[::1]x")]),
+            headers(&[(host.clone(), b"[::1]:")]),
+            headers(&[(host.clone(), b"localhost:")]),
+            headers(&[(host.clone(), b"localhost:+80")]),
+            headers(&[(host.clone(), b"localhost:65536")]),
+            headers(&[(host.clone(), b"localhost:80:80")]),
+            headers(&[(host.clone(), b"localhost/x")]),
+            headers(&[(host.clone(), b"localhost:80/x")]),
+            headers(&[(host.clone(), b"user@localhost")]),
+            headers(&[(host.clone(), b"127.0.0.1\xff")]),
             headers(&[
-                (header::HOST, "127.0.0.1:8420"),
-                (header::ORIGIN, "https://evil.example"),
+                (host.clone(), b"127.0.0.1"),
+                (host.clone(), b"evil.example"),
             ]),
-            headers(&[(header::HOST, "127.0.0.1:8420"), (header::ORIGIN, "null")]),
+            headers(&[
+                (host.clone(), b"127.0.0.1:8420"),
+                (origin.clone(), b"https://evil.example"),
+            ]),
+            headers(&[(host.clone(), b"127.0.0.1:8420"), (origin.clone(), b"null")]),
+            headers(&[(host.clone(), b"127.0.0.1"), (origin.clone(), b"")]),
+            headers(&[(host.clone(), b"127.0.0.1"), (origin.clone(), b"localhost")]),
+            headers(&[
+                (host.clone(), b"127.0.0.1"),
+                (origin.clone(), b"file://localhost"),
+            ]),
+            headers(&[
+                (host.clone(), b"127.0.0.1"),
+                (origin.clone(), b"http://localhost/"),
+            ]),
+            headers(&[
+                (host.clone(), b"127.0.0.1"),
+                (origin.clone(), b"http://localhost:3000@evil.example"),
+            ]),
+            headers(&[
+                (host.clone(), b"127.0.0.1"),
+                (origin.clone(), b"http://localhost\xff"),
+            ]),
+            headers(&[
+                (host.clone(), b"127.0.0.1"),
+                (origin.clone(), b"http://localhost"),
+                (origin.clone(), b"http://evil.example"),
+            ]),
         ] {
             assert!(!from_local_program(&bad), "{bad:?}");
         }
@@ -756,13 +862,46 @@ mod tests {
 
     #[test]
     fn keys_come_from_bearer_or_x_api_key() {
-        let mut h = HeaderMap::new();
-        h.insert(header::AUTHORIZATION, "Bearer  k1 ".parse().unwrap());
-        assert_eq!(presented_key(&h).as_deref(), Some("k1"));
-        h.insert(header::AUTHORIZATION, "Basic dXNlcjo=".parse().unwrap());
-        assert_eq!(presented_key(&h), None);
-        let mut h = HeaderMap::new();
-        h.insert("x-api-key", "k2".parse().unwrap());
-        assert_eq!(presented_key(&h).as_deref(), Some("k2"));
+        let with = |name: &str, value: &[u8]| {
+            let mut h = HeaderMap::new();
+            h.append(
+                header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                header::HeaderValue::from_bytes(value).unwrap(),
+            );
+            h
+        };
+        let key = |h: &HeaderMap| presented_key(h).map_err(|e| e.status);
+        assert_eq!(key(&HeaderMap::new()), Ok(None));
+        assert_eq!(
+            key(&with("authorization", b"Bearer  k1 ")),
+            Ok(Some("k1".into()))
+        );
+        assert_eq!(
+            key(&with("authorization", b"bearer k1")),
+            Ok(Some("k1".into()))
+        );
+        assert_eq!(key(&with("x-api-key", b"k2")), Ok(Some("k2".into())));
+        for refused in [
+            &b"Basic dXNlcjo="[..],
+            b"Bearer",
+            b"Bearer ",
+            b"Token k1",
+            b"Bearer k1 k2",
+            b"Bearer \xff",
+            b"",
+        ] {
+            assert_eq!(
+                key(&with("authorization", refused)),
+                Err(StatusCode::UNAUTHORIZED),
+                "{refused:?}"
+            );
+        }
+        let mut twice = with("authorization", b"Bearer k1");
+        twice.append(header::AUTHORIZATION, "Bearer k2".parse().unwrap());
+        assert_eq!(key(&twice), Err(StatusCode::UNAUTHORIZED));
+        // A Basic header beside a good X-API-KEY is still refused.
+        let mut both = with("x-api-key", b"k2");
+        both.append(header::AUTHORIZATION, "Basic dXNlcjo=".parse().unwrap());
+        assert_eq!(key(&both), Err(StatusCode::UNAUTHORIZED));
     }
 }

@@ -3,6 +3,7 @@
 //! synchronous; [`service::Service`] holds the logic and the HTTP layer calls it from
 //! blocking threads.
 
+pub mod admission;
 pub mod config;
 pub mod connect;
 pub mod db;

@@ -28,6 +28,11 @@ pub struct Metrics {
     registry: Registry,
     pub sessions_live: Gauge,
     pub pool_ready: Gauge,
+    /// Host memory promised to live sandboxes (sessions and running one-shot runs).
+    pub memory_committed_bytes: Gauge,
+    /// What that promise may reach (`memory_overcommit` × MemTotal, or `memory_budget_bytes`).
+    pub memory_budget_bytes: Gauge,
+    pub runs_in_flight: Gauge,
     pub executions: Family<ExecutionLabels, Counter>,
     pub execution_seconds: Histogram,
     pub session_create_seconds: Histogram,
@@ -45,6 +50,9 @@ impl Default for Metrics {
         let m = Metrics {
             sessions_live: Gauge::default(),
             pool_ready: Gauge::default(),
+            memory_committed_bytes: Gauge::default(),
+            memory_budget_bytes: Gauge::default(),
+            runs_in_flight: Gauge::default(),
             executions: Family::default(),
             // 0.5 ms .. ~65 s
             execution_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 18)),
@@ -60,6 +68,21 @@ impl Default for Metrics {
             "pool_ready",
             "Sessions forked ahead and ready in the warm pool",
             m.pool_ready.clone(),
+        );
+        registry.register(
+            "memory_committed_bytes",
+            "Host memory promised to live sandboxes: memory limit plus /workspace and /tmp",
+            m.memory_committed_bytes.clone(),
+        );
+        registry.register(
+            "memory_budget_bytes",
+            "The most host memory live sandboxes may be promised",
+            m.memory_budget_bytes.clone(),
+        );
+        registry.register(
+            "runs_in_flight",
+            "One-shot runs running now",
+            m.runs_in_flight.clone(),
         );
         registry.register(
             "executions",
@@ -144,6 +167,7 @@ mod tests {
         let m = Metrics::default();
         m.record_execution("execute", "success", 3);
         m.sessions_live.set(2);
+        m.memory_committed_bytes.set(1 << 30);
         let down = corral_kernel::ZygoteStatus {
             alive: false,
             restarts: 3,
@@ -161,6 +185,9 @@ mod tests {
         for name in [
             "corral_sessions_live 2",
             "corral_pool_ready",
+            "corral_memory_committed_bytes 1073741824",
+            "corral_memory_budget_bytes",
+            "corral_runs_in_flight",
             "corral_executions_total{kind=\"execute\",status=\"success\"} 1",
             "corral_execution_seconds_bucket",
             "corral_session_create_seconds_count",

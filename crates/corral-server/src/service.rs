@@ -14,21 +14,17 @@ use corral_kernel::bytecode::BytecodeCache;
 use corral_kernel::{
     Event, KernelError, Language, ManagerError, Pool, SessionManager, SessionOptions, ZygoteStatus,
 };
+use corral_sandbox::limits::timeout_from_secs;
 use corral_sandbox::{
-    ExecutionResult, FileEntry, InputFile, Limits, Policy, SandboxSpec, Status, WorkspaceError,
+    ExecutionResult, FileEntry, InputFile, LimitError, LimitField, Limits, Policy, SandboxSpec,
+    Status, WorkspaceError,
 };
 use serde::{Deserialize, Serialize};
 
+use crate::admission::{Admission, RunPermit};
 use crate::config::Config;
 use crate::db::{AuditEntry, Db};
 use crate::metrics::Metrics;
-
-/// Upper bounds on what a request may ask for.
-const MAX_TIMEOUT_S: f64 = 24.0 * 3600.0;
-const MAX_MEMORY_MB: u64 = 64 << 10;
-const MAX_PIDS: u64 = 32_768;
-const MAX_DISK_MB: u64 = 64 << 10;
-const MAX_CPUS: f64 = 64.0;
 
 /// The tenant a request acts for: an API key's id, or `local` for keyless loopback use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,14 +52,26 @@ pub enum ServiceError {
     UnsupportedLanguage(String),
     #[error("{message}")]
     TooManySandboxes { message: String, retry_after_s: u64 },
-    /// Temporarily unable to create the sandbox (the image's zygote is being replaced);
-    /// retrying after `retry_after_s` can succeed.
+    /// Temporarily unable to create the sandbox; retrying after `retry_after_s` can succeed.
     #[error("{message}")]
-    Unavailable { message: String, retry_after_s: u64 },
+    Unavailable {
+        reason: Unavailability,
+        message: String,
+        retry_after_s: u64,
+    },
     #[error("{0}")]
     Sandbox(String),
     #[error("the server is shutting down")]
     ShuttingDown,
+}
+
+/// Why a sandbox cannot be made now (each is answered 503 with its own code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unavailability {
+    /// The image's zygote is being replaced.
+    ZygoteRestarting,
+    /// The memory promised to live sandboxes has reached the host's budget.
+    MemoryBudget,
 }
 
 impl From<WorkspaceError> for ServiceError {
@@ -102,41 +110,40 @@ pub struct LimitsRequest {
 }
 
 impl LimitsRequest {
+    /// The limits asked for, checked against the engine's bounds (those of `corral run` too);
+    /// a limit out of range is a bad request naming its field.
     pub fn to_limits(&self) -> Result<Limits, ServiceError> {
         let mut limits = Limits::default();
-        let bad = |what: &str| Err(ServiceError::BadRequest(format!("limits.{what}")));
         if let Some(t) = self.timeout_s {
-            if !(t > 0.0 && t <= MAX_TIMEOUT_S) {
-                return bad("timeout_s must be > 0 and at most 86400");
-            }
-            limits.timeout = Duration::from_secs_f64(t);
+            limits.timeout = timeout_from_secs(t).map_err(limits_error)?;
         }
         if let Some(m) = self.memory_mb {
-            if !(4..=MAX_MEMORY_MB).contains(&m) {
-                return bad("memory_mb must be between 4 and 65536");
-            }
-            limits.memory_bytes = m << 20;
+            limits.memory_bytes = m.saturating_mul(1 << 20);
         }
         if let Some(c) = self.cpus {
-            if !(c > 0.0 && c <= MAX_CPUS) {
-                return bad("cpus must be > 0 and at most 64");
-            }
             limits.cpus = c;
         }
         if let Some(p) = self.pids {
-            if !(1..=MAX_PIDS).contains(&p) {
-                return bad("pids must be between 1 and 32768");
-            }
             limits.pids = p;
         }
         if let Some(d) = self.disk_mb {
-            if !(1..=MAX_DISK_MB).contains(&d) {
-                return bad("disk_mb must be between 1 and 65536");
-            }
-            limits.disk_bytes = d << 20;
+            limits.disk_bytes = d.saturating_mul(1 << 20);
         }
+        limits.validate().map_err(limits_error)?;
         Ok(limits)
     }
+}
+
+/// An engine limit error as a bad request naming the request's field (`limits.memory_mb`).
+fn limits_error(e: LimitError) -> ServiceError {
+    let field = match e.field {
+        LimitField::Timeout => "timeout_s",
+        LimitField::Memory => "memory_mb",
+        LimitField::Cpus => "cpus",
+        LimitField::Pids => "pids",
+        LimitField::Disk => "disk_mb",
+    };
+    ServiceError::BadRequest(e.naming(&format!("limits.{field}")))
 }
 
 /// A file for a one-shot run's workspace: text in `content`, or bytes in `content_base64`.
@@ -230,6 +237,10 @@ struct Owned {
     tenant: Tenant,
     image: String,
     default_timeout: Duration,
+    /// Host memory promised to the session (see [`Admission`]), given back when it ends.
+    promised_bytes: u64,
+    /// What of it a dead session still holds: its workspace, until it is closed.
+    workspace_bytes: u64,
 }
 
 pub struct Service {
@@ -242,6 +253,8 @@ pub struct Service {
     sessions: Mutex<HashMap<String, Owned>>,
     /// Session slots taken by creations in progress, per tenant.
     reserved: Mutex<HashMap<String, usize>>,
+    /// The memory budget of live sandboxes and the one-shot run slots.
+    admission: Arc<Admission>,
     shutting_down: AtomicBool,
     bytecode: Mutex<HashMap<String, Arc<BytecodeCache>>>,
 }
@@ -296,10 +309,9 @@ fn parse_language(name: Option<&str>) -> Result<Language, ServiceError> {
 fn timeout_from(seconds: Option<f64>, default: Duration) -> Result<Duration, ServiceError> {
     match seconds {
         None => Ok(default),
-        Some(t) if t > 0.0 && t <= MAX_TIMEOUT_S => Ok(Duration::from_secs_f64(t)),
-        Some(_) => Err(ServiceError::BadRequest(
-            "timeout_s must be > 0 and at most 86400".into(),
-        )),
+        Some(t) => {
+            timeout_from_secs(t).map_err(|e| ServiceError::BadRequest(e.naming("timeout_s")))
+        }
     }
 }
 
@@ -307,6 +319,9 @@ impl Service {
     /// Opens the database, ends the sessions a killed predecessor left, removes its stale
     /// cgroups, and starts the warm pool of the default image when it is built.
     pub fn start(config: Config) -> anyhow::Result<Arc<Service>> {
+        config.check()?;
+        let metrics = Metrics::default();
+        let admission = Arc::new(Admission::new(&config, config.memory_budget()?, &metrics));
         let store = Store::open(config.data_dir.as_deref());
         let db_path = config
             .db
@@ -357,9 +372,10 @@ impl Service {
             manager,
             pool,
             db,
-            metrics: Metrics::default(),
+            metrics,
             sessions: Mutex::new(HashMap::new()),
             reserved: Mutex::new(HashMap::new()),
+            admission,
             shutting_down: AtomicBool::new(false),
             bytecode: Mutex::new(HashMap::new()),
         });
@@ -391,6 +407,30 @@ impl Service {
 
     pub fn sessions_live(&self) -> usize {
         self.sessions.lock().expect("lock").len()
+    }
+
+    /// Gives back what a session that left `sessions` was promised.
+    fn released(&self, owned: Option<Owned>) {
+        if let Some(owned) = owned {
+            self.admission.release(owned.promised_bytes);
+        }
+    }
+
+    /// A dead session's kernel, and with it its memory and `/tmp`, is gone; only its
+    /// workspace stays promised until the session is closed.
+    fn release_dead(&self, id: &str) {
+        let freed = {
+            let mut sessions = self.sessions.lock().expect("lock");
+            match sessions.get_mut(id) {
+                Some(o) if o.promised_bytes > o.workspace_bytes => {
+                    let freed = o.promised_bytes - o.workspace_bytes;
+                    o.promised_bytes = o.workspace_bytes;
+                    freed
+                }
+                _ => 0,
+            }
+        };
+        self.admission.release(freed);
     }
 
     fn policy(&self) -> Policy {
@@ -449,6 +489,7 @@ impl Service {
             ManagerError::NotFound(_) => ServiceError::NotFound(format!("no sandbox {id}")),
             ManagerError::Kernel(e @ KernelError::ZygoteUnavailable { retry_after, .. }) => {
                 ServiceError::Unavailable {
+                    reason: Unavailability::ZygoteRestarting,
                     message: e.to_string(),
                     retry_after_s: retry_after.as_secs().max(1),
                 }
@@ -519,6 +560,11 @@ impl Service {
             )));
         }
         self.reserve_slot(tenant)?;
+        let promised = limits.host_memory_bytes();
+        if let Err(e) = self.admission.commit(promised) {
+            self.release_slot(tenant);
+            return Err(e);
+        }
         let started = Instant::now();
         let options = session_options(&image, language, limits, env, self.policy());
         let created = self.manager.create(&options, Duration::from_secs(idle));
@@ -528,6 +574,7 @@ impl Service {
         let info = match created {
             Ok(info) => info,
             Err(e) => {
+                self.admission.release(promised);
                 self.release_slot(tenant);
                 return Err(self.manager_error("(new)", e));
             }
@@ -536,6 +583,8 @@ impl Service {
             tenant: tenant.clone(),
             image: image.name.clone(),
             default_timeout: limits.timeout,
+            promised_bytes: promised,
+            workspace_bytes: limits.disk_bytes,
         };
         self.sessions
             .lock()
@@ -598,8 +647,10 @@ impl Service {
     /// Closes session `id`: its sandbox is torn down and nothing of it remains.
     pub fn kill(&self, tenant: &Tenant, id: &str) -> Result<(), ServiceError> {
         self.owned(tenant, id)?;
-        self.sessions.lock().expect("lock").remove(id);
+        let owned = self.sessions.lock().expect("lock").remove(id);
         let closed = self.manager.close(id);
+        // Given back once the sandbox is torn down, not before.
+        self.released(owned);
         let _ = self.db.session_ended(id, "deleted");
         closed.map_err(|e| self.manager_error(id, e))
     }
@@ -720,6 +771,7 @@ impl Service {
             .map_err(|e| self.manager_error(id, e))?;
         self.audit(tenant, Some(id), "execute", &req.code, &result);
         if let Some(why) = self.manager.get(id).ok().and_then(|i| i.death) {
+            self.release_dead(id);
             let _ = self.db.session_ended(id, &format!("died: {why}"));
         }
         Ok(result)
@@ -831,12 +883,30 @@ impl Service {
         self.with_workspace(tenant, id, |ws| ws.list_below(dir.map(Path::new)))
     }
 
-    /// Runs `req` in a fresh sandbox. Problems with the request are errors; whatever the
-    /// program does (including failing to start) is in the result.
+    /// Admits a one-shot run of `tenant`: a slot (at most `max_runs`, `max_runs_per_key` of
+    /// them for one key) and the host memory its limits promise, waited for at most
+    /// `admission_wait_s`, then refused (429, or 503 when memory is short; both with
+    /// `Retry-After`). Its limits are checked first. Hand the permit to [`Service::run`].
+    pub async fn admit_run(
+        &self,
+        tenant: &Tenant,
+        req: &RunRequest,
+    ) -> Result<RunPermit, ServiceError> {
+        self.check_running()?;
+        let limits = req.limits.clone().unwrap_or_default().to_limits()?;
+        self.admission
+            .admit_run(&tenant.0, limits.host_memory_bytes())
+            .await
+    }
+
+    /// Runs `req` in a fresh sandbox, holding `permit` (from [`Service::admit_run`]) until the
+    /// sandbox is gone. Problems with the request are errors; whatever the program does
+    /// (including failing to start) is in the result.
     pub fn run(
         &self,
         tenant: &Tenant,
         req: &RunRequest,
+        permit: RunPermit,
         on_output: &mut dyn FnMut(corral_sandbox::Stream, &[u8]),
     ) -> Result<ExecutionResult, ServiceError> {
         self.check_running()?;
@@ -872,6 +942,8 @@ impl Service {
                 Err(e) => result.warnings.push(format!("listing the workspace: {e}")),
             }
         }
+        // The sandbox and its workspace are gone: its slot and memory are free.
+        drop(permit);
         self.audit(tenant, None, "run", &req.code, &result);
         Ok(result)
     }
@@ -899,15 +971,10 @@ impl Service {
 
     /// Tears every session down; nothing of them remains.
     pub fn close_all(&self) {
-        let ids: Vec<String> = self
-            .sessions
-            .lock()
-            .expect("lock")
-            .drain()
-            .map(|(id, _)| id)
-            .collect();
-        for id in ids {
+        let sessions: Vec<(String, Owned)> = self.sessions.lock().expect("lock").drain().collect();
+        for (id, owned) in sessions {
             let _ = self.manager.close(&id);
+            self.released(Some(owned));
             let _ = self.db.session_ended(&id, "server shut down");
         }
         self.manager.shutdown();
@@ -951,24 +1018,29 @@ fn reconcile(service: Weak<Service>) {
         let Some(service) = service.upgrade() else {
             return;
         };
-        let live: std::collections::HashSet<String> =
-            service.manager.list().into_iter().map(|i| i.id).collect();
-        let gone: Vec<String> = {
+        let gone: Vec<(String, Owned)> = {
             let mut sessions = service.sessions.lock().expect("lock");
+            // Asked under the lock, not from an earlier listing, so that a session created
+            // meanwhile is never taken for a gone one.
             let gone: Vec<String> = sessions
                 .keys()
-                .filter(|id| !live.contains(*id))
+                .filter(|id| service.manager.get(id).is_err())
                 .cloned()
                 .collect();
-            for id in &gone {
-                sessions.remove(id);
-            }
-            gone
+            gone.into_iter()
+                .filter_map(|id| sessions.remove(&id).map(|o| (id, o)))
+                .collect()
         };
-        for id in gone {
+        for (id, owned) in gone {
+            service.released(Some(owned));
             let _ = service
                 .db
                 .session_ended(&id, "expired: idle past its timeout");
+        }
+        for info in service.manager.list() {
+            if info.death.is_some() {
+                service.release_dead(&info.id);
+            }
         }
     }
 }

@@ -3,13 +3,16 @@
 use std::fs::File;
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use corral_image::{ImageError, Recipe, ResolvedImage, Store};
 use corral_kernel::bytecode::BytecodeCache;
+use corral_sandbox::workspace::{CopyError, CopyLimits, OutDir, MAX_ENTRIES};
 use corral_sandbox::{ExecutionResult, InputFile, Limits, Policy, SandboxSpec, Status, Stream};
+
+/// Files skipped by a copy that are named one by one in `warnings`; the rest are counted.
+const MAX_SKIP_WARNINGS: usize = 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Language {
@@ -91,7 +94,9 @@ pub struct RunArgs {
     /// Copy a host file into the workspace (repeatable); DEST is relative to /workspace.
     #[arg(long = "file", value_name = "LOCAL[:DEST]")]
     files: Vec<String>,
-    /// Copy the workspace's files back into DIR after the run (symlinks are never copied).
+    /// Copy the workspace's files back into DIR after the run, as new files only (a name that
+    /// exists in DIR is left as it is and reported; symlinks are never copied), up to --disk
+    /// bytes in all.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Print one JSON result object instead of streaming output.
@@ -125,6 +130,22 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
     }
 }
 
+/// The limits the flags ask for, checked by the engine's one set of bounds (the server's too);
+/// the error names the flag.
+fn checked_limits(args: &RunArgs) -> Result<Limits> {
+    let flag = |e: corral_sandbox::LimitError| anyhow::anyhow!(e.naming(&format!("--{}", e.field)));
+    let limits = Limits {
+        timeout: corral_sandbox::limits::timeout_from_secs(args.timeout).map_err(flag)?,
+        memory_bytes: args.memory,
+        cpus: args.cpus,
+        pids: args.pids,
+        disk_bytes: args.disk,
+        ..Limits::default()
+    };
+    limits.validate().map_err(flag)?;
+    Ok(limits)
+}
+
 /// A checked request: the sandbox and the program to run in it.
 struct Prepared {
     spec: SandboxSpec,
@@ -136,21 +157,16 @@ struct Prepared {
 
 /// Turns the arguments into a sandbox spec (everything the user can get wrong is checked here).
 fn build_spec(args: &RunArgs) -> Result<Prepared> {
+    if let Some(dir) = &args.out {
+        OutDir::check(dir).context("--out")?;
+    }
     if args.net != "none" {
         bail!(
             "--net {}: only `none` is supported (the sandbox has its own loopback only)",
             args.net
         );
     }
-    if !(args.timeout > 0.0 && args.timeout.is_finite()) {
-        bail!("--timeout must be a positive number of seconds");
-    }
-    if !(args.cpus > 0.0 && args.cpus.is_finite()) {
-        bail!("--cpus must be positive");
-    }
-    if args.pids == 0 || args.memory < (4 << 20) || args.disk < (1 << 20) {
-        bail!("limits too small: need --pids >= 1, --memory >= 4M, --disk >= 1M");
-    }
+    let limits = checked_limits(args)?;
     let from_stdin =
         args.code.is_none() && args.file.as_deref().is_none_or(|f| f == Path::new("-"));
     if from_stdin && std::io::stdin().is_terminal() {
@@ -225,14 +241,7 @@ fn build_spec(args: &RunArgs) -> Result<Prepared> {
     // The image's environment first, so that --env overrides it.
     spec.env = image.env;
     spec.env.extend(args.env.iter().cloned());
-    spec.limits = Limits {
-        timeout: Duration::from_secs_f64(args.timeout),
-        memory_bytes: args.memory,
-        cpus: args.cpus,
-        pids: args.pids,
-        disk_bytes: args.disk,
-        ..Limits::default()
-    };
+    spec.limits = limits;
     spec.policy = Policy {
         strict: args.strict,
         allow_degraded: args.allow_degraded,
@@ -282,6 +291,14 @@ pub fn main(args: RunArgs) -> i32 {
         Ok(p) => p,
         Err(e) => return fail(&args, &format!("{e:#}")),
     };
+    // Everything written on the host (--out, result-N.png) shares one budget: what the
+    // workspace could hold.
+    let limits = CopyLimits::for_workspace(prepared.spec.limits.disk_bytes);
+    let mut out_dir = match args.out.as_deref().map(|dir| OutDir::create(dir, limits)) {
+        None => None,
+        Some(Ok(out)) => Some(out),
+        Some(Err(e)) => return fail(&args, &format!("--out: {e}")),
+    };
     let live = !args.json;
     let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
     let (mut result, workspace) = corral_kernel::oneshot::run(
@@ -299,52 +316,129 @@ pub fn main(args: RunArgs) -> i32 {
             }
         },
     );
-    if live {
-        save_images(&result, args.out.as_deref().unwrap_or(Path::new(".")));
-    }
-    if let (Some(dir), Some(ws)) = (&args.out, &workspace) {
-        match ws.copy_out(dir) {
-            Ok(files) if live => {
-                for f in files {
-                    // Names come from the sandbox: escape them before they reach a terminal.
-                    let shown = dir.join(&f.path).display().to_string();
-                    eprintln!("corral: saved {}", shown.escape_debug());
+    let mut warnings = Vec::new();
+    // The workspace's files first, so that an image never takes the name of one of them.
+    if let (Some(out), Some(ws)) = (out_dir.as_mut(), &workspace) {
+        let shown = format!("--out {}", out.path().display());
+        match ws.copy_out(out) {
+            Ok(report) => {
+                if live {
+                    for f in &report.copied {
+                        // Names come from the sandbox: escape them before they reach a terminal.
+                        let saved = out.path().join(&f.path).display().to_string();
+                        eprintln!("corral: saved {}", saved.escape_debug());
+                    }
                 }
+                warnings.extend(skip_warnings(&shown, &report.skipped));
             }
-            Ok(_) => {}
-            Err(e) => result
-                .warnings
-                .push(format!("copying files to {}: {e}", dir.display())),
+            Err(e) => warnings.push(format!("{shown}: copying the workspace: {e}")),
         }
     }
     drop(workspace);
+    if live {
+        save_images(&result, out_dir.as_mut(), limits, &mut warnings);
+    } else {
+        // The result's `warnings` carry them too; stdout is the result object alone.
+        for w in &warnings {
+            eprintln!("corral: warning: {w}");
+        }
+    }
+    result.warnings.extend(warnings);
     report(&args, &result)
 }
 
-/// Saves every PNG result as `result-N.png` in `dir` (never overwriting a file) and names it.
-fn save_images(result: &ExecutionResult, dir: &Path) {
+/// Warnings for the files a copy skipped: one per file for the first few, then how many
+/// more; the files past a cap in one warning (the first, and how many more).
+fn skip_warnings(what: &str, skipped: &[CopyError]) -> Vec<String> {
+    let (mut over_bytes, mut over_entries, mut others) = (Vec::new(), Vec::new(), Vec::new());
+    for e in skipped {
+        match e {
+            CopyError::OverByteCap { .. } => over_bytes.push(e),
+            CopyError::TooManyEntries { .. } => over_entries.push(e),
+            _ => others.push(e),
+        }
+    }
+    let mut warnings: Vec<String> = others
+        .iter()
+        .take(MAX_SKIP_WARNINGS)
+        .map(|e| format!("{what}: {e}"))
+        .collect();
+    if others.len() > MAX_SKIP_WARNINGS {
+        warnings.push(format!(
+            "{what}: {} more files were not copied",
+            others.len() - MAX_SKIP_WARNINGS
+        ));
+    }
+    for group in [over_bytes, over_entries] {
+        match group.as_slice() {
+            [] => {}
+            [only] => warnings.push(format!("{what}: {only}")),
+            [first, rest @ ..] => warnings.push(format!(
+                "{what}: {first}; {} more files were not copied past the same cap",
+                rest.len()
+            )),
+        }
+    }
+    warnings
+}
+
+/// Saves every PNG result in `out` (the current directory without --out) under the next free
+/// name `result-N.png`, as a new file (an existing name, whatever it is, is passed over) and
+/// within the budget left by the copy; names what it saved, warns about what it could not.
+fn save_images(
+    result: &ExecutionResult,
+    out: Option<&mut OutDir>,
+    limits: CopyLimits,
+    warnings: &mut Vec<String>,
+) {
     use base64::Engine as _;
+    let mut pngs = result
+        .results
+        .iter()
+        .filter_map(|r| r.png.as_deref())
+        .peekable();
+    if pngs.peek().is_none() {
+        return;
+    }
+    let mut cwd;
+    let dir = match out {
+        Some(out) => out,
+        None => match OutDir::open(Path::new("."), limits) {
+            Ok(dir) => {
+                cwd = dir;
+                &mut cwd
+            }
+            Err(e) => {
+                warnings.push(format!("images not saved: the current directory: {e}"));
+                return;
+            }
+        },
+    };
     let mut n = 0;
-    for png in result.results.iter().filter_map(|r| r.png.as_deref()) {
+    for png in pngs {
         let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(png) else {
             continue;
         };
-        let saved = std::fs::create_dir_all(dir).and_then(|_| loop {
+        loop {
             n += 1;
-            let path = dir.join(format!("result-{n}.png"));
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-            {
-                Ok(mut f) => break f.write_all(&bytes).map(|_| path),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => break Err(e),
+            if n > MAX_ENTRIES {
+                warnings.push(format!(
+                    "an image was not saved: {} has no free name result-N.png with N <= \
+                     {MAX_ENTRIES}",
+                    dir.path().display()
+                ));
+                return;
             }
-        });
-        match saved {
-            Ok(path) => eprintln!("corral: saved {}", path.display()),
-            Err(e) => eprintln!("corral: could not save an image in {}: {e}", dir.display()),
+            let name = PathBuf::from(format!("result-{n}.png"));
+            match dir.write_new(&name, &mut &bytes[..], bytes.len() as u64) {
+                Ok(_) => eprintln!("corral: saved {}", dir.path().join(&name).display()),
+                Err(CopyError::Exists(_)) => continue,
+                Err(e) => warnings.push(format!(
+                    "an image was not saved in {}: {e}",
+                    dir.path().display()
+                )),
+            }
+            break;
         }
     }
 }
