@@ -8,22 +8,6 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-/// Every entry under `dir`, without following symlinks.
-fn walk(dir: &Path) -> Vec<(PathBuf, fs::Metadata)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).unwrap().flatten() {
-            let md = fs::symlink_metadata(e.path()).unwrap();
-            if md.is_dir() {
-                stack.push(e.path());
-            }
-            out.push((e.path(), md));
-        }
-    }
-    out
-}
-
 /// The `files` of the result are relative paths that stay inside.
 fn assert_file_paths_contained(o: &Outcome) {
     for f in o.j()["files"].as_array().into_iter().flatten() {

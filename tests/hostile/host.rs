@@ -260,3 +260,19 @@ pub fn assert_no_host_file_named(needle: &str) {
         }
     }
 }
+
+/// Every entry under `dir`, without following symlinks.
+pub fn walk(dir: &Path) -> Vec<(PathBuf, fs::Metadata)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap().flatten() {
+            let md = fs::symlink_metadata(e.path()).unwrap();
+            if md.is_dir() {
+                stack.push(e.path());
+            }
+            out.push((e.path(), md));
+        }
+    }
+    out
+}

@@ -12,29 +12,13 @@ use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 
-/// Every entry below `dir`, without following symlinks.
-fn entries(dir: &Path) -> Vec<(PathBuf, fs::Metadata)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).unwrap().flatten() {
-            let md = fs::symlink_metadata(e.path()).unwrap();
-            if md.is_dir() {
-                stack.push(e.path());
-            }
-            out.push((e.path(), md));
-        }
-    }
-    out
-}
-
 /// Host disk used below `dir`, as `du` counts it: allocated blocks, not sizes.
 fn allocated_bytes(dir: &Path) -> u64 {
-    entries(dir).iter().map(|(_, md)| md.blocks() * 512).sum()
+    walk(dir).iter().map(|(_, md)| md.blocks() * 512).sum()
 }
 
 fn apparent_bytes(dir: &Path) -> u64 {
-    entries(dir)
+    walk(dir)
         .iter()
         .filter(|(_, md)| md.is_file())
         .map(|(_, md)| md.len())
@@ -121,7 +105,7 @@ fn sparse_files_and_hard_links_do_not_amplify_the_copy() {
         "{}",
         o.dump()
     );
-    let big = entries(&out)
+    let big = walk(&out)
         .iter()
         .filter(|(_, md)| md.is_file() && md.len() == 15 * MIB)
         .count();

@@ -17,8 +17,8 @@ use corral_sandbox::session::{
     SessionPlan, MAX_PLAN_BYTES, MSG_ERROR, MSG_EXIT, MSG_KERNEL, MSG_READY,
 };
 use corral_sandbox::{
-    recv_with_credentials, sandbox_cgroup, send_fds, ControlSocket, Limits, Policy, Report, Role,
-    Rootfs, Sandbox, SandboxSpec, Workspace, ROOTLESS_INOTIFY_LIMITS,
+    recv_with_credentials, rootless_shared_uid_warning, sandbox_cgroup, send_fds, ControlSocket,
+    Limits, Policy, Report, Role, Rootfs, Sandbox, SandboxSpec, Workspace, ROOTLESS_INOTIFY_LIMITS,
 };
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{setsockopt, socketpair, sockopt, AddressFamily, SockFlag, SockType};
@@ -28,12 +28,6 @@ use crate::session::{KernelError, KernelHost, KernelProcess, Language, Session, 
 
 /// How long forking one session may take before it is given up.
 const FORK_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Rootless, every session runs as the caller's own uid.
-pub const ROOTLESS_SHARED_UID_WARNING: &str =
-    "rootless: sessions run as the host uid of the user running Corral, so per-user kernel \
-     limits (pipe buffers, processes, message queues) are shared between them; each \
-     session may hold at most 32 of that user's inotify instances";
 
 /// A pre-imported Python that forks sessions.
 pub struct Zygote {
@@ -176,11 +170,12 @@ impl Zygote {
     pub fn fork_session(&self, options: &SessionOptions) -> Result<Session, KernelError> {
         assert_eq!(options.language, Language::Python, "the zygote runs Python");
         let limits = options.limits;
+        let root_mode = nix::unistd::geteuid().is_root();
         let (cgroup, cgroup_warning) = sandbox_cgroup(&limits, options.policy)?;
         let mut warnings: Vec<String> = self.sandbox.warnings().to_vec();
         warnings.extend(cgroup_warning);
-        if !nix::unistd::geteuid().is_root() {
-            warnings.push(ROOTLESS_SHARED_UID_WARNING.into());
+        if !root_mode {
+            warnings.push(rootless_shared_uid_warning());
         }
         let join = match &cgroup {
             Some(c) => c.join_files()?,
@@ -207,10 +202,7 @@ impl Zygote {
         setsockopt(&control_host, sockopt::PassCred, &true).map_err(io::Error::from)?;
 
         // Root mode: the session's own host uid, which no other live sandbox has.
-        let id_lease = nix::unistd::geteuid()
-            .is_root()
-            .then(IdLease::acquire)
-            .transpose()?;
+        let id_lease = root_mode.then(IdLease::acquire).transpose()?;
         let host_ids = id_lease.as_ref().map(|lease| (lease.id(), lease.id()));
         let plan = SessionPlan {
             host_ids,
@@ -219,7 +211,7 @@ impl Zygote {
             pids: limits.pids,
             in_cgroup: cgroup.is_some(),
             landlock_required: !options.policy.allow_degraded,
-            inotify_limits: (!nix::unistd::geteuid().is_root()).then_some(ROOTLESS_INOTIFY_LIMITS),
+            inotify_limits: (!root_mode).then_some(ROOTLESS_INOTIFY_LIMITS),
             env: options.env.clone(),
         };
         let plan = serde_json::to_vec(&plan).expect("a plan serializes");

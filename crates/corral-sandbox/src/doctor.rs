@@ -70,10 +70,7 @@ pub fn run_checks() -> Vec<Check> {
              (inotify, pipe buffers, processes, message queues) are its own"
                 .to_string()
         } else {
-            "rootless: every sandbox and session runs as your uid, so per-uid kernel limits \
-             (pipe buffers, processes, message queues) are shared between them; each session \
-             may hold at most 32 of your inotify instances (run as root for a uid per session)"
-                .to_string()
+            crate::spec::rootless_shared_uid_warning()
         },
     ));
 

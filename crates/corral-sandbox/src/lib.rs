@@ -34,7 +34,7 @@ pub use sandbox::{
     Outcome, Report, Sandbox, SandboxError, Stream,
 };
 pub use spec::{
-    workload_rlimits, ControlSocket, InputFile, Limits, Policy, Role, Rootfs, SandboxSpec,
-    CORE_LIMIT, ROOTLESS_INOTIFY_LIMITS,
+    rootless_shared_uid_warning, workload_rlimits, ControlSocket, InputFile, Limits, Policy, Role,
+    Rootfs, SandboxSpec, CORE_LIMIT, ROOTLESS_INOTIFY_LIMITS,
 };
 pub use workspace::{Workspace, WorkspaceError};
