@@ -124,18 +124,17 @@ impl Layout {
 }
 
 impl Layout {
-    /// Removes sandbox cgroups left behind by a Corral process that no longer exists (killed
-    /// with SIGKILL before its teardown ran). A cgroup is named `<owner pid>-...`; it is removed
-    /// only when that pid is gone and no process is left in it. Returns how many were removed.
-    pub fn sweep_stale(&self) -> usize {
+    /// The names of the sandbox cgroups that exist now, of every Corral process of this user
+    /// (each is named `<owner pid>-...`).
+    pub fn sandbox_cgroups(&self) -> Vec<String> {
         let Ok(parents) = self.parents(nix::unistd::geteuid().is_root()) else {
-            return 0;
+            return Vec::new();
         };
         // Every sandbox cgroup exists under each parent, so one listing names them all.
         let Some((_, first)) = parents.first() else {
-            return 0;
+            return Vec::new();
         };
-        let names: Vec<String> = fs::read_dir(first)
+        fs::read_dir(first)
             .map(|entries| {
                 entries
                     .flatten()
@@ -144,7 +143,20 @@ impl Layout {
                     .map(|e| e.file_name().to_string_lossy().into_owned())
                     .collect()
             })
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    /// Removes sandbox cgroups left behind by a Corral process that no longer exists (killed
+    /// with SIGKILL before its teardown ran). A cgroup is named `<owner pid>-...`; it is removed
+    /// only when that pid is gone and no process is left in it. Returns how many were removed.
+    pub fn sweep_stale(&self) -> usize {
+        let Ok(parents) = self.parents(nix::unistd::geteuid().is_root()) else {
+            return 0;
+        };
+        let Some((_, first)) = parents.first() else {
+            return 0;
+        };
+        let names = self.sandbox_cgroups();
         let euid = nix::unistd::geteuid().as_raw();
         let mut removed = 0;
         for name in names {

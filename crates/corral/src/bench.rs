@@ -13,7 +13,7 @@ pub struct BenchArgs {
     /// Timed runs per contender (after 3 warm-up runs each).
     #[arg(long, default_value_t = 60)]
     runs: usize,
-    /// Which benchmarks: all, oneshot, sessions, density, server.
+    /// Which benchmarks: all, oneshot, sessions, density, server, or soak (not part of all).
     #[arg(long, default_value = "all")]
     only: String,
     /// Image for the session benchmarks.
@@ -25,10 +25,10 @@ pub struct BenchArgs {
     /// Sessions for the density benchmark.
     #[arg(long, default_value_t = 200)]
     density_sessions: usize,
-    /// Concurrent clients of the server load test.
+    /// Concurrent clients of the server load test and the soak.
     #[arg(long, default_value_t = 100)]
     pub clients: usize,
-    /// Seconds the server load test runs its clients.
+    /// Seconds the server load test and the soak run their clients.
     #[arg(long, default_value_t = 120)]
     pub duration: u64,
 }
@@ -152,8 +152,12 @@ pub fn main(args: BenchArgs) -> Result<()> {
     if all || args.only == "server" {
         crate::bench_server::run(&args)?;
     }
-    if !["all", "oneshot", "sessions", "density", "server"].contains(&args.only.as_str()) {
-        bail!("--only takes all, oneshot, sessions, density or server");
+    // The soak runs for minutes and fails on any error: only when asked for by name.
+    if args.only == "soak" {
+        crate::bench_soak::run(&args)?;
+    }
+    if !["all", "oneshot", "sessions", "density", "server", "soak"].contains(&args.only.as_str()) {
+        bail!("--only takes all, oneshot, sessions, density, server or soak");
     }
     Ok(())
 }

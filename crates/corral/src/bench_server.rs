@@ -13,10 +13,27 @@ use serde_json::{json, Value};
 
 use crate::bench::BenchArgs;
 
-struct Server {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+    dir: tempfile::TempDir,
+}
+
+impl Server {
+    /// `corral key create --name NAME` on this server's database: the key's secret.
+    pub fn key(&self, name: &str) -> Result<String> {
+        let out = Command::new(std::env::current_exe()?)
+            .args(["key", "create", "--name", name, "--db"])
+            .arg(self.dir.path().join("corral.db"))
+            .stderr(Stdio::inherit())
+            .output()
+            .context("running corral key create")?;
+        let key = String::from_utf8(out.stdout)?.trim().to_string();
+        if !out.status.success() || key.is_empty() {
+            bail!("corral key create failed: {}", out.status);
+        }
+        Ok(key)
+    }
 }
 
 impl Drop for Server {
@@ -27,29 +44,23 @@ impl Drop for Server {
     }
 }
 
-fn start_server(args: &BenchArgs, clients: usize) -> Result<Server> {
+/// Starts `corral serve` on a free loopback port with a fresh database and `config` (TOML).
+pub fn start_server(args: &BenchArgs, config: &str) -> Result<Server> {
     let dir = tempfile::tempdir()?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
-    let config = dir.path().join("corral.toml");
+    let config_file = dir.path().join("corral.toml");
     std::fs::write(
-        &config,
-        format!(
-            // The load test measures throughput, not admission: its clients' idle sessions
-            // may be promised more memory than the host's default budget holds.
-            "pool_size = 64\nmax_sessions_per_key = {}\ndefault_image = {:?}\n\
-             memory_overcommit = 1000.0\n",
-            clients + 16,
-            args.image
-        ),
+        &config_file,
+        format!("default_image = {:?}\n{config}", args.image),
     )?;
     let mut command = Command::new(std::env::current_exe()?);
     command
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--db"])
         .arg(dir.path().join("corral.db"))
         .arg("--config")
-        .arg(&config)
+        .arg(&config_file)
         .stdin(Stdio::null())
         .stderr(Stdio::null());
     if let Some(d) = &args.data_dir {
@@ -58,7 +69,7 @@ fn start_server(args: &BenchArgs, clients: usize) -> Result<Server> {
     let server = Server {
         child: command.spawn().context("starting corral serve")?,
         url: format!("http://127.0.0.1:{port}"),
-        _dir: dir,
+        dir,
     };
     let deadline = Instant::now() + Duration::from_secs(60);
     while ureq::get(&format!("{}/healthz", server.url))
@@ -74,7 +85,7 @@ fn start_server(args: &BenchArgs, clients: usize) -> Result<Server> {
 }
 
 /// A metric's value from the server's Prometheus text.
-fn metric(url: &str, name: &str) -> Option<f64> {
+pub fn metric(url: &str, name: &str) -> Option<f64> {
     let text = ureq::get(&format!("{url}/metrics"))
         .call()
         .ok()?
@@ -84,7 +95,7 @@ fn metric(url: &str, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
 
-fn rss_mib(pid: u32) -> f64 {
+pub fn rss_mib(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
@@ -95,7 +106,7 @@ fn rss_mib(pid: u32) -> f64 {
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
-fn percentile(sorted: &[Duration], q: f64) -> f64 {
+pub fn percentile(sorted: &[Duration], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -155,7 +166,15 @@ fn kill(agent: &ureq::Agent, url: &str, id: &str) -> Result<()> {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
-    let server = start_server(args, args.clients)?;
+    let server = start_server(
+        args,
+        // The load test measures throughput, not admission: its clients' idle sessions may be
+        // promised more memory than the host's default budget holds.
+        &format!(
+            "pool_size = 64\nmax_sessions_per_key = {}\nmemory_overcommit = 1000.0\n",
+            args.clients + 16
+        ),
+    )?;
     let url = server.url.clone();
     let pid = server.child.id();
     println!(

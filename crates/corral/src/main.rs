@@ -3,6 +3,7 @@
 mod bench;
 mod bench_server;
 mod bench_sessions;
+mod bench_soak;
 mod image;
 mod mcp;
 mod run;
