@@ -14,6 +14,14 @@ use corral_sandbox::{ExecutionResult, InputFile, Limits, Policy, SandboxSpec, St
 /// Files skipped by a copy that are named one by one in `warnings`; the rest are counted.
 const MAX_SKIP_WARNINGS: usize = 20;
 
+/// A line for the user on stderr. A reader that went away (`corral run ... 2>&1 | head`) costs
+/// the line, never the run's files or its exit code: nothing here panics on a closed pipe.
+macro_rules! tell {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stderr(), "corral: {}", format_args!($($arg)*));
+    }};
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Language {
     Python,
@@ -28,6 +36,37 @@ impl Language {
             "js" | "mjs" | "cjs" => Some(Language::Javascript),
             "sh" | "bash" => Some(Language::Bash),
             _ => None,
+        }
+    }
+
+    /// The language a `#!` first line names (`#!/usr/bin/env node`, `#!/bin/bash`,
+    /// `#!/usr/bin/python3 -u`): `Ok(None)` without one, an error naming an interpreter Corral
+    /// does not run.
+    fn from_shebang(code: &[u8]) -> Result<Option<Language>> {
+        let Some(rest) = code.strip_prefix(b"#!") else {
+            return Ok(None);
+        };
+        let line = rest.split(|&b| b == b'\n').next().unwrap_or_default();
+        let line = String::from_utf8_lossy(line);
+        let mut words = line.split_whitespace();
+        let mut program = words.next().unwrap_or_default();
+        if program.rsplit('/').next() == Some("env") {
+            // `env [-S] [-i] [NAME=VALUE]... PROGRAM`
+            program = words
+                .find(|w| !w.starts_with('-') && !w.contains('='))
+                .unwrap_or_default();
+        }
+        let name = program.rsplit('/').next().unwrap_or_default();
+        let base = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+        match base {
+            "python" => Ok(Some(Language::Python)),
+            "node" | "nodejs" => Ok(Some(Language::Javascript)),
+            "bash" | "sh" | "dash" => Ok(Some(Language::Bash)),
+            _ => bail!(
+                "the program's #! line names `{}`, which Corral does not run: pass --lang \
+                 python, javascript or bash",
+                name.escape_debug()
+            ),
         }
     }
 
@@ -64,7 +103,7 @@ pub struct RunArgs {
     /// Program text.
     #[arg(short = 'c', long = "code", conflicts_with = "file")]
     code: Option<String>,
-    /// Language; default: from the file's extension, else python.
+    /// Language; default: from the file's extension, else from a `#!` line, else python.
     #[arg(long)]
     lang: Option<Language>,
     /// Image to run in (`corral image ls`); `host` binds the host's own /usr.
@@ -188,10 +227,14 @@ fn build_spec(args: &RunArgs) -> Result<Prepared> {
         let code = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         (code, Some(path))
     };
-    let lang = args
+    // --lang, else the file's extension, else a #! line, else Python.
+    let lang = match args
         .lang
         .or_else(|| file_name.and_then(|p| Language::from_path(p)))
-        .unwrap_or(Language::Python);
+    {
+        Some(lang) => lang,
+        None => Language::from_shebang(&code)?.unwrap_or(Language::Python),
+    };
     if !image.languages.iter().any(|l| l == lang.name()) {
         bail!(
             "image `{}` has no {} interpreter (it has: {}): choose another --lang, or an image \
@@ -326,7 +369,7 @@ pub fn main(args: RunArgs) -> i32 {
                     for f in &report.copied {
                         // Names come from the sandbox: escape them before they reach a terminal.
                         let saved = out.path().join(&f.path).display().to_string();
-                        eprintln!("corral: saved {}", saved.escape_debug());
+                        tell!("saved {}", saved.escape_debug());
                     }
                 }
                 warnings.extend(skip_warnings(&shown, &report.skipped));
@@ -340,7 +383,7 @@ pub fn main(args: RunArgs) -> i32 {
     } else {
         // The result's `warnings` carry them too; stdout is the result object alone.
         for w in &warnings {
-            eprintln!("corral: warning: {w}");
+            tell!("warning: {w}");
         }
     }
     result.warnings.extend(warnings);
@@ -431,7 +474,7 @@ fn save_images(
             }
             let name = PathBuf::from(format!("result-{n}.png"));
             match dir.write_new(&name, &mut &bytes[..], bytes.len() as u64) {
-                Ok(_) => eprintln!("corral: saved {}", dir.path().join(&name).display()),
+                Ok(_) => tell!("saved {}", dir.path().join(&name).display()),
                 Err(CopyError::Exists(_)) => continue,
                 Err(e) => warnings.push(format!(
                     "an image was not saved in {}: {e}",
@@ -443,32 +486,28 @@ fn save_images(
     }
 }
 
+/// Prints the result (the object with `--json`, else warnings and notes on stderr) and returns
+/// the exit code, which follows the status the same way with and without `--json`.
 fn report(args: &RunArgs, result: &ExecutionResult) -> i32 {
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(result).expect("result serializes")
-        );
-        return if result.status == Status::SandboxError {
-            125
-        } else {
-            0
-        };
-    }
-    for w in &result.warnings {
-        eprintln!("corral: warning: {w}");
-    }
-    for (truncated, name) in [
-        (result.stdout_truncated, "stdout"),
-        (result.stderr_truncated, "stderr"),
-    ] {
-        if truncated {
-            eprintln!("corral: {name} was truncated at the output limit");
+        let json = serde_json::to_string(result).expect("result serializes");
+        let _ = writeln!(std::io::stdout(), "{json}");
+    } else {
+        for w in &result.warnings {
+            tell!("warning: {w}");
         }
-    }
-    if result.status != Status::Success && result.status != Status::Error {
-        if let Some(msg) = &result.error_message {
-            eprintln!("corral: {msg}");
+        for (truncated, name) in [
+            (result.stdout_truncated, "stdout"),
+            (result.stderr_truncated, "stderr"),
+        ] {
+            if truncated {
+                tell!("{name} was truncated at the output limit");
+            }
+        }
+        if result.status != Status::Success && result.status != Status::Error {
+            if let Some(msg) = &result.error_message {
+                tell!("{msg}");
+            }
         }
     }
     result
@@ -479,4 +518,43 @@ fn report(args: &RunArgs, result: &ExecutionResult) -> i32 {
 /// A failure before any sandbox existed: still a result object in --json mode.
 fn fail(args: &RunArgs, message: &str) -> i32 {
     report(args, &ExecutionResult::sandbox_error(message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Language;
+
+    #[test]
+    fn a_shebang_names_the_language() {
+        let cases: [(&[u8], Option<Language>); 9] = [
+            (
+                b"#!/usr/bin/env node\nconsole.log(1)",
+                Some(Language::Javascript),
+            ),
+            (
+                b"#!/usr/bin/env -S node --no-warnings\n",
+                Some(Language::Javascript),
+            ),
+            (b"#!/usr/bin/nodejs", Some(Language::Javascript)),
+            (b"#!/bin/bash -e\necho", Some(Language::Bash)),
+            (b"#!/bin/sh\n", Some(Language::Bash)),
+            (b"#!/usr/bin/python3.11 -u\n", Some(Language::Python)),
+            (
+                b"#! /usr/bin/env PYTHONHASHSEED=0 python3\n",
+                Some(Language::Python),
+            ),
+            (b"print(1)\n", None),
+            (b"", None),
+        ];
+        for (code, want) in cases {
+            assert_eq!(
+                Language::from_shebang(code).unwrap(),
+                want,
+                "{}",
+                String::from_utf8_lossy(code)
+            );
+        }
+        let err = Language::from_shebang(b"#!/usr/bin/env ruby\n").unwrap_err();
+        assert!(err.to_string().contains("`ruby`"), "{err}");
+    }
 }

@@ -1,0 +1,159 @@
+//! `corral run` as a user drives it from a shell: a reader that goes away, exit codes with and
+//! without `--json`, the language a `#!` line names. These run on the `host` image (the
+//! host's own /usr, which scripts/setup fills with Python, matplotlib and Node.js), so they
+//! need no built image.
+
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+fn corral() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_corral"));
+    cmd.args(["run", "--image", "host"]).stdin(Stdio::null());
+    cmd
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `corral run ... --out DIR 2>&1 | head -c 64`: stdout and stderr are one pipe whose reader
+/// leaves after a few bytes, while the program is still printing. The run must still end with
+/// the program's own exit code and copy every file out (the saved-file notes on stderr are
+/// what a closed pipe used to turn into a panic).
+#[test]
+fn a_reader_that_goes_away_costs_no_file_and_no_exit_code() {
+    let out = tempfile::tempdir().unwrap();
+    // Close-on-exec: the child must hold only the write end, as under a shell.
+    let (read, write): (OwnedFd, OwnedFd) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+    let program = "\
+import matplotlib
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt
+for name in ('a.txt', 'b.txt', 'c.txt'):
+    open(name, 'w').write(name)
+plt.plot([1, 2, 3])
+for i in range(200000):
+    print('line', i)
+raise SystemExit(3)
+";
+    let mut child = corral()
+        .args(["-c", program, "--out"])
+        .arg(out.path())
+        .stdout(write.try_clone().unwrap())
+        .stderr(write)
+        .spawn()
+        .unwrap();
+    let mut reader = std::fs::File::from(read);
+    let mut first = [0u8; 64];
+    reader.read_exact(&mut first).unwrap();
+    drop(reader); // `head` is done
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(3), "{status:?}");
+    assert_eq!(
+        names(out.path()),
+        ["a.txt", "b.txt", "c.txt", "result-1.png"],
+        "every file is copied out although nobody reads the notes"
+    );
+}
+
+/// The exit code follows the status by one rule, with `--json` as without: the program's own
+/// code for `success` and `error`, 124 for `timeout`, 137 for `memory_limit`, 125 for
+/// `sandbox_error`. With `--json`, stdout is the result object in every case.
+#[test]
+fn exit_codes_follow_the_status_with_and_without_json() {
+    let cases: [(&[&str], &str, i32); 5] = [
+        (&["-c", "print(1)"], "success", 0),
+        (&["-c", "import sys; sys.exit(7)"], "error", 7),
+        (&["-c", "1/0"], "error", 1),
+        (
+            &["--timeout", "1", "-c", "import time; time.sleep(30)"],
+            "timeout",
+            124,
+        ),
+        (
+            &["--memory", "4G", "--disk", "100G", "-c", "print(1)"],
+            "",
+            125,
+        ),
+    ];
+    for (args, status, code) in cases {
+        let plain = corral().args(args).output().unwrap();
+        let json = corral().arg("--json").args(args).output().unwrap();
+        assert_eq!(
+            plain.status.code(),
+            Some(code),
+            "{args:?} without --json: {plain:?}"
+        );
+        assert_eq!(
+            json.status.code(),
+            Some(code),
+            "{args:?} with --json: {json:?}"
+        );
+        let result: Value = serde_json::from_slice(&json.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: no result object ({e}): {json:?}"));
+        if !status.is_empty() {
+            assert_eq!(result["status"], status, "{args:?}: {result}");
+        } else {
+            assert_eq!(result["status"], "sandbox_error", "{args:?}: {result}");
+        }
+    }
+}
+
+/// An extensionless file (or a program on stdin) whose first line is `#!` runs in the
+/// language it names; an interpreter Corral does not run is refused by name.
+#[test]
+fn a_shebang_chooses_the_language() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text, expect) in [
+        (
+            "tool",
+            "#!/usr/bin/env node\nconsole.log(typeof process)\n",
+            "object\n",
+        ),
+        (
+            "script",
+            "#!/bin/bash\necho \"$BASH_VERSION\" | cut -c1\n",
+            "5\n",
+        ),
+        ("plain", "print(2 * 21)\n", "42\n"),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = corral().arg("--json").arg(&path).output().unwrap();
+        let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(result["status"], "success", "{name}: {result}");
+        assert_eq!(result["stdout"], expect, "{name}: {result}");
+    }
+    let ruby = dir.path().join("gem");
+    std::fs::write(&ruby, "#!/usr/bin/env ruby\nputs 1\n").unwrap();
+    let out = corral().arg(&ruby).output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("`ruby`") && stderr.contains("--lang"),
+        "{stderr}"
+    );
+    // --lang still wins over the #! line.
+    let out = corral()
+        .args([
+            "--json",
+            "--lang",
+            "python",
+            "-c",
+            "#!/usr/bin/env node\nprint('py')",
+        ])
+        .output()
+        .unwrap();
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["stdout"], "py\n", "{result}");
+}
