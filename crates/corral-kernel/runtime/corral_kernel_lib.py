@@ -16,7 +16,7 @@ import traceback
 
 MAX_FRAME = 64 << 20
 MAX_RESULT = 32 << 20
-# The MIME types the host keeps (DESIGN §3); a bundle is trimmed to these.
+# The MIME types the host keeps (docs/results.md, rich results); a bundle is trimmed to these.
 MIME_TYPES = (
     "text/plain",
     "text/html",

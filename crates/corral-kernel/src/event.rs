@@ -1,4 +1,4 @@
-//! Execution events (DESIGN §4) and the mapping from kernel MIME bundles to results.
+//! Execution events (docs/results.md#events) and the mapping from kernel MIME bundles to results.
 
 use base64::Engine as _;
 use corral_sandbox::{LanguageError, RichResult, Status};
@@ -114,7 +114,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn events_serialize_as_design_section_4() {
+    fn events_serialize_as_docs_results_md_says() {
         let e = Event::Result(RichResult {
             is_main_result: true,
             text: Some("2".into()),

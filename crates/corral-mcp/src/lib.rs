@@ -1,4 +1,4 @@
-//! Corral's MCP server (DESIGN §7): sandbox tools for agents over stdio and streamable HTTP,
+//! Corral's MCP server (docs/mcp.md): sandbox tools for agents over stdio and streamable HTTP,
 //! backed by an in-process [`corral_server::Service`] or a running `corral serve`, plus the
 //! same tools as function-calling definitions for OpenAI- and Anthropic-style APIs.
 

@@ -1,4 +1,4 @@
-//! The MCP tools of DESIGN §7 and the per-connection state behind them (the default session).
+//! The MCP tools of docs/mcp.md and the per-connection state behind them (the default session).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -356,7 +356,7 @@ fn strip_ansi(s: &str) -> String {
 }
 
 /// An execution result as MCP content: text for output, values and errors, an image per PNG,
-/// and the whole result object (DESIGN §3) as structured content. Anything but `success` is a
+/// and the whole result object (docs/results.md) as structured content. Anything but `success` is a
 /// tool error.
 pub fn execution_content(r: &ExecutionResult, notes: &[String]) -> CallToolResult {
     let mut content = Vec::new();

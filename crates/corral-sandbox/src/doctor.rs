@@ -45,7 +45,7 @@ fn check(layer: &str, active: bool, detail: impl Into<String>) -> Check {
     }
 }
 
-/// Probes every layer of DESIGN §8, then builds and runs a real sandbox.
+/// Probes every layer of docs/baseline.md, then builds and runs a real sandbox.
 pub fn run_checks() -> Vec<Check> {
     let mut checks = Vec::new();
     let euid = nix::unistd::geteuid();
@@ -210,7 +210,7 @@ pub fn run_checks() -> Vec<Check> {
         result.status == Status::Success,
         match result.status {
             Status::Success if full => {
-                "a real sandbox ran with every layer of DESIGN §8".to_string()
+                "a real sandbox ran with every layer of docs/baseline.md".to_string()
             }
             Status::Success => format!(
                 "a real sandbox ran, degraded: {}",

@@ -1,6 +1,6 @@
 //! Corral's isolation engine.
 //!
-//! [`Sandbox::create`] builds a disposable sandbox (DESIGN §8): new user, pid, mount, net,
+//! [`Sandbox::create`] builds a disposable sandbox (docs/baseline.md): new user, pid, mount, net,
 //! ipc, uts and cgroup namespaces; a read-only root assembled from an image; fresh `/proc`,
 //! minimal `/dev`, size-limited tmpfs `/tmp` and `/workspace`; cgroup (v1 or v2) or rlimit
 //! limits; and for the program itself no capabilities, `no_new_privs`, Landlock and a

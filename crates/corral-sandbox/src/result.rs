@@ -1,4 +1,4 @@
-//! The result object of DESIGN §3, shared by every interface.
+//! The result object of docs/results.md, shared by every interface.
 
 use serde::{Deserialize, Serialize};
 

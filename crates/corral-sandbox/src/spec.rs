@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use nix::sys::resource::Resource;
 
-/// Resource limits of one sandbox (DESIGN §2 defaults).
+/// Resource limits of one sandbox: those a caller sets (defaults in docs/cli.md#corral-run) and
+/// the host-side bounds no flag or setting changes (docs/threat-model.md §11).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Limits {
     /// Wall-clock limit; the whole process tree is killed when it is reached.

@@ -1,4 +1,4 @@
-//! The E2B-compatible face (DESIGN §6): enough of E2B's control plane and of its in-sandbox
+//! The E2B-compatible face (docs/api.md#e2b-compatibility): enough of E2B's control plane and of its in-sandbox
 //! daemons (envd and the Jupyter server) for the unmodified `e2b` / `e2b-code-interpreter`
 //! SDKs, pointed here with `E2B_API_URL` and `E2B_SANDBOX_URL`. Every request is served by
 //! [`Service`](crate::service::Service), as the native API is.

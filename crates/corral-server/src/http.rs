@@ -1,4 +1,4 @@
-//! The native HTTP API (DESIGN §5) over [`Service`]: authentication, JSON bodies with clear
+//! The native HTTP API (docs/api.md) over [`Service`]: authentication, JSON bodies with clear
 //! errors, NDJSON event streams, files, metrics, the OpenAPI document and the API page.
 
 use std::convert::Infallible;
@@ -316,7 +316,7 @@ fn json_line(value: &impl Serialize) -> Vec<u8> {
     line
 }
 
-/// The `end` event of a stream (DESIGN §4), from the final result.
+/// The `end` event of a stream (docs/results.md#events), from the final result.
 #[derive(Serialize)]
 struct EndEvent<'a> {
     #[serde(rename = "type")]
@@ -380,7 +380,7 @@ pub fn ndjson_stream(
 /// One-shot run in a fresh sandbox.
 #[utoipa::path(post, path = "/v1/run", request_body = RunRequest, tag = "run",
     responses(
-        (status = 200, description = "The result object (DESIGN §3), whatever the program did", body = corral_sandbox::ExecutionResult),
+        (status = 200, description = "The result object (docs/results.md), whatever the program did", body = corral_sandbox::ExecutionResult),
         (status = 400, description = "Malformed request", body = ErrorBody),
         (status = 422, description = "Unknown image or language", body = ErrorBody),
         (status = 429, description = "No run slot within admission_wait_s (max_runs, max_runs_per_key); see Retry-After", body = ErrorBody),
@@ -460,7 +460,7 @@ async fn kill_sandbox(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Run code in a session: an NDJSON stream of DESIGN §4 events, or with
+/// Run code in a session: an NDJSON stream of events (docs/results.md#events), or with
 /// `Accept: application/json` the folded result object.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/execute", request_body = ExecuteRequest, tag = "sandboxes",
     responses(

@@ -1,4 +1,4 @@
-//! Corral's HTTP server: the native API (DESIGN §5), the E2B-compatible face (DESIGN §6),
+//! Corral's HTTP server: the native API and the E2B-compatible face (docs/api.md),
 //! API keys and tenancy, metrics, and the lifecycle of the sessions it owns. The engine is
 //! synchronous; [`service::Service`] holds the logic and the HTTP layer calls it from
 //! blocking threads.

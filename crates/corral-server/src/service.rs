@@ -96,7 +96,8 @@ impl From<WorkspaceError> for ServiceError {
     }
 }
 
-/// Resource limits as requests give them; absent fields take DESIGN §2's defaults.
+/// Resource limits as requests give them; absent fields take the defaults of `corral run`
+/// (docs/cli.md#corral-run).
 #[derive(Debug, Clone, Default, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsRequest {

@@ -1,4 +1,4 @@
-//! `corral bench`: the performance promises of DESIGN §9, each measured as a ratio against
+//! `corral bench`: the performance promises of docs/benchmarks.md, each measured as a ratio against
 //! a baseline timed in the same run, with the runs interleaved so that machine noise hits
 //! every contender alike.
 

@@ -1,5 +1,5 @@
 //! `corral bench --only sessions|density`: session creation, warm execution and memory
-//! density (DESIGN §9), each against a baseline measured in the same run.
+//! density (docs/benchmarks.md, promises 2 to 4), each against a baseline measured in the same run.
 
 use std::path::Path;
 use std::sync::{Arc, Barrier};

@@ -1,4 +1,4 @@
-//! `corral mcp` (the MCP server of DESIGN §7) and `corral tools` (its tools as
+//! `corral mcp` (the MCP server of docs/mcp.md) and `corral tools` (its tools as
 //! function-calling definitions).
 
 use std::net::SocketAddr;

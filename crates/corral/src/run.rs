@@ -1,4 +1,4 @@
-//! `corral run`: one program, one fresh sandbox (DESIGN §2).
+//! `corral run`: one program, one fresh sandbox (docs/cli.md#corral-run).
 
 use std::fs::File;
 use std::io::{IsTerminal, Read, Write};

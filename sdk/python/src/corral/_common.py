@@ -1,5 +1,5 @@
 """What the sync and async clients share: configuration, request bodies, answer parsing and the
-folding of the NDJSON event stream (DESIGN §4). Nothing here does I/O."""
+folding of the NDJSON event stream (docs/results.md#events). Nothing here does I/O."""
 
 from __future__ import annotations
 
@@ -308,7 +308,7 @@ class EventFolder:
         return []  # an event type this SDK does not know yet
 
     def _fold_result_object(self, obj: Dict[str, Any]) -> List[Dispatch]:
-        """A whole result object (DESIGN §3) in place of a stream, as if it had been streamed."""
+        """A whole result object (docs/results.md) in place of a stream, as if streamed."""
         events: List[Dict[str, Any]] = []
         if obj.get("stdout"):
             events.append({"type": "stdout", "text": obj["stdout"]})

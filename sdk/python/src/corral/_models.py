@@ -1,4 +1,4 @@
-"""Data classes for what the Corral API returns (DESIGN §3 and §5)."""
+"""Data classes for what the Corral API returns (docs/results.md and docs/api.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ RESULT_FORMATS = ("text", "html", "markdown", "svg", "png", "json")
 
 @dataclass
 class Limits:
-    """Resource limits (all optional; the server applies DESIGN §2's defaults).
+    """Resource limits (all optional; the server applies the defaults of docs/api.md#limits).
 
     A plain ``dict`` with the same keys is accepted wherever ``limits`` is.
     """
@@ -185,7 +185,7 @@ class CommandResult:
 
 @dataclass
 class RunResult:
-    """The result object of a one-shot run (DESIGN §3)."""
+    """The result object of a one-shot run (docs/results.md)."""
 
     status: str
     exit_code: Optional[int] = None
