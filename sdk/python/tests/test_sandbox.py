@@ -164,6 +164,20 @@ def test_execution_metrics(sb: Sandbox) -> None:
     assert execution.peak_memory_bytes >= 0
 
 
+def test_dropped_results_are_a_warning(sb: Sandbox) -> None:
+    # 300 rich results: the server keeps 256 per execution and says so in the `end` event.
+    seen: List[Result] = []
+    execution = sb.run_code(
+        "from IPython.display import display\nfor i in range(300):\n    display(i)",
+        on_result=seen.append,
+    )
+    assert execution.status == "success", execution
+    assert len(execution.results) == len(seen) == 256
+    assert any("rich results over the" in w for w in execution.warnings), execution.warnings
+    # Commands carry the session's warnings too (none dropped here).
+    assert sb.commands.run("true").warnings == sb.get_info().warnings
+
+
 def test_timeout(sb: Sandbox) -> None:
     execution = sb.run_code("import time\ntime.sleep(10)", timeout_s=1)
     assert execution.status == "timeout"
