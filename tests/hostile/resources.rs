@@ -47,6 +47,62 @@ fn memory_bomb_is_stopped() {
     before.assert_nothing_left();
 }
 
+/// A memory bomb in a session, with a kernel started directly and one forked from a zygote,
+/// is stopped near the limit and reported as `memory_limit` in both modes: the cgroup's OOM
+/// kill ends the session; under the rlimit fallback the refused allocation is a MemoryError
+/// that the kernel survives, judged by the rule of one-shot runs, and the session stays
+/// usable.
+#[test]
+fn session_memory_bomb_is_stopped() {
+    use corral_kernel::{Language, Session, SessionOptions, Zygote};
+    use corral_sandbox::{Rootfs, Status};
+
+    let _g = exclusive();
+    let before = Snapshot::take();
+    let bomb = "hog = []\nwhile len(hog) < 1024:\n    hog.append(b'\\x01' * (1 << 20))\n    \
+                print('ALLOCATED', len(hog), flush=True)\n";
+    {
+        let mut options = SessionOptions::new(Language::Python);
+        options.limits.memory_bytes = 128 << 20;
+        let zygote =
+            Zygote::start(&Rootfs::Host, &[], Default::default()).expect("the zygote starts");
+        let sessions = [
+            (
+                "direct",
+                Session::create(&options).expect("a session starts"),
+            ),
+            (
+                "zygote",
+                zygote.fork_session(&options).expect("a session forks"),
+            ),
+        ];
+        for (how, mut s) in sessions {
+            let r = s.execute(bomb, Duration::from_secs(30), &mut |_| {});
+            let allocated = r
+                .stdout
+                .lines()
+                .filter_map(|l| l.strip_prefix("ALLOCATED ")?.parse::<u64>().ok())
+                .max()
+                .unwrap_or(0);
+            assert!(allocated >= 8, "{how}: the bomb did not allocate: {r:?}");
+            assert!(allocated <= 136, "{how}: allocated {allocated} MiB of 128");
+            assert_eq!(r.status, Status::MemoryLimit, "{how}: {r:?}");
+            let message = r.error_message.as_deref().unwrap_or_default();
+            assert!(message.contains("128 MiB memory limit"), "{how}: {r:?}");
+            let rlimit_mode = s.warnings().iter().any(|w| w.contains("rlimit"));
+            if rlimit_mode {
+                assert!(s.is_alive(), "{how}: {r:?}");
+                let after = s.execute("del hog\n1 + 1", Duration::from_secs(30), &mut |_| {});
+                assert_eq!(after.status, Status::Success, "{how}: {after:?}");
+            } else {
+                assert!(!s.is_alive(), "{how}: the OOM kill ends the session: {r:?}");
+            }
+        }
+    }
+    assert_host_can_fork();
+    before.assert_nothing_left();
+}
+
 #[test]
 fn disk_fill_stops_at_disk_limit() {
     let _g = shared();

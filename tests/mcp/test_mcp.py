@@ -162,6 +162,35 @@ async def test_http_off_loopback_requires_a_key(tmp_path: Path, start_listening:
             assert not result.is_error and "42" in texts(result), texts(result)
 
 
+@pytest.mark.anyio
+async def test_http_refuses_an_authorization_it_cannot_read(tmp_path: Path, start_listening: Any) -> None:
+    """Fail closed, as `corral serve` does: on loopback, where a request without a key from a
+    local program is the local tenant, an `Authorization` header that is not `Bearer KEY` is
+    401, never taken for no key."""
+    port = free_port()
+    start_listening([*mcp_args(tmp_path), "--http", f"127.0.0.1:{port}"], port)
+    url = f"http://127.0.0.1:{port}/mcp"
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    headers = {"Accept": "application/json, text/event-stream"}
+    async with httpx.AsyncClient(timeout=CALL_TIMEOUT_S) as http:
+        keyless = await http.post(url, json=initialize, headers=headers)
+        assert keyless.status_code == 200, keyless.text
+        for authorization in ["Basic dXNlcjpwYXNz", "Bearer", "Token abc", "Bearer a b", "bearer"]:
+            answer = await http.post(url, json=initialize, headers={**headers, "Authorization": authorization})
+            assert answer.status_code == 401, (authorization, answer.status_code, answer.text)
+            assert answer.json()["error"]["code"] == "unauthorized", authorization
+            assert answer.headers.get("www-authenticate") == "Bearer", authorization
+        twice = await http.post(
+            url, json=initialize, headers=[*headers.items(), ("Authorization", "Bearer a"), ("Authorization", "Bearer b")]
+        )
+        assert twice.status_code == 401, twice.text
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use corral_sandbox::{
-    ControlSocket, ExecutionResult, LanguageError, Limits, Policy, Report, Rootfs, Sandbox,
-    SandboxError, SandboxSpec, Status, Workspace,
+    hit_rlimit_data, rlimit_data_message, ControlSocket, ExecutionResult, LanguageError, Limits,
+    Policy, Report, Rootfs, Sandbox, SandboxError, SandboxSpec, Status, Workspace,
 };
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
@@ -202,7 +202,14 @@ impl KernelHost {
     fn peak_memory(&self) -> Option<u64> {
         match self {
             KernelHost::Sandbox(s) => s.peak_memory(),
-            KernelHost::Forked(f) => f.cgroup.as_ref().and_then(|c| c.peak_memory()),
+            KernelHost::Forked(f) => f.peak_memory(),
+        }
+    }
+    /// Whether memory is bounded by `RLIMIT_DATA` alone (no cgroup: the rlimit fallback).
+    fn memory_rlimited(&self) -> bool {
+        match self {
+            KernelHost::Sandbox(s) => s.memory_rlimited(),
+            KernelHost::Forked(f) => f.cgroup.is_none(),
         }
     }
     fn oom_killed(&self) -> bool {
@@ -637,12 +644,39 @@ impl Session {
         } else if let Some(e) = &result.error {
             result.status = Status::Error;
             result.error_message = Some(format!("{}: {}", e.name, e.value));
+            if kind == Kind::Cell && self.hit_rlimit_data(&result) {
+                result.status = Status::MemoryLimit;
+                result.error_message = Some(format!(
+                    "{}; the session keeps its state",
+                    rlimit_data_message(self.options.limits.memory_bytes)
+                ));
+            }
         } else if let Some(code) = result.exit_code.filter(|&c| c != 0) {
             result.status = Status::Error;
             result.error_message = Some(format!("the command exited with status {code}"));
         }
         self.emit_end(&mut result, started, cpu_before, on_event);
         result
+    }
+
+    /// Whether a cell that failed with a language error, its kernel alive, ran into the memory
+    /// limit of the rlimit fallback: the rule of one-shot runs ([`hit_rlimit_data`]), with
+    /// the kernel's peak and its stderr followed by the error as the output it judges.
+    fn hit_rlimit_data(&self, result: &ExecutionResult) -> bool {
+        let Some(e) = &result.error else {
+            return false;
+        };
+        if !self.kernel.host.memory_rlimited() {
+            return false;
+        }
+        let peak = self.kernel.host.peak_memory().unwrap_or(0);
+        let output = format!("{}\n{}: {}\n", result.stderr, e.name, e.value);
+        hit_rlimit_data(
+            self.options.limits.memory_bytes,
+            peak,
+            None,
+            output.as_bytes(),
+        )
     }
 
     fn emit_end(

@@ -17,11 +17,13 @@ use corral_sandbox::session::{
     SessionPlan, MAX_PLAN_BYTES, MSG_ERROR, MSG_EXIT, MSG_KERNEL, MSG_READY,
 };
 use corral_sandbox::{
-    recv_with_credentials, rootless_shared_uid_warning, sandbox_cgroup, send_fds, ControlSocket,
-    Limits, Policy, Report, Role, Rootfs, Sandbox, SandboxSpec, Workspace, ROOTLESS_INOTIFY_LIMITS,
+    children_peak_memory, recv_with_credentials, rootless_shared_uid_warning, sandbox_cgroup,
+    send_fds, ControlSocket, Limits, Policy, Report, Role, Rootfs, Sandbox, SandboxSpec, Workspace,
+    ROOTLESS_INOTIFY_LIMITS,
 };
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{setsockopt, socketpair, sockopt, AddressFamily, SockFlag, SockType};
+use nix::unistd::Pid;
 
 use crate::runtime::{support_files, SESSION_LIBRARY, ZYGOTE};
 use crate::session::{KernelError, KernelHost, KernelProcess, Language, Session, SessionOptions};
@@ -371,6 +373,31 @@ impl ForkedKernel {
         Ok(())
     }
 
+    /// Whether the session's init is alive: its control socket is not hung up. The init is
+    /// not our child, so its pid names it only while this holds.
+    fn init_alive(&self) -> bool {
+        let mut pfd = [PollFd::new(self.control.as_fd(), PollFlags::POLLIN)];
+        let hung_up = matches!(poll(&mut pfd, PollTimeout::ZERO), Ok(n) if n > 0)
+            && pfd[0]
+                .revents()
+                .is_some_and(|r| r.contains(PollFlags::POLLHUP));
+        !hung_up
+    }
+
+    /// Peak memory of the session so far: its cgroup's, or without one (the rlimit fallback)
+    /// its kernel's, read while its init is alive (before and after the read, so that the pid
+    /// read named it).
+    pub fn peak_memory(&self) -> Option<u64> {
+        match &self.cgroup {
+            Some(cgroup) => cgroup.peak_memory(),
+            None if self.init_alive() => {
+                let peak = children_peak_memory(Pid::from_raw(self.init_pid));
+                self.init_alive().then_some(peak).flatten()
+            }
+            None => None,
+        }
+    }
+
     /// Kills the session: its cgroup (frozen, then killed) and its init, whose death takes
     /// the session's pid namespace down.
     pub fn kill(&mut self) {
@@ -383,12 +410,7 @@ impl ForkedKernel {
         }
         // The init is not our child, so its pid could be reused once it is gone: signal it
         // only while its control socket shows it alive.
-        let mut pfd = [PollFd::new(self.control.as_fd(), PollFlags::POLLIN)];
-        let hung_up = matches!(poll(&mut pfd, PollTimeout::ZERO), Ok(n) if n > 0)
-            && pfd[0]
-                .revents()
-                .is_some_and(|r| r.contains(PollFlags::POLLHUP));
-        if !hung_up {
+        if self.init_alive() {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(self.init_pid),
                 nix::sys::signal::Signal::SIGKILL,

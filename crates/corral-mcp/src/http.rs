@@ -1,6 +1,8 @@
 //! The tools over streamable HTTP at `/mcp`, with the server's key rule: bound to anything but
 //! loopback, every request needs `Authorization: Bearer KEY`; on loopback a request without a
 //! key from a local program acts as the local tenant, and one with a key must carry a valid one.
+//! The key is read as `corral serve` reads it ([`corral_server::http::presented_key`]): an
+//! `Authorization` header that is not `Bearer KEY` is 401, never "no key".
 
 use std::future::Future;
 use std::sync::Arc;
@@ -40,12 +42,12 @@ fn refuse(status: StatusCode, code: &str, message: &str) -> Response {
 }
 
 async fn authenticate(State(auth): State<Auth>, mut req: Request, next: Next) -> Response {
-    let key = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|k| k.trim().to_string());
+    // The native API's rule: an `Authorization` that is not `Bearer KEY` is refused, never
+    // taken for a request without a key.
+    let key = match corral_server::http::presented_key(req.headers()) {
+        Ok(key) => key,
+        Err(e) => return refuse(e.status, e.code, &e.message),
+    };
     let caller = match key {
         Some(key) => {
             let check = auth.check.clone();

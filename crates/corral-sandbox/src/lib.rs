@@ -30,8 +30,9 @@ pub use ids::ROOT_MODE_ID_BASE;
 pub use limits::{LimitError, LimitField};
 pub use result::{ExecutionResult, FileEntry, LanguageError, RichResult, Status};
 pub use sandbox::{
-    cgroup_layout, run, sandbox_cgroup, sweep_stale_cgroups_once, unique_name, Capture, Finish,
-    Outcome, Report, Sandbox, SandboxError, Stream,
+    cgroup_layout, children_peak_memory, hit_rlimit_data, rlimit_data_message, run, sandbox_cgroup,
+    sweep_stale_cgroups_once, unique_name, Capture, Finish, Outcome, Report, Sandbox, SandboxError,
+    Stream,
 };
 pub use spec::{
     rootless_shared_uid_warning, workload_rlimits, ControlSocket, InputFile, Limits, Policy, Role,

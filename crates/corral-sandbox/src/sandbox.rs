@@ -46,21 +46,58 @@ const OUT_OF_MEMORY_TAIL: usize = 16 << 10;
 /// Whether a failed program ran into `RLIMIT_DATA`, the memory limit of the rlimit fallback
 /// (no cgroup, so no OOM kill to observe): its peak memory, which the host measures, reached
 /// at least half of `limit`, and it failed as programs do when an allocation is refused
-/// (the end of its stderr says so, or it died of SIGSEGV, SIGBUS or SIGABRT). The peak is the
-/// largest single process's resident size (`ru_maxrss`), and the rlimit bounds each process's
-/// data segment alone: a program that fails with half the limit resident is taken to have
-/// reached it (its interpreter and libraries are resident but not counted; its reserved but
-/// untouched memory is counted but not resident).
-fn hit_rlimit_data(limit: u64, peak: u64, signal: Option<i32>, stderr: &[u8]) -> bool {
+/// (the end of `output`, its stderr, says so, or it died of SIGSEGV, SIGBUS or SIGABRT). The
+/// peak is the largest single process's resident size (`ru_maxrss`, or `VmHWM` of a live
+/// session kernel), and the rlimit bounds each process's data segment alone: a program that
+/// fails with half the limit resident is taken to have reached it (its interpreter and
+/// libraries are resident but not counted; its reserved but untouched memory is counted but
+/// not resident). One-shot runs and session executions are judged by this one rule.
+pub fn hit_rlimit_data(limit: u64, peak: u64, signal: Option<i32>, output: &[u8]) -> bool {
     if limit == 0 || peak < limit / 2 {
         return false;
     }
     if matches!(signal, Some(libc::SIGSEGV | libc::SIGBUS | libc::SIGABRT)) {
         return true;
     }
-    let tail = String::from_utf8_lossy(&stderr[stderr.len().saturating_sub(OUT_OF_MEMORY_TAIL)..])
+    let tail = String::from_utf8_lossy(&output[output.len().saturating_sub(OUT_OF_MEMORY_TAIL)..])
         .to_lowercase();
     OUT_OF_MEMORY_MARKERS.iter().any(|m| tail.contains(m))
+}
+
+/// The sentence reported when [`hit_rlimit_data`] holds.
+pub fn rlimit_data_message(limit: u64) -> String {
+    format!(
+        "the program reached the {} MiB memory limit and an allocation failed \
+         (no cgroup here: the limit is RLIMIT_DATA, per process)",
+        limit >> 20
+    )
+}
+
+/// The largest peak resident size (`VmHWM`) among the live children of `init` (a sandbox's
+/// or a session's init, whose children are its program or kernel and the orphans it
+/// adopted), read from the host's `/proc`: what [`hit_rlimit_data`] needs of a process that
+/// has not ended. A pid that is no longer `init`'s child by the time its status is read
+/// (gone, and reused) is skipped. `init` must be alive (not reaped), or its pid could name
+/// another process.
+pub fn children_peak_memory(init: Pid) -> Option<u64> {
+    let children = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).ok()?;
+    children
+        .split_whitespace()
+        .filter_map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let field = |name: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .map(str::trim)
+            };
+            if field("PPid:")? != init.to_string() {
+                return None;
+            }
+            let kib: u64 = field("VmHWM:")?.strip_suffix("kB")?.trim().parse().ok()?;
+            Some(kib * 1024)
+        })
+        .max()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -861,8 +898,7 @@ impl Sandbox {
             // nothing else is left.
             self.kill();
         }
-        // Without a cgroup, memory is bounded by RLIMIT_DATA alone (the rlimit fallback).
-        let rlimit_memory = self.cgroup.is_none();
+        let rlimit_memory = self.memory_rlimited();
         let finish = self.finish();
         let (exit_code, signal) = exit_status.map_or((None, None), child::decode_status);
         let (status, message) = if let Some(msg) = setup_error {
@@ -894,11 +930,7 @@ impl Sandbox {
         {
             (
                 Status::MemoryLimit,
-                Some(format!(
-                    "the program reached the {} MiB memory limit and an allocation failed \
-                     (no cgroup here: the limit is RLIMIT_DATA, per process)",
-                    self.limits.memory_bytes >> 20
-                )),
+                Some(rlimit_data_message(self.limits.memory_bytes)),
             )
         } else {
             let how = match (exit_code, signal) {
@@ -934,9 +966,20 @@ impl Sandbox {
         self.cgroup.as_ref().and_then(Cgroup::cpu_time)
     }
 
-    /// Peak memory of the sandbox so far, where a cgroup measures it.
+    /// Peak memory of the sandbox so far: the cgroup's, or without one (the rlimit fallback)
+    /// the largest peak of a live process of init's (see [`children_peak_memory`]).
     pub fn peak_memory(&self) -> Option<u64> {
-        self.cgroup.as_ref().and_then(Cgroup::peak_memory)
+        match &self.cgroup {
+            Some(cgroup) => cgroup.peak_memory(),
+            None if !self.reaped => children_peak_memory(self.init),
+            None => None,
+        }
+    }
+
+    /// Whether memory is bounded by `RLIMIT_DATA` alone (no cgroup: the rlimit fallback).
+    /// Meaningful until [`Sandbox::finish`], which lets go of the cgroup.
+    pub fn memory_rlimited(&self) -> bool {
+        self.cgroup.is_none()
     }
 
     /// Whether the kernel's OOM killer has killed a process of this sandbox.

@@ -330,6 +330,9 @@ struct EndEvent<'a> {
     exit_code: Option<Option<i32>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error_message: Option<&'a str>,
+    /// The result's `warnings`: weaker protections, and what was dropped over the
+    /// per-execution bounds (rich results), as in the folded result object.
+    warnings: &'a [String],
 }
 
 fn end_line(result: &ExecutionResult, with_exit_code: bool) -> Vec<u8> {
@@ -341,6 +344,7 @@ fn end_line(result: &ExecutionResult, with_exit_code: bool) -> Vec<u8> {
         peak_memory_bytes: result.peak_memory_bytes,
         exit_code: with_exit_code.then_some(result.exit_code),
         error_message: result.error_message.as_deref(),
+        warnings: &result.warnings,
     })
 }
 

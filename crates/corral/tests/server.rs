@@ -538,6 +538,42 @@ fn execution_streams_events_and_a_disconnected_client_interrupts_it() {
     );
 }
 
+/// A streamed execution whose rich results go over the per-execution bound ends with the same
+/// `warnings` as its folded result object; so does a streamed command.
+#[test]
+fn the_end_event_carries_the_results_warnings() {
+    let s = Server::start("");
+    let id = s.create(None);
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let code = "from IPython.display import display\nfor i in range(300):\n    display(i)";
+    let body = json!({ "code": code }).to_string();
+
+    let lines = ndjson(&addr, &format!("/v1/sandboxes/{id}/execute"), &body);
+    let end = lines.last().unwrap();
+    assert_eq!(end["type"], "end", "{end}");
+    let results = lines.iter().filter(|l| l["type"] == "result").count();
+    assert_eq!(results, 256, "{end}");
+    let warnings = end["warnings"]
+        .as_array()
+        .expect("the end event has warnings");
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("rich results over the")),
+        "{end}"
+    );
+    let (status, folded) = s.execute(&id, None, code);
+    assert_eq!(status, 200, "{folded}");
+    assert_eq!(end["warnings"], folded["warnings"], "{folded}");
+
+    let body = json!({"cmd": "true"}).to_string();
+    let lines = ndjson(&addr, &format!("/v1/sandboxes/{id}/commands"), &body);
+    let end = lines.last().unwrap();
+    let (status, info) = s.call("GET", &format!("/v1/sandboxes/{id}"), None, None);
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(end["warnings"], info["warnings"], "{end}");
+}
+
 /// Sends `len` bytes to `path`; the whole answer.
 fn oversized(addr: &str, method: &str, path: &str, len: usize) -> String {
     let mut stream = TcpStream::connect(addr).unwrap();

@@ -8,13 +8,14 @@ The environment is passed through (`CORRAL_DATA_DIR` selects the image store).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import httpx
 import pytest
@@ -81,18 +82,18 @@ def _stop(proc: "subprocess.Popen[bytes]") -> None:
         proc.wait()
 
 
-@pytest.fixture(scope="session")
-def corral_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The base URL of a `corral serve` running for this test session, with a fresh database.
-
-    Also sets `CORRAL_URL` (and clears `CORRAL_API_KEY`) so that clients built without `url`
-    reach it."""
+@contextlib.contextmanager
+def serve(tmp: Path, config: str = "") -> Iterator[str]:
+    """Runs `corral serve` on a free loopback port with a fresh database in `tmp` and `config`
+    (TOML, empty: the defaults) until the block ends; yields its base URL."""
     binary = _corral_bin()
-    tmp = tmp_path_factory.mktemp("corral-server")
     log_path = tmp / "server.log"
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--db", str(tmp / "corral.db")]
+    if config:
+        (tmp / "corral.toml").write_text(config)
+        argv += ["--config", str(tmp / "corral.toml")]
     env = dict(os.environ)
     env.pop("CORRAL_API_KEY", None)
     with open(log_path, "wb") as log:
@@ -119,7 +120,24 @@ def corral_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                     pytrace=False,
                 )
             time.sleep(0.2)
+        yield url
+    finally:
+        _stop(proc)
 
+
+@pytest.fixture
+def serve_with(tmp_path: Path) -> Callable[[str], "contextlib.AbstractContextManager[str]"]:
+    """[`serve`] for one test: `with serve_with(config) as url:` runs a server of its own."""
+    return lambda config: serve(tmp_path, config)
+
+
+@pytest.fixture(scope="session")
+def corral_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The base URL of a `corral serve` running for this test session, with a fresh database.
+
+    Also sets `CORRAL_URL` (and clears `CORRAL_API_KEY`) so that clients built without `url`
+    reach it."""
+    with serve(tmp_path_factory.mktemp("corral-server")) as url:
         saved = {k: os.environ.get(k) for k in ("CORRAL_URL", "CORRAL_API_KEY")}
         os.environ["CORRAL_URL"] = url
         os.environ.pop("CORRAL_API_KEY", None)
@@ -131,8 +149,6 @@ def corral_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-    finally:
-        _stop(proc)
 
 
 @pytest.fixture

@@ -12,9 +12,11 @@ from corral import (
     NotFoundError,
     RateLimitError,
     Result,
+    RetryLaterError,
     RunResult,
     SandboxDeadError,
     SandboxError,
+    ServiceUnavailableError,
     StreamError,
 )
 from corral._common import EventFolder, file_url
@@ -86,6 +88,13 @@ def test_error_mapping() -> None:
     assert isinstance(err(500, "sandbox_error"), SandboxError)
     rl = err(429, "too_many_sandboxes", {"retry-after": "5"})
     assert isinstance(rl, RateLimitError) and rl.retry_after == 5.0
+    for code in ["zygote_restarting", "memory_budget_committed", "shutting_down"]:
+        busy = err(503, code, {"retry-after": "3"})
+        assert isinstance(busy, ServiceUnavailableError) and isinstance(busy, RetryLaterError)
+        assert (busy.code, busy.retry_after) == (code, 3.0)
+    assert err(503, "shutting_down").retry_after is None
+    dated = err(503, "zygote_restarting", {"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})
+    assert dated.retry_after == 0.0  # a date in the past: now
     plain = error_from_response(502, {}, b"bad gateway")
     assert plain.status_code == 502 and "bad gateway" in str(plain)
 

@@ -7,7 +7,7 @@ import io
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator, List, Tuple
+from typing import Any, Iterator, List, Tuple
 
 import pytest
 
@@ -17,8 +17,11 @@ from corral import (
     ExecutionError,
     InvalidRequestError,
     NotFoundError,
+    RateLimitError,
     Result,
+    RetryLaterError,
     Sandbox,
+    ServiceUnavailableError,
 )
 
 
@@ -162,6 +165,20 @@ def test_execution_metrics(sb: Sandbox) -> None:
     assert execution.execution_time_ms >= 0
     assert execution.cpu_time_ms >= 0
     assert execution.peak_memory_bytes >= 0
+
+
+def test_dropped_results_are_a_warning(sb: Sandbox) -> None:
+    # 300 rich results: the server keeps 256 per execution and says so in the `end` event.
+    seen: List[Result] = []
+    execution = sb.run_code(
+        "from IPython.display import display\nfor i in range(300):\n    display(i)",
+        on_result=seen.append,
+    )
+    assert execution.status == "success", execution
+    assert len(execution.results) == len(seen) == 256
+    assert any("rich results over the" in w for w in execution.warnings), execution.warnings
+    # Commands carry the session's warnings too (none dropped here).
+    assert sb.commands.run("true").warnings == sb.get_info().warnings
 
 
 def test_timeout(sb: Sandbox) -> None:
@@ -345,6 +362,34 @@ def test_context_manager_kills(corral_url: str) -> None:
         Sandbox.connect(sid)
     with pytest.raises(NotFoundError):
         sandbox.run_code("x")
+
+
+def test_refusals_carry_retry_after(serve_with: Any) -> None:
+    # Two sessions per key, and a memory budget of 1.5 GiB: one session of 512 MiB memory and
+    # 2 x 256 MiB disk (1 GiB promised) fits, a second is refused for memory (503), a small
+    # one then fits and a third session for the key is refused for the count (429). Both
+    # refusals come with the server's Retry-After, in seconds.
+    config = "pool_size = 0\nmax_sessions_per_key = 2\nmemory_budget_bytes = 1610612736\n"
+    big = {"memory_mb": 512, "disk_mb": 256}
+    small = {"memory_mb": 256, "disk_mb": 16}
+    with serve_with(config) as url:
+        first = Sandbox(url, image="host", limits=big)
+        try:
+            with pytest.raises(ServiceUnavailableError) as budget:
+                Sandbox(url, image="host", limits=big)
+            assert budget.value.status_code == 503
+            assert budget.value.code == "memory_budget_committed"
+            assert isinstance(budget.value, RetryLaterError)
+            assert budget.value.retry_after is not None and budget.value.retry_after >= 1
+            with Sandbox(url, image="host", limits=small):
+                with pytest.raises(RateLimitError) as count:
+                    Sandbox(url, image="host", limits=small)
+                assert count.value.status_code == 429
+                assert isinstance(count.value, RetryLaterError)
+                assert count.value.retry_after is not None and count.value.retry_after >= 1
+        finally:
+            first.kill()
+            first.close()
 
 
 def test_connection_error_is_wrapped() -> None:

@@ -339,6 +339,7 @@ class EventFolder:
             cpu_time_ms=int(end.get("cpu_time_ms") or 0),
             peak_memory_bytes=int(end.get("peak_memory_bytes") or 0),
             error_message=end.get("error_message"),
+            warnings=end_warnings(end),
         )
 
     def command_result(self) -> CommandResult:
@@ -353,7 +354,14 @@ class EventFolder:
             cpu_time_ms=int(end.get("cpu_time_ms") or 0),
             peak_memory_bytes=int(end.get("peak_memory_bytes") or 0),
             error_message=end.get("error_message"),
+            warnings=end_warnings(end),
         )
+
+
+def end_warnings(end: Mapping[str, Any]) -> List[str]:
+    """The ``warnings`` of an ``end`` event (or of a folded result object)."""
+    warnings = end.get("warnings")
+    return [str(w) for w in warnings] if isinstance(warnings, list) else []
 
 
 def callback_map(

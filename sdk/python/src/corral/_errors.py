@@ -8,6 +8,8 @@ with the original ``httpx`` exception as ``__cause__``.
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import json
 from typing import Mapping, Optional, Type
 
@@ -20,6 +22,7 @@ __all__ = [
     "SandboxError",
     "SandboxDeadError",
     "PayloadTooLargeError",
+    "RetryLaterError",
     "RateLimitError",
     "ServiceUnavailableError",
     "CorralConnectionError",
@@ -82,8 +85,9 @@ class PayloadTooLargeError(CorralError):
     """413 ``payload_too_large``: a request body or uploaded file over the server's limit."""
 
 
-class RateLimitError(CorralError):
-    """429 ``too_many_sandboxes``; ``retry_after`` is the ``Retry-After`` header in seconds."""
+class RetryLaterError(CorralError):
+    """A refusal the server expects to lift: 429 and 503. ``retry_after`` is its
+    ``Retry-After`` header in seconds (``None`` when it sent none)."""
 
     def __init__(
         self,
@@ -97,8 +101,14 @@ class RateLimitError(CorralError):
         self.retry_after = retry_after
 
 
-class ServiceUnavailableError(CorralError):
-    """503 ``shutting_down``: the server is stopping."""
+class RateLimitError(RetryLaterError):
+    """429 ``too_many_sandboxes`` (session limits, or no run slot within the admission wait)."""
+
+
+class ServiceUnavailableError(RetryLaterError):
+    """503 ``zygote_restarting`` (the image's zygote is being replaced),
+    ``memory_budget_committed`` (the host's memory budget is promised to live sandboxes) and
+    ``shutting_down`` (the server is stopping)."""
 
 
 class CorralConnectionError(CorralError):
@@ -141,6 +151,8 @@ _BY_CODE: Mapping[str, Type[CorralError]] = {
     "sandbox_error": SandboxError,
     "payload_too_large": PayloadTooLargeError,
     "too_many_sandboxes": RateLimitError,
+    "zygote_restarting": ServiceUnavailableError,
+    "memory_budget_committed": ServiceUnavailableError,
     "shutting_down": ServiceUnavailableError,
 }
 
@@ -159,13 +171,21 @@ _BY_STATUS: Mapping[int, Type[CorralError]] = {
 
 
 def _retry_after(headers: Mapping[str, str]) -> Optional[float]:
+    """``Retry-After`` in seconds: delay-seconds (what Corral sends), or an HTTP date."""
     value = headers.get("retry-after")
     if value is None:
         return None
     try:
-        return float(value)
+        return max(0.0, float(value))
     except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
 
 
 def error_from_response(
@@ -188,10 +208,8 @@ def error_from_response(
     cls = _BY_CODE.get(code or "") or _BY_STATUS.get(status_code)
     if cls is None:
         cls = InvalidRequestError if 400 <= status_code < 500 else CorralError
-    if cls is RateLimitError:
-        return RateLimitError(
-            message, code=code, status_code=status_code, retry_after=_retry_after(headers)
-        )
+    if issubclass(cls, RetryLaterError):
+        return cls(message, code=code, status_code=status_code, retry_after=_retry_after(headers))
     return cls(message, code=code, status_code=status_code)
 
 

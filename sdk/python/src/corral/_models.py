@@ -134,6 +134,9 @@ class Execution:
     peak_memory_bytes: int = 0
     #: A human-readable sentence for a status other than ``success``, when the server gives one.
     error_message: Optional[str] = None
+    #: The server's warnings: protections weaker than asked for, and what was dropped over the
+    #: per-execution bounds (e.g. rich results beyond the limit), as the ``end`` event says.
+    warnings: List[str] = field(default_factory=list)
 
     @property
     def text(self) -> Optional[str]:
@@ -181,6 +184,8 @@ class CommandResult:
     cpu_time_ms: int = 0
     peak_memory_bytes: int = 0
     error_message: Optional[str] = None
+    #: The server's warnings, as for :attr:`Execution.warnings`.
+    warnings: List[str] = field(default_factory=list)
 
 
 @dataclass
