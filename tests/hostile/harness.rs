@@ -446,13 +446,31 @@ impl Outcome {
             .unwrap_or_else(|| panic!("no `{key} ...` line in the program output\n{}", self.dump()))
     }
 
-    /// The program ran inside a sandbox (not a sandbox_error, marker seen).
-    pub fn assert_started(&self) {
-        assert!(
-            self.exit.success(),
-            "corral itself failed (with --json it must exit 0)\n{}",
+    /// Corral exited as its status says (docs/cli.md, one rule with and without `--json`):
+    /// the program's own code for `success` and `error` (128 + N for signal N), 124 for
+    /// `timeout`, 137 for `memory_limit`, 125 for `sandbox_error`.
+    pub fn assert_exit_follows_status(&self) {
+        let j = self.j();
+        let expected = match self.status() {
+            "timeout" => 124,
+            "memory_limit" => 137,
+            "sandbox_error" => 125,
+            _ => j["exit_code"]
+                .as_i64()
+                .or_else(|| j["signal"].as_i64().map(|s| 128 + s))
+                .unwrap_or(1) as i32,
+        };
+        assert_eq!(
+            self.exit.code(),
+            Some(expected),
+            "corral's exit code does not follow its status\n{}",
             self.dump()
         );
+    }
+
+    /// The program ran inside a sandbox (not a sandbox_error, marker seen).
+    pub fn assert_started(&self) {
+        self.assert_exit_follows_status();
         assert_ne!(
             self.status(),
             "sandbox_error",

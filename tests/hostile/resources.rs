@@ -190,7 +190,7 @@ fn output_flood_is_truncated_at_cap() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let o = run.wait();
-    assert!(o.exit.success(), "{}", o.dump());
+    o.assert_exit_follows_status();
     assert!(
         !["sandbox_error", "timeout"].contains(&o.status()),
         "{}",
