@@ -86,6 +86,19 @@ async def exercise(client: Client) -> None:
         failed = await client.call_tool("run_command", {"cmd": "exit 3"})
         assert failed.is_error and failed.structured_content["exit_code"] == 3
 
+        # Tool errors about files (a missing file, a missing directory) keep the default
+        # session: its variables and files are still there afterwards.
+        kept = await client.call_tool("run_code", {"code": "open('keep.txt', 'w').write('k')\ny = 5"})
+        assert not kept.is_error, texts(kept)
+        missing = await client.call_tool("read_file", {"path": "nosuch"})
+        assert missing.is_error, texts(missing)
+        no_dir = await client.call_tool("list_files", {"dir": "nosuchdir"})
+        assert no_dir.is_error, texts(no_dir)
+        still = await client.call_tool("run_code", {"code": "import os\nprint(sorted(os.listdir('.')))\nx + y"})
+        assert not still.is_error, texts(still)
+        assert "keep.txt" in texts(still) and "25" in texts(still), texts(still)
+        assert "fresh one" not in texts(still), texts(still)
+
         # Explicit sessions are separate from the default one.
         made = await client.call_tool("create_session", {"language": "python"})
         assert not made.is_error, texts(made)

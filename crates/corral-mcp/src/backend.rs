@@ -48,6 +48,8 @@ impl From<ServiceError> for BackendError {
     fn from(e: ServiceError) -> Self {
         match e {
             ServiceError::NotFound(m) => BackendError::NotFound(m),
+            // The session is there: this is the tool's error, not a reason to replace it.
+            ServiceError::FileNotFound(m) => BackendError::Other(m),
             ServiceError::SandboxDead(m) => BackendError::Dead(m),
             other => BackendError::Other(other.to_string()),
         }
@@ -197,6 +199,7 @@ struct ApiError {
 
 #[derive(Deserialize)]
 struct ApiErrorBody {
+    code: String,
     message: String,
 }
 
@@ -252,12 +255,18 @@ impl Remote {
             Ok(r) => Ok(r),
             Err(ureq::Error::Status(status, r)) => {
                 let body = r.into_string().unwrap_or_default();
-                let message = serde_json::from_str::<ApiError>(&body)
-                    .map(|e| e.error.message)
-                    .unwrap_or_else(|_| format!("the server answered {status}: {body}"));
-                Err(match status {
-                    404 => BackendError::NotFound(message),
-                    409 => BackendError::Dead(message),
+                let (code, message) = match serde_json::from_str::<ApiError>(&body) {
+                    Ok(e) => (e.error.code, e.error.message),
+                    Err(_) => (
+                        String::new(),
+                        format!("the server answered {status}: {body}"),
+                    ),
+                };
+                Err(match (status, code.as_str()) {
+                    // A missing file is the tool's error; the session is still there.
+                    (404, "file_not_found") => BackendError::Other(message),
+                    (404, _) => BackendError::NotFound(message),
+                    (409, _) => BackendError::Dead(message),
                     _ => BackendError::Other(message),
                 })
             }

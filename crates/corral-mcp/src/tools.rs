@@ -479,6 +479,11 @@ impl CorralMcp {
         if let Some(old) = replace {
             if defaults.get(&language).map(String::as_str) == Some(old) {
                 defaults.remove(&language);
+                // It expired or its kernel died: nothing of it may outlive its replacement
+                // (a dead session still holds its sandbox until it is closed).
+                let (backend, c, old) =
+                    (self.shared.backend.clone(), caller.clone(), old.to_string());
+                let _ = blocking(move || backend.close_session(&c, &old)).await;
                 notes.push(format!(
                     "note: the previous default {} session had ended (idle timeout or a \
                      killed kernel); this ran in a fresh one, so earlier variables and files \

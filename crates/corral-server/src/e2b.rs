@@ -694,7 +694,7 @@ fn connect_error_of(e: &ServiceError) -> Value {
         | ServiceError::InvalidPath(_)
         | ServiceError::UnknownImage(_)
         | ServiceError::UnsupportedLanguage(_) => "invalid_argument",
-        ServiceError::NotFound(_) => "not_found",
+        ServiceError::NotFound(_) | ServiceError::FileNotFound(_) => "not_found",
         ServiceError::SandboxDead(_) => "failed_precondition",
         ServiceError::TooManySandboxes { .. } => "resource_exhausted",
         ServiceError::Sandbox(_) => "internal",
@@ -1047,9 +1047,10 @@ mod tests {
         assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(body, json!({"code": 429, "message": "too many"}));
 
-        let (status, body) =
-            body_json(E2bError::from(ServiceError::NotFound("no file x".into())).into_response())
-                .await;
+        let (status, body) = body_json(
+            E2bError::from(ServiceError::FileNotFound("no file x".into())).into_response(),
+        )
+        .await;
         assert_eq!(status, StatusCode::NOT_FOUND);
         assert_eq!(body, json!({"code": 404, "message": "no file x"}));
     }

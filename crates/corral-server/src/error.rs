@@ -23,6 +23,7 @@ pub struct ErrorBody {
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
     /// Machine-readable: `bad_request`, `invalid_path`, `unauthorized`, `forbidden`, `not_found`,
+    /// `file_not_found`,
     /// `sandbox_dead`, `payload_too_large`, `unknown_image`, `unsupported_language`,
     /// `too_many_sandboxes`, `sandbox_error`, `zygote_restarting`, `memory_budget_committed`,
     /// `shutting_down`.
@@ -68,6 +69,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             ServiceError::InvalidPath(_) => (StatusCode::BAD_REQUEST, "invalid_path"),
             ServiceError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ServiceError::FileNotFound(_) => (StatusCode::NOT_FOUND, "file_not_found"),
             ServiceError::SandboxDead(_) => (StatusCode::CONFLICT, "sandbox_dead"),
             ServiceError::UnknownImage(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unknown_image"),
             ServiceError::UnsupportedLanguage(_) => {

@@ -42,8 +42,12 @@ pub enum ServiceError {
     BadRequest(String),
     #[error("{0}")]
     InvalidPath(String),
+    /// No such sandbox (or another tenant's).
     #[error("{0}")]
     NotFound(String),
+    /// No such file or directory in a sandbox's workspace: the sandbox itself is there.
+    #[error("{0}")]
+    FileNotFound(String),
     #[error("{0}")]
     SandboxDead(String),
     #[error("{0}")]
@@ -81,7 +85,7 @@ impl From<WorkspaceError> for ServiceError {
                 ServiceError::InvalidPath(e.to_string())
             }
             WorkspaceError::Io { ref source, .. } => match source.raw_os_error() {
-                Some(libc::ENOENT) => ServiceError::NotFound(e.to_string()),
+                Some(libc::ENOENT) => ServiceError::FileNotFound(e.to_string()),
                 // A link (RESOLVE_NO_SYMLINKS gives ELOOP), a link component, or a file
                 // where a directory was expected.
                 Some(libc::ELOOP | libc::EXDEV | libc::ENOTDIR | libc::EISDIR) => {

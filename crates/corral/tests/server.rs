@@ -394,8 +394,9 @@ fn files_api_never_leaves_the_workspace() {
 
     let (status, _) = s.call("DELETE", &f("dir/a.txt"), None, None);
     assert_eq!(status, 204);
+    // A missing file is told apart from a missing sandbox (MCP keeps its session on one).
     let (status, body) = s.call("GET", &f("dir/a.txt"), None, None);
-    assert_eq!((status, error_code(&body)), (404, "not_found"));
+    assert_eq!((status, error_code(&body)), (404, "file_not_found"));
 }
 
 #[test]

@@ -82,6 +82,7 @@ def test_error_mapping() -> None:
         return error_from_response(status, headers, body)
 
     assert isinstance(err(404, "not_found"), NotFoundError)
+    assert isinstance(err(404, "file_not_found"), NotFoundError)
     assert isinstance(err(400, "invalid_path"), InvalidPathError)
     assert isinstance(err(400, "invalid_path"), InvalidRequestError)
     assert isinstance(err(422, "unknown_image"), InvalidRequestError)

@@ -70,7 +70,8 @@ class AuthenticationError(CorralError):
 
 
 class NotFoundError(CorralError):
-    """404 ``not_found``: unknown sandbox (or another key's), unknown file, unknown route."""
+    """404 ``not_found``: unknown sandbox (or another key's), unknown route; ``file_not_found``:
+    no such file or directory in a live sandbox's workspace."""
 
 
 class SandboxError(CorralError):
@@ -147,6 +148,7 @@ _BY_CODE: Mapping[str, Type[CorralError]] = {
     "unsupported_language": InvalidRequestError,
     "unauthorized": AuthenticationError,
     "not_found": NotFoundError,
+    "file_not_found": NotFoundError,
     "sandbox_dead": SandboxDeadError,
     "sandbox_error": SandboxError,
     "payload_too_large": PayloadTooLargeError,
