@@ -19,7 +19,9 @@ pub mod rootfs;
 mod sandbox;
 pub mod seccomp;
 pub mod session;
-pub use sys::{recv_message, recv_with_credentials, send_fds, Received};
+pub use sys::{
+    end_quietly_on_closed_pipe, recv_message, recv_with_credentials, send_fds, Received,
+};
 #[cfg(test)]
 mod seccomp_profile;
 pub mod spec;

@@ -115,6 +115,14 @@ pub fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
+/// Lets a closed pipe end this process the way it ends any Unix tool (SIGPIPE's default
+/// action), instead of an `EPIPE` error on every write: for the commands whose output is a
+/// listing another program reads (`corral image ls | head`). Rust's runtime ignores SIGPIPE.
+pub fn end_quietly_on_closed_pipe() {
+    // SAFETY: installs the default action for SIGPIPE; no handler code is involved.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
 /// Sets every signal but SIGKILL and SIGSTOP, real-time ones included, back to its default
 /// action (an ignored signal stays ignored across `execve`). Through the raw system call:
 /// glibc's `sigaction` refuses the real-time signals it reserves for itself.

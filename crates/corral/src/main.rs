@@ -47,6 +47,15 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    // Listings end quietly when their reader goes away (`corral image ls | head`). `corral
+    // run` keeps going instead (its files are still copied out), and the servers answer
+    // their other clients.
+    if matches!(
+        cli.command,
+        Command::Image(_) | Command::Doctor | Command::Key(_) | Command::Tools(_)
+    ) {
+        corral_sandbox::end_quietly_on_closed_pipe();
+    }
     let code = match cli.command {
         Command::Run(args) => run::main(*args),
         Command::Image(args) => image::main(args),

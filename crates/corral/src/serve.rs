@@ -100,6 +100,15 @@ pub fn key(args: KeyArgs) -> Result<()> {
             .data_dir()
             .join("corral.db")
     });
+    // Only `create` may start a database; listing or revoking keys of one that does not exist
+    // is a mistaken path, not an empty list.
+    if !matches!(args.command, KeyCommand::Create { .. }) && !path.exists() {
+        anyhow::bail!(
+            "no database at {} (`corral serve` and `corral key create` make one; pass the \
+             server's --db or --data-dir)",
+            path.display()
+        );
+    }
     let db = Db::open(&path).with_context(|| format!("opening {}", path.display()))?;
     match args.command {
         KeyCommand::Create { name } => {

@@ -1,7 +1,7 @@
-//! `corral run` as a user drives it from a shell: a reader that goes away, exit codes with and
-//! without `--json`, the language a `#!` line names. These run on the `host` image (the
-//! host's own /usr, which scripts/setup fills with Python, matplotlib and Node.js), so they
-//! need no built image.
+//! `corral` as a user drives it from a shell: a reader that goes away, exit codes with and
+//! without `--json`, the language a `#!` line names, key commands on a mistaken path. The runs
+//! use the `host` image (the host's own /usr, which scripts/setup fills with Python,
+//! matplotlib and Node.js), so they need no built image.
 
 use std::io::Read;
 use std::os::fd::OwnedFd;
@@ -10,9 +10,15 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-fn corral() -> Command {
+fn corral_bin() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_corral"));
-    cmd.args(["run", "--image", "host"]).stdin(Stdio::null());
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+fn corral() -> Command {
+    let mut cmd = corral_bin();
+    cmd.args(["run", "--image", "host"]);
     cmd
 }
 
@@ -156,4 +162,45 @@ fn a_shebang_chooses_the_language() {
         .unwrap();
     let result: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(result["stdout"], "py\n", "{result}");
+}
+
+/// `corral key ls` and `revoke` on a database that does not exist say so, and create nothing.
+#[test]
+fn key_commands_on_a_missing_database_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nosuch.db");
+    for args in [&["key", "ls"][..], &["key", "revoke", "key-0"][..]] {
+        let out = corral_bin()
+            .args(args)
+            .arg("--db")
+            .arg(&db)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("no database at"), "{args:?}: {stderr}");
+        assert!(!db.exists(), "{args:?} created {}", db.display());
+    }
+}
+
+/// A listing whose reader goes away (`corral tools | head -c 1`) ends quietly, as any Unix
+/// tool does: no panic, no message.
+#[test]
+fn a_listing_ends_quietly_when_its_reader_goes_away() {
+    let (read, write): (OwnedFd, OwnedFd) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+    drop(read);
+    let out = corral_bin()
+        .args(["tools", "--format", "openai"])
+        .stdout(write)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.is_empty(), "{stderr}");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(nix::libc::SIGPIPE),
+        "{out:?}"
+    );
 }
