@@ -64,6 +64,8 @@ pub(crate) struct ChildPlan {
     /// The spec's runtime directory, bound read-only at `rootfs::RUNTIME_DIR`.
     pub runtime_dir: Option<std::path::PathBuf>,
     pub role: crate::spec::Role,
+    /// The workload's fd 0 when the caller feeds it (else `/dev/null`).
+    pub stdin: Option<RawFd>,
     pub stdout: RawFd,
     pub stderr: RawFd,
     pub root_size: u64,
@@ -145,6 +147,7 @@ impl ChildPlan {
     fn close_host_descriptors(&self) {
         let mut keep = vec![self.report, self.control, self.stdout, self.stderr];
         keep.extend(self.socket);
+        keep.extend(self.stdin);
         sys::close_all_except(&keep);
     }
 }
@@ -381,7 +384,11 @@ fn init(plan: &ChildPlan) -> ! {
         plan.fail("starting the workload", io::Error::last_os_error());
     }
     drop(go_w);
-    for fd in [plan.stdout, plan.stderr].into_iter().chain(plan.socket) {
+    for fd in [plan.stdout, plan.stderr]
+        .into_iter()
+        .chain(plan.socket)
+        .chain(plan.stdin)
+    {
         let _ = nix::unistd::close(fd);
     }
     if let Some((uid, gid)) = plan.switch_to.filter(|_| plan.host_userns) {
@@ -566,7 +573,7 @@ fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd
     }
     drop(network);
     drop(network_out);
-    if let Err(e) = redirect_stdio(plan.stdout, plan.stderr, plan.socket) {
+    if let Err(e) = redirect_stdio(plan.stdin, plan.stdout, plan.stderr, plan.socket) {
         plan.fail("setting up standard streams", e);
     }
     if let Err(e) = nix::sys::signal::SigSet::empty().thread_set_mask() {
@@ -653,18 +660,23 @@ fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd
     )
 }
 
-/// Standard input from `/dev/null`, `stdout` and `stderr` as 1 and 2, `socket` (if any) as 3.
+/// Standard input from `stdin` (else `/dev/null`), `stdout` and `stderr` as 1 and 2, `socket`
+/// (if any) as 3.
 pub(crate) fn redirect_stdio(
+    stdin: Option<RawFd>,
     stdout: RawFd,
     stderr: RawFd,
     socket: Option<RawFd>,
 ) -> io::Result<()> {
-    let null = nix::fcntl::open(
-        "/dev/null",
-        nix::fcntl::OFlag::O_RDONLY,
-        nix::sys::stat::Mode::empty(),
-    )?;
-    for (from, to) in [(null, 0), (stdout, 1), (stderr, 2)]
+    let stdin = match stdin {
+        Some(fd) => fd,
+        None => nix::fcntl::open(
+            "/dev/null",
+            nix::fcntl::OFlag::O_RDONLY,
+            nix::sys::stat::Mode::empty(),
+        )?,
+    };
+    for (from, to) in [(stdin, 0), (stdout, 1), (stderr, 2)]
         .into_iter()
         .chain(socket.map(|s| (s, 3)))
     {

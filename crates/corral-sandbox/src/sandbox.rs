@@ -453,6 +453,7 @@ impl Sandbox {
             control: control_r.as_raw_fd(),
             socket: socket.as_ref().map(|(_, child)| child.as_raw_fd()),
             role: spec.role,
+            stdin: spec.stdin.as_ref().map(AsRawFd::as_raw_fd),
             stdout: stdout_w.as_raw_fd(),
             stderr: stderr_w.as_raw_fd(),
             root_size,

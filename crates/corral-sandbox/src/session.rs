@@ -257,7 +257,7 @@ fn kernel(fds: &SessionFds, plan: SessionPlan) -> Vec<(String, String)> {
         fds.fail("restoring the signal mask", e);
     }
     let _ = nix::unistd::setsid();
-    if let Err(e) = child::redirect_stdio(fds.stdout, fds.stderr, Some(fds.protocol)) {
+    if let Err(e) = child::redirect_stdio(None, fds.stdout, fds.stderr, Some(fds.protocol)) {
         fds.fail("setting up standard streams", e);
     }
     sys::close_all_except(&[3]);

@@ -118,6 +118,9 @@ pub struct SandboxSpec {
     pub control_socket: Option<ControlSocket>,
     pub role: Role,
     pub input_files: Vec<InputFile>,
+    /// The workload's standard input: the read end of a pipe the caller feeds (never a
+    /// terminal or another host descriptor); `None` is `/dev/null`.
+    pub stdin: Option<std::os::fd::OwnedFd>,
 }
 
 impl SandboxSpec {
@@ -134,6 +137,7 @@ impl SandboxSpec {
             control_socket: None,
             role: Role::Workload,
             input_files: Vec::new(),
+            stdin: None,
         }
     }
 }

@@ -2,7 +2,10 @@
 
 use std::fs::File;
 use std::io::{IsTerminal, Read, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
@@ -185,9 +188,55 @@ fn checked_limits(args: &RunArgs) -> Result<Limits> {
     Ok(limits)
 }
 
+/// Feeds the program's standard input from Corral's own when the program did not come from
+/// there and it is a pipe, a file or a socket (never a terminal or a device such as
+/// `/dev/null`): a thread copies it into a pipe of the sandbox's own, up to `limit` bytes (the
+/// workspace size, as for every other input), and says on the returned flag if it cut there.
+/// No descriptor of the host's reaches the sandbox.
+fn feed_stdin(limit: u64) -> Result<Option<(OwnedFd, Arc<AtomicBool>)>> {
+    use nix::sys::stat::SFlag;
+    let stdin = std::io::stdin();
+    let kind = nix::sys::stat::fstat(std::os::fd::AsRawFd::as_raw_fd(&stdin))
+        .map(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT)
+        .context("looking at stdin")?;
+    if stdin.is_terminal() || ![SFlag::S_IFIFO, SFlag::S_IFREG, SFlag::S_IFSOCK].contains(&kind) {
+        return Ok(None);
+    }
+    let (read, write) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("a pipe for stdin")?;
+    let cut = Arc::new(AtomicBool::new(false));
+    let flag = cut.clone();
+    std::thread::spawn(move || {
+        let mut sink = File::from(write);
+        let mut input = std::io::stdin().lock();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut left = limit;
+        loop {
+            let n = match input.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if n as u64 > left {
+                // More than the limit: the program gets the first `limit` bytes, then EOF
+                // (the flag is set before the pipe closes, so the run's report sees it).
+                let _ = sink.write_all(&buf[..left as usize]);
+                flag.store(true, Ordering::Relaxed);
+                break;
+            }
+            if sink.write_all(&buf[..n]).is_err() {
+                break; // the program closed its stdin or ended
+            }
+            left -= n as u64;
+        }
+    });
+    Ok(Some((read, cut)))
+}
+
 /// A checked request: the sandbox and the program to run in it.
 struct Prepared {
     spec: SandboxSpec,
+    /// Set when the program's stdin was cut at the workspace size.
+    stdin_cut: Option<Arc<AtomicBool>>,
     language: Language,
     file_name: String,
     code: Vec<u8>,
@@ -290,8 +339,16 @@ fn build_spec(args: &RunArgs) -> Result<Prepared> {
         allow_degraded: args.allow_degraded,
     };
     spec.input_files = input_files;
+    let mut stdin_cut = None;
+    if !from_stdin {
+        if let Some((read, cut)) = feed_stdin(spec.limits.disk_bytes)? {
+            spec.stdin = Some(read);
+            stdin_cut = Some(cut);
+        }
+    }
     Ok(Prepared {
         spec,
+        stdin_cut,
         language: lang,
         file_name: name,
         code,
@@ -336,13 +393,15 @@ pub fn main(args: RunArgs) -> i32 {
     };
     // Everything written on the host (--out, result-N.png) shares one budget: what the
     // workspace could hold.
-    let limits = CopyLimits::for_workspace(prepared.spec.limits.disk_bytes);
+    let disk_bytes = prepared.spec.limits.disk_bytes;
+    let limits = CopyLimits::for_workspace(disk_bytes);
     let mut out_dir = match args.out.as_deref().map(|dir| OutDir::create(dir, limits)) {
         None => None,
         Some(Ok(out)) => Some(out),
         Some(Err(e)) => return fail(&args, &format!("--out: {e}")),
     };
     let live = !args.json;
+    let stdin_cut = prepared.stdin_cut;
     let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
     let (mut result, workspace) = corral_kernel::oneshot::run(
         prepared.spec,
@@ -360,6 +419,12 @@ pub fn main(args: RunArgs) -> i32 {
         },
     );
     let mut warnings = Vec::new();
+    if stdin_cut.is_some_and(|cut| cut.load(Ordering::Relaxed)) {
+        warnings.push(format!(
+            "stdin was cut after {disk_bytes} bytes (--disk): the program read that much, then \
+             end of file"
+        ));
+    }
     // The workspace's files first, so that an image never takes the name of one of them.
     if let (Some(out), Some(ws)) = (out_dir.as_mut(), &workspace) {
         let shown = format!("--out {}", out.path().display());

@@ -204,3 +204,63 @@ fn a_listing_ends_quietly_when_its_reader_goes_away() {
         "{out:?}"
     );
 }
+
+/// What is piped into `corral run` reaches the program when the program itself came from `-c`
+/// or a file: up to `--disk` bytes, then end of file and a warning.
+#[test]
+fn stdin_reaches_the_program_within_the_workspace_size() {
+    use std::io::Write;
+    let run = |args: &[&str], input: Vec<u8>| -> Value {
+        let mut child = corral()
+            .arg("--json")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut pipe = child.stdin.take().unwrap();
+        // The program may stop reading early: a closed pipe is no failure of the writer here.
+        let writer = std::thread::spawn(move || {
+            let _ = pipe.write_all(&input);
+        });
+        let out = child.wait_with_output().unwrap();
+        writer.join().unwrap();
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let echo = "import sys; data = sys.stdin.buffer.read(); print(len(data), data[:5])";
+    let r = run(&["-c", echo], b"hello world".to_vec());
+    assert_eq!(r["stdout"], "11 b'hello'\n", "{r}");
+    assert_eq!(r["warnings"], serde_json::json!([]), "{r}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("count.py");
+    std::fs::write(&file, echo).unwrap();
+    let r = run(&[file.to_str().unwrap()], vec![b'x'; 100_000]);
+    assert_eq!(r["stdout"], "100000 b'xxxxx'\n", "{r}");
+
+    // Over --disk: the program reads exactly that much, and the result says it was cut.
+    let r = run(&["--disk", "1M", "-c", echo], vec![b'y'; 3 << 20]);
+    assert_eq!(r["stdout"], "1048576 b'yyyyy'\n", "{r}");
+    let warnings = r["warnings"].to_string();
+    assert!(
+        warnings.contains("stdin was cut after 1048576 bytes"),
+        "{r}"
+    );
+
+    // The program that came from stdin has no other stdin.
+    let mut child = corral()
+        .args(["--json", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"import sys; print(repr(sys.stdin.read()))")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["stdout"], "''\n", "{r}");
+}
