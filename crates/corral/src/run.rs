@@ -561,13 +561,16 @@ fn report(args: &RunArgs, result: &ExecutionResult) -> i32 {
         for w in &result.warnings {
             tell!("warning: {w}");
         }
-        for (truncated, name) in [
-            (result.stdout_truncated, "stdout"),
-            (result.stderr_truncated, "stderr"),
-        ] {
-            if truncated {
-                tell!("{name} was truncated at the output limit");
-            }
+        // A cut stream ends with a marker in the stream itself, where its reader looks.
+        let cap = Limits::default().output_bytes;
+        if result.stdout_truncated {
+            let _ = write!(
+                std::io::stdout(),
+                "\n[corral: stdout was cut at {cap} bytes; the rest was dropped]\n"
+            );
+        }
+        if result.stderr_truncated {
+            tell!("stderr was cut at {cap} bytes; the rest was dropped");
         }
         if result.status != Status::Success && result.status != Status::Error {
             if let Some(msg) = &result.error_message {

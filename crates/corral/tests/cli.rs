@@ -264,3 +264,30 @@ fn stdin_reaches_the_program_within_the_workspace_size() {
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["stdout"], "''\n", "{r}");
 }
+
+/// Output over the cap (1 MiB a stream) ends, in the stream itself, with a marker that says so.
+#[test]
+fn a_cut_stream_ends_with_a_marker() {
+    let out = corral()
+        .args([
+            "-c",
+            "import sys\nsys.stdout.write('a' * (3 << 20))\nsys.stderr.write('b' * (3 << 20))",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.starts_with("aaaa"), "{}", &stdout[..40]);
+    assert!(
+        stdout.ends_with("\n[corral: stdout was cut at 1048576 bytes; the rest was dropped]\n"),
+        "{}",
+        &stdout[stdout.len() - 100..]
+    );
+    assert_eq!(stdout.find('\n'), Some(1 << 20), "the first MiB, then the marker");
+    assert!(
+        stderr.ends_with("corral: stderr was cut at 1048576 bytes; the rest was dropped\n"),
+        "{}",
+        &stderr[stderr.len() - 100..]
+    );
+}
