@@ -40,7 +40,7 @@ use serde_json::{json, Value};
 use crate::config::Config;
 use crate::connect::{self, Decoder, FLAG_END_STREAM};
 use crate::error::ApiError;
-use crate::http::{authenticate, blocking, stream_frames, AppState};
+use crate::http::{authenticate, blocking, parse_json, stream_frames, AppState};
 use crate::service::{CommandRequest, CreateSandboxRequest, ExecuteRequest, ServiceError, Tenant};
 
 /// What `clientID` says in sandbox descriptions.
@@ -273,8 +273,7 @@ async fn create_sandbox(
     let req: NewSandbox = if body.iter().all(u8::is_ascii_whitespace) {
         NewSandbox::default()
     } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| E2bError::bad_request(format!("invalid JSON body: {e}")))?
+        parse_json(&body).map_err(E2bError::bad_request)?
     };
     let max_timeout = state.service.config().max_idle_timeout_s;
     if let Some(t) = req.timeout.filter(|t| !(1..=max_timeout).contains(t)) {
@@ -385,8 +384,7 @@ async fn set_timeout(
     body: Bytes,
 ) -> Result<StatusCode, E2bError> {
     let tenant = tenant_of(&state, &headers).await?;
-    let req: Timeout = serde_json::from_slice(&body)
-        .map_err(|e| E2bError::bad_request(format!("invalid JSON body: {e}")))?;
+    let req: Timeout = parse_json(&body).map_err(E2bError::bad_request)?;
     let service = state.service.clone();
     blocking(move || service.set_idle_timeout(&tenant, &id, req.timeout)).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -626,8 +624,7 @@ async fn execute(
     sandbox: PlaneSandbox,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let req: RunCode = serde_json::from_slice(&body)
-        .map_err(|e| E2bError::bad_request(format!("invalid JSON body: {e}")))?;
+    let req: RunCode = parse_json(&body).map_err(E2bError::bad_request)?;
     if req.context_id.is_some() {
         return Err(E2bError::bad_request(
             "code contexts are not supported: run code in the sandbox's default context",
@@ -833,12 +830,12 @@ async fn process_start(
         Ok(payload) => payload,
         Err(error) => return Ok(connect_failure(error)),
     };
-    let start: StartRequest = match serde_json::from_slice(&payload) {
+    let start: StartRequest = match parse_json(&payload) {
         Ok(start) => start,
         Err(e) => {
             return Ok(connect_failure(connect_error(
                 "invalid_argument",
-                format!("invalid StartRequest: {e}"),
+                format!("StartRequest: {e}"),
             )))
         }
     };

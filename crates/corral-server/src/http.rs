@@ -192,6 +192,19 @@ impl FromRequestParts<AppState> for Tenant {
     }
 }
 
+/// Parses a JSON request body; the error names the field at fault (`limits.timeout_s: invalid
+/// type: string "x", expected f64 ...`), for every face of the server.
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(body)).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            format!("invalid JSON body: {}", e.inner())
+        } else {
+            format!("invalid JSON body: `{path}`: {}", e.inner())
+        }
+    })
+}
+
 /// A JSON body whose problems are answered in the API's error format: 400 naming the field,
 /// 413 when it is over the limit.
 pub struct ApiJson<T>(pub T);
@@ -207,9 +220,9 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
                 ApiError::bad_request(format!("reading the request body: {}", e.body_text()))
             }
         })?;
-        serde_json::from_slice(&bytes)
+        parse_json(&bytes)
             .map(ApiJson)
-            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+            .map_err(ApiError::bad_request)
     }
 }
 
@@ -228,6 +241,17 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/execute", post(execute))
         .route("/v1/sandboxes/{id}/commands", post(commands))
         .route("/v1/sandboxes/{id}/files", get(list_files))
+        // `files/` with nothing after it names no file: a bad path, not an unknown route.
+        .route(
+            "/v1/sandboxes/{id}/files/",
+            axum::routing::any(|| async {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_path",
+                    "no file path after files/ (e.g. files/data.csv)",
+                )
+            }),
+        )
         .layer(DefaultBodyLimit::max(config.max_json_bytes))
         .merge(files)
         .merge(crate::e2b::router(&config))
@@ -419,8 +443,7 @@ async fn create_sandbox(
     let req: CreateSandboxRequest = if body.iter().all(u8::is_ascii_whitespace) {
         CreateSandboxRequest::default()
     } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
+        parse_json(&body).map_err(ApiError::bad_request)?
     };
     let service = state.service.clone();
     let info = blocking(move || service.create_session(&tenant, &req)).await?;

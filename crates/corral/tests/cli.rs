@@ -284,7 +284,11 @@ fn a_cut_stream_ends_with_a_marker() {
         "{}",
         &stdout[stdout.len() - 100..]
     );
-    assert_eq!(stdout.find('\n'), Some(1 << 20), "the first MiB, then the marker");
+    assert_eq!(
+        stdout.find('\n'),
+        Some(1 << 20),
+        "the first MiB, then the marker"
+    );
     assert!(
         stderr.ends_with("corral: stderr was cut at 1048576 bytes; the rest was dropped\n"),
         "{}",

@@ -271,6 +271,21 @@ fn malformed_requests_get_clear_json_errors_and_the_server_stays_up() {
         ),
         ("GET", "/v1/nowhere", "", 404, "not_found"),
         ("DELETE", "/v1/run", "", 405, "method_not_allowed"),
+        ("PATCH", "/v1/sandboxes", "", 405, "method_not_allowed"),
+        (
+            "PUT",
+            "/v1/sandboxes/sbx-nosuch/files/",
+            "x",
+            400,
+            "invalid_path",
+        ),
+        (
+            "GET",
+            "/v1/sandboxes/sbx-nosuch/files/",
+            "",
+            400,
+            "invalid_path",
+        ),
     ];
     for (method, path, body, status, code) in cases {
         let (got, answer) = s.call(method, path, None, (!body.is_empty()).then_some(*body));
@@ -294,6 +309,26 @@ fn malformed_requests_get_clear_json_errors_and_the_server_stays_up() {
             .contains("colour"),
         "{unknown}"
     );
+    // A value of the wrong type: the message names the field's path.
+    for (path, body, field) in [
+        ("/v1/run", r#"{"code": 5}"#, "`code`"),
+        (
+            "/v1/run",
+            r#"{"code": "1", "limits": {"timeout_s": "x"}}"#,
+            "`limits.timeout_s`",
+        ),
+        ("/v1/sandboxes", r#"{"env": {"K": 1}}"#, "`env.K`"),
+        (
+            "/v1/run",
+            r#"{"code": "1", "files": [{"path": 3}]}"#,
+            "`files[0].path`",
+        ),
+    ] {
+        let (status, answer) = s.call("POST", path, None, Some(body));
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(message.contains(field), "{body}: {message}");
+    }
 
     // A web page cannot drive a keyless loopback server.
     match ureq::post(&format!("{}/v1/run", s.url))
