@@ -14,6 +14,7 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::{ForkResult, Gid, Pid, Uid};
 
 use crate::cgroup::{Cgroup, Layout};
+use crate::charge::Charge;
 use crate::child::{self, ChildPlan, MSG_CGROUP, MSG_ERROR, MSG_EXIT, MSG_INIT_PID, MSG_READY};
 use crate::ids::IdLease;
 use crate::landlock_rules;
@@ -564,7 +565,16 @@ impl Sandbox {
                     }
                     (Some([MSG_READY]), Some(fd)) => {
                         let owner = switch_to.map(|(u, g)| (u.as_raw(), g.as_raw()));
-                        sandbox.workspace = Some(Workspace::new(fd, owner));
+                        let charge = sandbox
+                            .cgroup
+                            .as_ref()
+                            .map(|cg| Charge::new(cg, limits.memory_bytes))
+                            .transpose()
+                            .map_err(|source| SandboxError::Io {
+                                what: "opening the cgroup's membership files",
+                                source,
+                            })?;
+                        sandbox.workspace = Some(Workspace::new(fd, owner, charge));
                     }
                     (Some([MSG_ERROR, msg @ ..]), _) => {
                         return Err(SandboxError::Setup(

@@ -14,6 +14,7 @@ from typing import Mapping, Optional, Type
 __all__ = [
     "CorralError",
     "InvalidRequestError",
+    "InsufficientStorageError",
     "InvalidPathError",
     "AuthenticationError",
     "NotFoundError",
@@ -82,6 +83,11 @@ class PayloadTooLargeError(CorralError):
     """413 ``payload_too_large``: a request body or uploaded file over the server's limit."""
 
 
+class InsufficientStorageError(CorralError):
+    """507 ``insufficient_storage``: an uploaded file does not fit the sandbox (its workspace is
+    full, or it would take the sandbox past its memory limit); nothing of it was written."""
+
+
 class RateLimitError(CorralError):
     """429 ``too_many_sandboxes``; ``retry_after`` is the ``Retry-After`` header in seconds."""
 
@@ -140,6 +146,7 @@ _BY_CODE: Mapping[str, Type[CorralError]] = {
     "sandbox_dead": SandboxDeadError,
     "sandbox_error": SandboxError,
     "payload_too_large": PayloadTooLargeError,
+    "insufficient_storage": InsufficientStorageError,
     "too_many_sandboxes": RateLimitError,
     "shutting_down": ServiceUnavailableError,
 }
@@ -155,6 +162,7 @@ _BY_STATUS: Mapping[int, Type[CorralError]] = {
     429: RateLimitError,
     500: SandboxError,
     503: ServiceUnavailableError,
+    507: InsufficientStorageError,
 }
 
 
