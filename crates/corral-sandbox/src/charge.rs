@@ -17,12 +17,13 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::sys::socket::{send, MsgFlags};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::ForkResult;
 
-use crate::cgroup::Cgroup;
+use crate::cgroup::{read_oom_kills, Cgroup};
 
 /// The buffer each copy reads the data through.
 const COPY_BUFFER: usize = 64 << 10;
@@ -34,8 +35,13 @@ const WRITER_SETUP_FAILED: i32 = 255;
 pub struct Charge {
     /// The membership file of each of the cgroup's directories, opened for writing.
     join: Vec<OwnedFd>,
+    /// The file that counts the cgroup's OOM kills: a killed writer was the OOM killer's
+    /// when it went up.
+    oom_events: File,
     /// The sandbox's memory limit, for the error that names it.
     memory_bytes: u64,
+    /// How many writers the OOM killer killed: kills that were not the sandbox's own.
+    writer_oom_kills: AtomicU64,
 }
 
 impl Charge {
@@ -43,12 +49,19 @@ impl Charge {
     pub fn new(cgroup: &Cgroup, memory_bytes: u64) -> io::Result<Charge> {
         Ok(Charge {
             join: cgroup.join_files()?,
+            oom_events: cgroup.open_oom_events()?,
             memory_bytes,
+            writer_oom_kills: AtomicU64::new(0),
         })
     }
 
     pub fn memory_bytes(&self) -> u64 {
         self.memory_bytes
+    }
+
+    /// How many of the cgroup's OOM kills were of writers, not of the sandbox's processes.
+    pub fn writer_oom_kills(&self) -> u64 {
+        self.writer_oom_kills.load(Ordering::Relaxed)
     }
 }
 
@@ -59,9 +72,8 @@ pub(crate) enum CopyFailure {
     Source(io::Error),
     /// Writing the file failed with this error (ENOSPC: the workspace is full).
     Write(io::Error),
-    /// The writer was killed: by the OOM killer when the sandbox reached its memory limit (or
-    /// with the whole sandbox).
-    Killed,
+    /// The OOM killer killed the writer: the sandbox reached its memory limit.
+    OutOfMemory,
     /// The writer could not join the sandbox's cgroup, or could not start.
     Writer(io::Error),
 }
@@ -91,6 +103,7 @@ pub(crate) fn copy_into(
     keep.sort_unstable();
     // SAFETY: the child runs `writer` only, which makes system calls on memory prepared
     // above (`keep`, `join`, its copy of `buf`) and ends in `_exit`.
+    let oom_kills = read_oom_kills(&charge.oom_events);
     let child = match unsafe { nix::unistd::fork() } {
         Err(e) => return Err(CopyFailure::Writer(e.into())),
         Ok(ForkResult::Child) => writer(
@@ -121,13 +134,16 @@ pub(crate) fn copy_into(
         (_, Ok(WaitStatus::Exited(_, errno))) if errno != 0 => {
             Err(CopyFailure::Write(io::Error::from_raw_os_error(errno)))
         }
-        (_, Ok(WaitStatus::Signaled(_, nix::sys::signal::Signal::SIGKILL, _))) => {
-            Err(CopyFailure::Killed)
+        (_, Ok(WaitStatus::Signaled(_, nix::sys::signal::Signal::SIGKILL, _)))
+            if read_oom_kills(&charge.oom_events) > oom_kills =>
+        {
+            charge.writer_oom_kills.fetch_add(1, Ordering::Relaxed);
+            Err(CopyFailure::OutOfMemory)
         }
         (Err(Pump::Source(e)), _) => Err(CopyFailure::Source(e)),
         (Ok(n), Ok(WaitStatus::Exited(_, 0))) => Ok(n),
         (_, status) => Err(CopyFailure::Writer(io::Error::other(format!(
-            "the writer ended unexpectedly: {status:?}"
+            "the writer ended unexpectedly ({status:?}): was the sandbox closed meanwhile?"
         )))),
     }
 }
@@ -238,9 +254,12 @@ mod tests {
             .iter()
             .map(|name| OwnedFd::from(File::create(dir.join(name)).unwrap()))
             .collect();
+        std::fs::write(dir.join("events"), "oom 0\noom_kill 0\n").unwrap();
         Charge {
             join,
+            oom_events: File::open(dir.join("events")).unwrap(),
             memory_bytes: 1 << 20,
+            writer_oom_kills: AtomicU64::new(0),
         }
     }
 

@@ -719,7 +719,7 @@ impl Sandbox {
         // reported the exit: it is read and removed while init's namespaces are torn down.
         // (Without a report, removing it kills and waits out what is left.)
         let cgroup = self.cgroup.take();
-        let oom_killed = cgroup.as_ref().map_or(0, Cgroup::oom_kills) > 0;
+        let oom_killed = self.oom_killed_in(cgroup.as_ref());
         let peak_memory = cgroup.as_ref().and_then(Cgroup::peak_memory);
         // rusage misses processes the kernel reaped itself (a killed tree): prefer the cgroup.
         let cpu_time = cgroup.as_ref().and_then(Cgroup::cpu_time);
@@ -951,7 +951,17 @@ impl Sandbox {
 
     /// Whether the kernel's OOM killer has killed a process of this sandbox.
     pub fn oom_killed(&self) -> bool {
-        self.cgroup.as_ref().map_or(0, Cgroup::oom_kills) > 0
+        self.oom_killed_in(self.cgroup.as_ref())
+    }
+
+    /// Whether the OOM killer killed a process of `cgroup` (the sandbox's) other than the
+    /// writers of files the host put into its workspace.
+    fn oom_killed_in(&self, cgroup: Option<&Cgroup>) -> bool {
+        let writers = self
+            .workspace
+            .as_ref()
+            .map_or(0, Workspace::writer_oom_kills);
+        cgroup.map_or(0, Cgroup::oom_kills) > writers
     }
 
     /// Kills every process of the sandbox (init last: its death takes the pid namespace down).

@@ -505,9 +505,10 @@ impl Workspace {
         Ok((stat.blocks() as u64).saturating_mul(stat.fragment_size() as u64))
     }
 
-    /// Whether the sandbox's memory limit bounds what is written here (it has a cgroup).
-    pub fn is_charged(&self) -> bool {
-        self.charge.is_some()
+    /// How many times the OOM killer killed a writer of this workspace: OOM kills of the
+    /// sandbox's cgroup that were not of the sandbox's own processes.
+    pub fn writer_oom_kills(&self) -> u64 {
+        self.charge.as_ref().map_or(0, |c| c.writer_oom_kills())
     }
 
     /// A failed write of `path` as the error that says why: a full workspace, or `source`.
@@ -588,7 +589,7 @@ impl Workspace {
                 self.over_memory(path)
             }
             CopyFailure::Write(e) => self.write_error(path, e),
-            CopyFailure::Killed => self.over_memory(path),
+            CopyFailure::OutOfMemory => self.over_memory(path),
             CopyFailure::Writer(e) => WorkspaceError::io(path, e),
         });
         drop(file);
