@@ -24,6 +24,7 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 
 use crate::harness::*;
+use crate::host::HostSecret;
 
 // ---- the server -----------------------------------------------------------------------------
 
@@ -211,6 +212,23 @@ impl Server {
             self.log_text()
         );
         outcome(result, started.elapsed())
+    }
+
+    /// Uploads `body` (streamed, chunked) to `path` in session `id` of `key`: (status, JSON
+    /// body).
+    fn upload(&self, key: &str, id: &str, path: &str, body: impl Read) -> (u16, Value) {
+        let response = self
+            .agent
+            .put(&format!("{}/v1/sandboxes/{id}/files/{path}", self.url))
+            .set("Accept", "application/json")
+            .set("Authorization", &format!("Bearer {key}"))
+            .send(body);
+        let response = match response {
+            Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("PUT {path}: {e}\n{}", self.log_text()),
+        };
+        let status = response.status();
+        (status, response.into_json().unwrap_or(Value::Null))
     }
 
     /// A one-shot run (`POST /v1/run`) of `key`.
@@ -1352,4 +1370,108 @@ fn sessions_carry_warnings() {
         &missing,
         &host,
     );
+}
+
+// ---- uploads ----------------------------------------------------------------------------------
+
+/// Uploads into a sandbox that prepared for them (issue 19 item 4, issue 20 item 4), in a
+/// session forked from the zygote: a file over the sandbox's disk limit is refused with 507
+/// and leaves nothing (no partial file, no temporary name, the existing file unchanged); a
+/// link, FIFO or directory the sandbox planted at the target, or a linked directory on the
+/// way, is refused and stays as it was; a target the sandbox keeps swapping for a link to a
+/// host file never leads the upload out. Rootless on a cgroup v1 host there is no cgroup to
+/// charge: the workspace's size bounds the upload all the same.
+#[test]
+fn uploads_that_do_not_fit_leave_nothing_and_never_follow_links() {
+    let _g = shared();
+    let secret = HostSecret::plant();
+    let s = Server::start(1);
+    s.wait_pool(1);
+    let key = s.key("A");
+    let id = s.session(&key, &json!({"limits": {"memory_mb": 512, "disk_mb": 16}}));
+    let mut found = Vec::new();
+    let (status, answer) = s.upload(&key, &id, "keep.txt", &b"original"[..]);
+    assert_eq!(status, 201, "{answer}");
+    let plant = format!(
+        "import os\nos.symlink({0:?}, 'link')\nos.symlink({1:?}, 'dirlink')\n\
+         os.mkfifo('fifo')\nos.mkdir('dir')\nprint('planted')",
+        secret.path_str(),
+        secret.dir_str()
+    );
+    let o = s.exec(&key, &id, &plant);
+    assert_eq!(o.stdout(), "planted\n", "{}", o.dump());
+
+    let over = std::io::repeat(b'u').take(20 << 20);
+    let (status, answer) = s.upload(&key, &id, "keep.txt", over);
+    if (status, answer["error"]["code"].as_str()) != (507, Some("insufficient_storage")) {
+        found.push(format!("20 MiB into a 16 MiB workspace: {status} {answer}"));
+    }
+    for target in ["link", "fifo", "dir", "dirlink/new.txt"] {
+        let (status, answer) = s.upload(&key, &id, target, &b"OVERWRITTEN"[..]);
+        if status != 400 {
+            found.push(format!(
+                "an upload to {target} was not refused: {status} {answer}"
+            ));
+        }
+    }
+    let check = format!(
+        "import os, stat\n\
+         print(sorted(os.listdir('.')))\n\
+         print(repr(open('keep.txt').read(64)), os.path.getsize('keep.txt'))\n\
+         print(os.readlink('link') == {0:?}, stat.S_ISFIFO(os.lstat('fifo').st_mode), \
+         os.path.isdir('dir'))",
+        secret.path_str()
+    );
+    let o = s.exec(&key, &id, &check);
+    let expected = "['dir', 'dirlink', 'fifo', 'keep.txt', 'link']\n'original' 8\nTrue True True\n";
+    if o.stdout() != expected {
+        found.push(format!(
+            "the workspace after the refused uploads:\n{}",
+            o.dump()
+        ));
+    }
+
+    // The sandbox swaps `race` between nothing and a link to the host's file while uploads
+    // to it go on.
+    let racer = format!(
+        "import subprocess, sys\n\
+         code = 'import os\\nwhile True:\\n try: os.unlink(\"race\")\\n except OSError: pass\\n \
+         try: os.symlink({0:?}, \"race\")\\n except OSError: pass\\n'\n\
+         p = subprocess.Popen([sys.executable, '-c', code])\nprint(p.pid)",
+        secret.path_str()
+    );
+    let o = s.exec(&key, &id, &racer);
+    let racer_pid = o.stdout().trim().to_string();
+    assert!(racer_pid.parse::<u32>().is_ok(), "{}", o.dump());
+    for _ in 0..40 {
+        let (status, answer) = s.upload(&key, &id, "race", &b"OVERWRITTEN"[..]);
+        if status != 201 && status != 400 && status != 404 {
+            found.push(format!(
+                "an upload to the swapped target: {status} {answer}"
+            ));
+        }
+    }
+    let o = s.exec(
+        &key,
+        &id,
+        &format!("import os, signal\nos.kill({racer_pid}, signal.SIGKILL)\nprint('stopped')"),
+    );
+    assert_eq!(o.stdout(), "stopped\n", "{}", o.dump());
+
+    // Within the room left, it replaces the file, as the sandbox's own.
+    let (status, answer) = s.upload(&key, &id, "keep.txt", &b"replaced"[..]);
+    if status != 201 {
+        found.push(format!("a fitting upload: {status} {answer}"));
+    }
+    let o = s.exec(
+        &key,
+        &id,
+        "import os\nprint(repr(open('keep.txt').read(64)), os.stat('keep.txt').st_uid == os.getuid())",
+    );
+    if o.stdout() != "'replaced' True\n" {
+        found.push(format!("the replaced file:\n{}", o.dump()));
+    }
+    secret.assert_unchanged();
+    let host = s.stop();
+    verdict("uploads escaped or left something behind", &found, &host);
 }

@@ -32,6 +32,9 @@ pub struct SessionInfo {
 struct Entry {
     session: Mutex<Session>,
     interrupter: Interrupter,
+    /// The session's workspace, reachable without waiting for the session's lock (a restart
+    /// replaces it).
+    workspace: Mutex<Workspace>,
     info: Mutex<SessionInfo>,
     last_used: Mutex<Instant>,
 }
@@ -129,6 +132,7 @@ impl SessionManager {
         };
         let entry = Arc::new(Entry {
             interrupter: session.interrupter(),
+            workspace: Mutex::new(session.workspace().clone()),
             session: Mutex::new(session),
             info: Mutex::new(info.clone()),
             last_used: Mutex::new(Instant::now()),
@@ -203,21 +207,18 @@ impl SessionManager {
         let entry = self.entry(id)?;
         let mut session = entry.session.lock().expect("session lock");
         session.restart()?;
+        *entry.workspace.lock().expect("lock") = session.workspace().clone();
         let mut info = entry.info.lock().expect("lock");
         info.death = None;
         info.executions = 0;
         Ok(info.clone())
     }
 
-    /// Runs `f` on the workspace of session `id` (for the files API).
-    pub fn with_workspace<T>(
-        &self,
-        id: &str,
-        f: impl FnOnce(&Workspace) -> T,
-    ) -> Result<T, ManagerError> {
-        let entry = self.entry(id)?;
-        let session = entry.session.lock().expect("session lock");
-        Ok(f(session.workspace()))
+    /// The workspace of session `id` (for the files API). It is not the session: using it
+    /// neither waits for the session's executions nor holds them up, and closing the session
+    /// meanwhile kills whatever is writing into it.
+    pub fn workspace(&self, id: &str) -> Result<Workspace, ManagerError> {
+        Ok(self.entry(id)?.workspace.lock().expect("lock").clone())
     }
 
     /// Closes session `id`: its sandbox is torn down and nothing of it remains.

@@ -215,7 +215,10 @@ impl KernelHost {
     fn oom_killed(&self) -> bool {
         match self {
             KernelHost::Sandbox(s) => s.oom_killed(),
-            KernelHost::Forked(f) => f.cgroup.as_ref().is_some_and(|c| c.oom_kills() > 0),
+            KernelHost::Forked(f) => f
+                .cgroup
+                .as_ref()
+                .is_some_and(|c| c.oom_kills() > f.workspace.writer_oom_kills()),
         }
     }
     fn workspace(&self) -> &Workspace {

@@ -18,8 +18,8 @@ use corral_sandbox::session::{
 };
 use corral_sandbox::{
     children_peak_memory, recv_with_credentials, rootless_shared_uid_warning, sandbox_cgroup,
-    send_fds, ControlSocket, Limits, Policy, Report, Role, Rootfs, Sandbox, SandboxSpec, Workspace,
-    ROOTLESS_INOTIFY_LIMITS,
+    send_fds, Charge, ControlSocket, Limits, Policy, Report, Role, Rootfs, Sandbox, SandboxSpec,
+    Workspace, ROOTLESS_INOTIFY_LIMITS,
 };
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{setsockopt, socketpair, sockopt, AddressFamily, SockFlag, SockType};
@@ -257,7 +257,15 @@ impl Zygote {
             let got = recv_with_credentials(control_host.as_fd(), &mut buf)?;
             match (buf.get(..got.len), got.fd, got.pid) {
                 (Some([MSG_READY]), Some(fd), Some(pid)) => {
-                    workspace = Some(Workspace::new(fd, host_ids.or(self.sandbox.host_ids())));
+                    let charge = cgroup
+                        .as_ref()
+                        .map(|cg| Charge::new(cg, limits.memory_bytes))
+                        .transpose()?;
+                    workspace = Some(Workspace::new(
+                        fd,
+                        host_ids.or(self.sandbox.host_ids()),
+                        charge,
+                    ));
                     init_pid = Some(pid);
                 }
                 (Some([MSG_KERNEL]), _, Some(pid)) => kernel_pid = Some(pid),

@@ -157,11 +157,9 @@ impl Backend for InProcess {
         caller: &Caller,
         id: &str,
         path: &str,
-        mut data: &[u8],
+        data: &[u8],
     ) -> Result<FileEntry, BackendError> {
-        Ok(self
-            .service
-            .write_file(&caller.tenant, id, path, &mut data)?)
+        Ok(self.service.write_file(&caller.tenant, id, path, data)?)
     }
 
     fn read_file(

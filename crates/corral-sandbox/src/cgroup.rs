@@ -348,20 +348,30 @@ impl Cgroup {
             .collect()
     }
 
-    /// How many times the kernel's OOM killer killed a process of this cgroup.
-    pub fn oom_kills(&self) -> u64 {
+    /// The file that counts the OOM kills of this cgroup (`memory.events` on v2,
+    /// `memory.oom_control` on v1).
+    fn oom_events_path(&self) -> Option<PathBuf> {
         let (dir, file) = if self.version == 2 {
             (self.dir("unified"), "memory.events")
         } else {
             (self.dir("memory"), "memory.oom_control")
         };
-        dir.and_then(|d| fs::read_to_string(d.join(file)).ok())
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("oom_kill "))
-                    .and_then(|n| n.trim().parse().ok())
-            })
-            .unwrap_or(0)
+        dir.map(|d| d.join(file))
+    }
+
+    /// How many times the kernel's OOM killer killed a process of this cgroup.
+    pub fn oom_kills(&self) -> u64 {
+        self.oom_events_path()
+            .and_then(|p| fs::read_to_string(p).ok())
+            .map_or(0, |s| parse_oom_kills(&s))
+    }
+
+    /// [`Cgroup::oom_events_path`] opened for reading, for [`read_oom_kills`].
+    pub fn open_oom_events(&self) -> io::Result<fs::File> {
+        let path = self
+            .oom_events_path()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no memory controller"))?;
+        fs::File::open(path)
     }
 
     /// CPU time used by every process that ever ran in the cgroup.
@@ -471,6 +481,23 @@ impl Drop for Cgroup {
     fn drop(&mut self) {
         self.destroy();
     }
+}
+
+/// The OOM kills counted in the contents of `memory.events` or `memory.oom_control`.
+fn parse_oom_kills(events: &str) -> u64 {
+    events
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The OOM kills counted now in a file from [`Cgroup::open_oom_events`] (read from its start).
+pub fn read_oom_kills(events: &fs::File) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 1024];
+    let n = events.read_at(&mut buf, 0).unwrap_or(0);
+    parse_oom_kills(&String::from_utf8_lossy(&buf[..n]))
 }
 
 fn write_file(path: &Path, value: &str) -> io::Result<()> {

@@ -8,6 +8,7 @@
 //! sandbox leaves nothing behind. This crate is synchronous and holds all of Corral's `unsafe`.
 
 pub mod cgroup;
+mod charge;
 mod child;
 pub mod doctor;
 pub mod ids;
@@ -28,6 +29,7 @@ pub mod spec;
 mod sys;
 pub mod workspace;
 
+pub use charge::Charge;
 pub use ids::ROOT_MODE_ID_BASE;
 pub use limits::{LimitError, LimitField};
 pub use result::{ExecutionResult, FileEntry, LanguageError, RichResult, Status};

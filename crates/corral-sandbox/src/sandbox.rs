@@ -14,6 +14,7 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::{ForkResult, Gid, Pid, Uid};
 
 use crate::cgroup::{Cgroup, Layout};
+use crate::charge::Charge;
 use crate::child::{self, ChildPlan, MSG_CGROUP, MSG_ERROR, MSG_EXIT, MSG_INIT_PID, MSG_READY};
 use crate::ids::IdLease;
 use crate::landlock_rules;
@@ -602,7 +603,16 @@ impl Sandbox {
                     }
                     (Some([MSG_READY]), Some(fd)) => {
                         let owner = switch_to.map(|(u, g)| (u.as_raw(), g.as_raw()));
-                        sandbox.workspace = Some(Workspace::new(fd, owner));
+                        let charge = sandbox
+                            .cgroup
+                            .as_ref()
+                            .map(|cg| Charge::new(cg, limits.memory_bytes))
+                            .transpose()
+                            .map_err(|source| SandboxError::Io {
+                                what: "opening the cgroup's membership files",
+                                source,
+                            })?;
+                        sandbox.workspace = Some(Workspace::new(fd, owner, charge));
                     }
                     (Some([MSG_ERROR, msg @ ..]), _) => {
                         return Err(SandboxError::Setup(
@@ -747,7 +757,7 @@ impl Sandbox {
         // reported the exit: it is read and removed while init's namespaces are torn down.
         // (Without a report, removing it kills and waits out what is left.)
         let cgroup = self.cgroup.take();
-        let oom_killed = cgroup.as_ref().map_or(0, Cgroup::oom_kills) > 0;
+        let oom_killed = self.oom_killed_in(cgroup.as_ref());
         let peak_memory = cgroup.as_ref().and_then(Cgroup::peak_memory);
         // rusage misses processes the kernel reaped itself (a killed tree): prefer the cgroup.
         let cpu_time = cgroup.as_ref().and_then(Cgroup::cpu_time);
@@ -985,7 +995,17 @@ impl Sandbox {
 
     /// Whether the kernel's OOM killer has killed a process of this sandbox.
     pub fn oom_killed(&self) -> bool {
-        self.cgroup.as_ref().map_or(0, Cgroup::oom_kills) > 0
+        self.oom_killed_in(self.cgroup.as_ref())
+    }
+
+    /// Whether the OOM killer killed a process of `cgroup` (the sandbox's) other than the
+    /// writers of files the host put into its workspace.
+    fn oom_killed_in(&self, cgroup: Option<&Cgroup>) -> bool {
+        let writers = self
+            .workspace
+            .as_ref()
+            .map_or(0, Workspace::writer_oom_kills);
+        cgroup.map_or(0, Cgroup::oom_kills) > writers
     }
 
     /// Kills every process of the sandbox (init last: its death takes the pid namespace down).

@@ -152,8 +152,14 @@ pub fn reset_signal_dispositions() {
 pub fn close_all_except(keep: &[RawFd]) {
     let mut keep: Vec<u32> = keep.iter().map(|&fd| fd as u32).collect();
     keep.sort_unstable();
+    close_all_except_sorted(&keep);
+}
+
+/// [`close_all_except`] for a `keep` sorted in ascending order. It allocates nothing, so a
+/// child forked from a multithreaded process may call it.
+pub fn close_all_except_sorted(keep: &[u32]) {
     let mut next = 3u32;
-    for fd in keep.into_iter().filter(|&fd| fd >= 3) {
+    for &fd in keep.iter().filter(|&&fd| fd >= 3) {
         if fd > next {
             close_range(next, fd - 1, 0);
         }

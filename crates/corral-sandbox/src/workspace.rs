@@ -5,19 +5,28 @@
 //! one component at a time for directories, so a link the sandbox planted is never followed
 //! and nothing outside the workspace is reached. Only regular files are read.
 //!
+//! Files enter a workspace as the sandbox's own: written to a fresh hidden name beneath the
+//! target's directory and renamed over the target only once complete (a failed write leaves
+//! nothing, and an existing file stays as it was), owned by the sandbox's user, and written by
+//! a process in the sandbox's cgroup ([`Charge`]) so that they count against its memory limit
+//! as if the sandbox had written them.
+//!
 //! Files leave a sandbox for the host only through an [`OutDir`]: it creates new files only
 //! (`O_CREAT|O_EXCL|O_NOFOLLOW`, beneath a descriptor of the directory, never through a name
 //! that exists there), and caps the bytes and entries it writes.
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{fstat, mkdirat, Mode, SFlag};
 
+use crate::charge::{copy_into, Charge, CopyFailure};
+use crate::limits::show_bytes;
 use crate::result::FileEntry;
 
 /// The most files `list` and `copy_out` visit: a sandbox cannot make the host walk forever.
@@ -34,15 +43,50 @@ pub enum WorkspaceError {
     NotRegular(PathBuf),
     #[error("{path:?}: {source}")]
     Io { path: PathBuf, source: io::Error },
+    /// The path, or a directory on it, is a symbolic link (which the sandbox made): refused.
+    #[error(
+        "{0:?}: the sandbox made this path, or a directory on it, a symbolic link, and Corral \
+         never follows links (use the link's target)"
+    )]
+    Link(PathBuf),
+    /// The workspace (a tmpfs of the sandbox's disk limit) has no room for the file.
+    #[error(
+        "{path:?} was not written: the workspace is full (it holds {} in all: the sandbox's \
+         disk limit)", show_bytes(*.capacity)
+    )]
+    Full { path: PathBuf, capacity: u64 },
+    /// Writing the file would take the sandbox past its memory limit: a workspace file is
+    /// memory the sandbox uses.
+    #[error(
+        "{path:?} was not written: it would take the sandbox past its memory limit ({}), \
+         which files in the workspace count against", show_bytes(*.memory_bytes)
+    )]
+    OverMemoryLimit { path: PathBuf, memory_bytes: u64 },
+    /// Reading the data to write failed; nothing was written.
+    #[error("{path:?} was not written: reading its data failed: {source}")]
+    Source { path: PathBuf, source: io::Error },
 }
 
 impl WorkspaceError {
     fn io(path: &Path, source: impl Into<io::Error>) -> Self {
+        let source = source.into();
+        // RESOLVE_NO_SYMLINKS and O_NOFOLLOW answer ELOOP for a link on the way.
+        if source.raw_os_error() == Some(libc::ELOOP) {
+            return WorkspaceError::Link(path.to_path_buf());
+        }
         WorkspaceError::Io {
             path: path.to_path_buf(),
-            source: source.into(),
+            source,
         }
     }
+}
+
+/// Whether an error of a write means that the filesystem has no room.
+fn no_room(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)
+    )
 }
 
 /// The output directory as a whole cannot be used: nothing was written.
@@ -351,15 +395,18 @@ impl OutDir {
 }
 
 /// A descriptor of a sandbox's `/workspace`; it keeps the tmpfs reachable after the sandbox
-/// has ended, until dropped.
-#[derive(Debug)]
+/// has ended, until dropped (with every clone of it).
+#[derive(Debug, Clone)]
 pub struct Workspace {
-    root: OwnedFd,
+    root: Arc<OwnedFd>,
     /// Root mode: the host ids the sandbox user maps to. Every operation inside the workspace
     /// runs with these as the thread's filesystem ids, so the host touches the workspace with
     /// exactly the sandbox's own permissions (a second layer behind openat2), and what it
     /// creates belongs to the sandbox (the tmpfs rejects owners its user namespace cannot map).
     owner: Option<(u32, u32)>,
+    /// The sandbox's cgroup, which the bytes written into the workspace are charged to;
+    /// `None` where the sandbox has none (the rlimit fallback).
+    charge: Option<Arc<Charge>>,
 }
 
 /// While alive, the calling thread's filesystem uid and gid are the sandbox's.
@@ -380,6 +427,33 @@ impl Drop for AsSandboxUser {
         if let Some((uid, gid)) = self.0 {
             nix::unistd::setfsuid(uid);
             nix::unistd::setfsgid(gid);
+        }
+    }
+}
+
+/// Creates a new regular file under a fresh hidden name in `dir` (never an existing name):
+/// its name and the file, open for writing.
+fn create_temp(dir: &OwnedFd) -> io::Result<(PathBuf, File)> {
+    let mut attempts = 0;
+    loop {
+        let name = PathBuf::from(format!(".corral-upload-{}", crate::unique_name()));
+        let how = OpenHow::new()
+            .flags(
+                OFlag::O_WRONLY
+                    | OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC
+                    | OFlag::O_NOCTTY,
+            )
+            .mode(Mode::from_bits_truncate(0o644))
+            .resolve(resolve());
+        match openat2(dir.as_raw_fd(), &name, how) {
+            // SAFETY: openat2 returned a new descriptor that nothing else owns.
+            Ok(fd) => return Ok((name, File::from(unsafe { OwnedFd::from_raw_fd(fd) }))),
+            // The sandbox made that name first.
+            Err(nix::errno::Errno::EEXIST) if attempts < 8 => attempts += 1,
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -425,9 +499,38 @@ pub fn checked_components(path: &Path) -> Result<Vec<&std::ffi::OsStr>, Workspac
 
 impl Workspace {
     /// Wraps a descriptor of a workspace directory (an `O_PATH` descriptor received from a
-    /// sandbox); `owner` is the host uid and gid the sandbox user maps to, in root mode.
-    pub fn new(root: OwnedFd, owner: Option<(u32, u32)>) -> Self {
-        Workspace { root, owner }
+    /// sandbox); `owner` is the host uid and gid the sandbox user maps to, in root mode;
+    /// `charge` the sandbox's cgroup, where it has one.
+    pub fn new(root: OwnedFd, owner: Option<(u32, u32)>, charge: Option<Charge>) -> Self {
+        Workspace {
+            root: Arc::new(root),
+            owner,
+            charge: charge.map(Arc::new),
+        }
+    }
+
+    /// The size of the workspace's filesystem: no file written into it can be larger.
+    pub fn capacity(&self) -> Result<u64, WorkspaceError> {
+        let stat = nix::sys::statvfs::fstatvfs(self.root.as_fd())
+            .map_err(|e| WorkspaceError::io(Path::new("."), e))?;
+        Ok((stat.blocks() as u64).saturating_mul(stat.fragment_size() as u64))
+    }
+
+    /// How many times the OOM killer killed a writer of this workspace: OOM kills of the
+    /// sandbox's cgroup that were not of the sandbox's own processes.
+    pub fn writer_oom_kills(&self) -> u64 {
+        self.charge.as_ref().map_or(0, |c| c.writer_oom_kills())
+    }
+
+    /// A failed write of `path` as the error that says why: a full workspace, or `source`.
+    fn write_error(&self, path: &Path, source: io::Error) -> WorkspaceError {
+        if no_room(&source) {
+            return WorkspaceError::Full {
+                path: path.to_path_buf(),
+                capacity: self.capacity().unwrap_or(0),
+            };
+        }
+        WorkspaceError::io(path, source)
     }
 
     /// Opens (creating with `create`) the directory `parts` below the root, one component at
@@ -450,39 +553,100 @@ impl Workspace {
                     Err(e) => return Err(e),
                 }
             }
-            dir = open_beneath(
+            dir = match open_beneath(
                 dir.as_raw_fd(),
                 Path::new(part),
                 OFlag::O_RDONLY | OFlag::O_DIRECTORY,
                 Mode::empty(),
-            )?;
+            ) {
+                Ok(next) => next,
+                // A link where a directory is expected is refused as a link (ELOOP), not as
+                // "not a directory".
+                Err(nix::errno::Errno::ENOTDIR)
+                    if nix::sys::stat::fstatat(
+                        Some(dir.as_raw_fd()),
+                        *part,
+                        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                    )
+                    .is_ok_and(|st| {
+                        SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK
+                    }) =>
+                {
+                    return Err(nix::errno::Errno::ELOOP)
+                }
+                Err(e) => return Err(e),
+            };
         }
         Ok(dir)
     }
 
-    /// Writes `data` to `path`, creating parent directories; an existing file is replaced,
-    /// anything else at that path is an error.
+    /// Writes `data` to `path`, creating parent directories, and returns its size. The data
+    /// goes to a fresh hidden name in the target's directory, renamed over `path` once it is
+    /// complete: when anything fails (no room, the memory limit, reading `data`), nothing is
+    /// left and an existing file at `path` is unchanged. A link, directory or special file at
+    /// `path` is refused, never followed or replaced.
     pub fn write_file(&self, path: &Path, data: &mut dyn Read) -> Result<u64, WorkspaceError> {
         let parts = checked_components(path)?;
-        let _as_sandbox = AsSandboxUser::new(self.owner);
         let (name, parents) = parts.split_last().expect("checked non-empty");
-        let dir = self
-            .open_dir(parents, true)
-            .map_err(|e| WorkspaceError::io(path, e))?;
-        let fd = open_beneath(
-            dir.as_raw_fd(),
-            Path::new(name),
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NONBLOCK,
-            Mode::from_bits_truncate(0o644),
-        )
-        .map_err(|e| WorkspaceError::io(path, e))?;
-        let stat = fstat(fd.as_raw_fd()).map_err(|e| WorkspaceError::io(path, e))?;
-        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
-            return Err(WorkspaceError::NotRegular(path.to_path_buf()));
+        let name = Path::new(name);
+        let (dir, temp, file) = {
+            let _as_sandbox = AsSandboxUser::new(self.owner);
+            let dir = self
+                .open_dir(parents, true)
+                .map_err(|e| self.write_error(path, e.into()))?;
+            match open_beneath(dir.as_raw_fd(), name, OFlag::O_PATH, Mode::empty()) {
+                Ok(existing) => {
+                    let stat =
+                        fstat(existing.as_raw_fd()).map_err(|e| WorkspaceError::io(path, e))?;
+                    if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+                        return Err(WorkspaceError::NotRegular(path.to_path_buf()));
+                    }
+                }
+                Err(nix::errno::Errno::ENOENT) => {}
+                Err(e) => return Err(WorkspaceError::io(path, e)),
+            }
+            let (temp, file) = create_temp(&dir).map_err(|e| self.write_error(path, e))?;
+            (dir, temp, file)
+        };
+        let copied = copy_into(&file, data, self.charge.as_deref()).map_err(|e| match e {
+            CopyFailure::Source(source) => WorkspaceError::Source {
+                path: path.to_path_buf(),
+                source,
+            },
+            CopyFailure::Write(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
+                self.over_memory(path)
+            }
+            CopyFailure::Write(e) => self.write_error(path, e),
+            CopyFailure::OutOfMemory => self.over_memory(path),
+            CopyFailure::Writer(e) => WorkspaceError::io(path, e),
+        });
+        drop(file);
+        let _as_sandbox = AsSandboxUser::new(self.owner);
+        let renamed = copied.and_then(|size| {
+            nix::fcntl::renameat(Some(dir.as_raw_fd()), &temp, Some(dir.as_raw_fd()), name)
+                .map_err(|e| match e {
+                    // Made a directory meanwhile, by the sandbox.
+                    nix::errno::Errno::EISDIR => WorkspaceError::NotRegular(path.to_path_buf()),
+                    e => WorkspaceError::io(path, e),
+                })
+                .map(|()| size)
+        });
+        if renamed.is_err() {
+            let _ = nix::unistd::unlinkat(
+                Some(dir.as_raw_fd()),
+                &temp,
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            );
         }
-        let mut file = File::from(fd);
-        file.set_len(0).map_err(|e| WorkspaceError::io(path, e))?;
-        io::copy(data, &mut file).map_err(|e| WorkspaceError::io(path, e))
+        renamed
+    }
+
+    /// The error of a write the sandbox's memory limit stopped.
+    fn over_memory(&self, path: &Path) -> WorkspaceError {
+        WorkspaceError::OverMemoryLimit {
+            path: path.to_path_buf(),
+            memory_bytes: self.charge.as_ref().map_or(0, |c| c.memory_bytes()),
+        }
     }
 
     /// Opens the regular file at `path` for reading.
@@ -672,7 +836,7 @@ mod tests {
     fn workspace(dir: &Path) -> Workspace {
         let fd = nix::fcntl::open(dir, OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty()).unwrap();
         // SAFETY: open returned a new descriptor that nothing else owns.
-        Workspace::new(unsafe { OwnedFd::from_raw_fd(fd) }, None)
+        Workspace::new(unsafe { OwnedFd::from_raw_fd(fd) }, None, None)
     }
 
     #[test]
@@ -896,6 +1060,71 @@ mod tests {
         OutDir::check(&host.path().join("new/dir")).unwrap();
         OutDir::create(&host.path().join("new/dir"), CopyLimits::for_workspace(1)).unwrap();
         assert!(host.path().join("new/dir").is_dir());
+    }
+
+    #[test]
+    fn a_failed_write_leaves_nothing_and_the_old_file_unchanged() {
+        use std::os::unix::fs::FileTypeExt;
+        struct Fails(usize);
+        impl Read for Fails {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                if self.0 == 0 {
+                    return Err(io::Error::other("the client went away"));
+                }
+                let n = buf.len().min(self.0);
+                buf[..n].fill(b'n');
+                self.0 -= n;
+                Ok(n)
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let ws = workspace(dir.path());
+        ws.write_file(Path::new("keep.txt"), &mut &b"original"[..])
+            .unwrap();
+        for path in ["keep.txt", "sub/new.txt"] {
+            let err = ws
+                .write_file(Path::new(path), &mut Fails(100_000))
+                .unwrap_err();
+            assert!(matches!(err, WorkspaceError::Source { .. }), "{err}");
+        }
+        assert_eq!(
+            std::fs::read(dir.path().join("keep.txt")).unwrap(),
+            b"original"
+        );
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .chain(std::fs::read_dir(dir.path().join("sub")).unwrap())
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["keep.txt", "sub"], "no partial or temporary file");
+
+        // A link, a FIFO or a directory at the target is refused and stays as it was.
+        let outside = tempfile::NamedTempFile::new().unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("link")).unwrap();
+        nix::unistd::mkfifo(&dir.path().join("fifo"), Mode::from_bits_truncate(0o644)).unwrap();
+        for path in ["link", "fifo", "sub"] {
+            assert!(
+                ws.write_file(Path::new(path), &mut &b"x"[..]).is_err(),
+                "{path}"
+            );
+        }
+        assert!(std::fs::symlink_metadata(dir.path().join("link"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(outside.path()).unwrap(), b"");
+        assert!(std::fs::symlink_metadata(dir.path().join("fifo"))
+            .unwrap()
+            .file_type()
+            .is_fifo());
+
+        assert_eq!(
+            ws.write_file(Path::new("keep.txt"), &mut &b"new"[..])
+                .unwrap(),
+            3
+        );
+        assert_eq!(std::fs::read(dir.path().join("keep.txt")).unwrap(), b"new");
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Admission control: the host memory promised to live sandboxes, and the one-shot run slots
-//! shared fairly between keys.
+//! Admission control: the host memory promised to live sandboxes, the one-shot run slots
+//! shared fairly between keys, and the uploads whose bodies stream at once.
 //!
 //! Every live sandbox (a session, or a one-shot run while it runs) holds a promise of host
 //! memory: [`corral_sandbox::Limits::host_memory_bytes`]. Their sum stays within the budget
@@ -7,7 +7,10 @@
 //! with 503 and `Retry-After` rather than left to the OOM killer. One-shot runs also take one of
 //! `max_runs` slots, at most `max_runs_per_key` of them per key, so that one key cannot starve
 //! the others; a run that cannot get its slot and its memory within `admission_wait_s` is
-//! refused (429, or 503 when memory was what it lacked). Nothing waits unboundedly.
+//! refused (429, or 503 when memory was what it lacked). An upload streams its body only with
+//! one of `max_uploads_in_flight` slots, which bounds the server's buffers for all of them;
+//! one that gets none within `admission_wait_s` is refused with 503 (its body is never read).
+//! Nothing waits unboundedly.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -35,6 +38,14 @@ pub struct Admission {
     /// `/metrics` views of the state, kept up to date with it.
     committed_gauge: Gauge,
     runs_gauge: Gauge,
+    /// One permit per upload streaming now.
+    uploads: Arc<tokio::sync::Semaphore>,
+    max_uploads: usize,
+}
+
+/// An upload's slot; released when dropped.
+pub struct UploadPermit {
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 #[derive(Default)]
@@ -116,6 +127,26 @@ impl Admission {
             freed: tokio::sync::Notify::new(),
             committed_gauge: metrics.memory_committed_bytes.clone(),
             runs_gauge: metrics.runs_in_flight.clone(),
+            uploads: Arc::new(tokio::sync::Semaphore::new(config.max_uploads_in_flight)),
+            max_uploads: config.max_uploads_in_flight,
+        }
+    }
+
+    /// A slot for one upload, waited for at most `admission_wait_s`; then refused with 503
+    /// and `Retry-After`.
+    pub async fn admit_upload(&self) -> Result<UploadPermit, ServiceError> {
+        let permit = tokio::time::timeout(self.wait, self.uploads.clone().acquire_owned()).await;
+        match permit {
+            Ok(Ok(slot)) => Ok(UploadPermit { _slot: slot }),
+            _ => Err(ServiceError::Unavailable {
+                reason: Unavailability::Uploads,
+                message: format!(
+                    "the server streams its maximum of {} uploads at once \
+                     (max_uploads_in_flight): retry later",
+                    self.max_uploads
+                ),
+                retry_after_s: 1,
+            }),
         }
     }
 
@@ -308,6 +339,25 @@ mod tests {
         drop(first);
         waiter.await.unwrap().unwrap();
         assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn uploads_beyond_the_cap_wait_then_are_refused() {
+        let config = Config {
+            max_uploads_in_flight: 2,
+            ..Config::default()
+        };
+        let mut a = Admission::new(&config, 1, &Metrics::default());
+        a.wait = Duration::from_millis(50);
+        let held = [
+            a.admit_upload().await.unwrap(),
+            a.admit_upload().await.unwrap(),
+        ];
+        let refused = a.admit_upload().await.err().unwrap();
+        assert!(refused.to_string().contains("max_uploads_in_flight"));
+        assert_eq!(code(refused), "uploads_busy");
+        drop(held);
+        a.admit_upload().await.unwrap();
     }
 
     #[tokio::test]

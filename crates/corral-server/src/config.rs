@@ -35,8 +35,12 @@ pub struct Config {
     pub memory_overcommit: f64,
     /// A fixed memory budget in bytes instead of `memory_overcommit` × `MemTotal`.
     pub memory_budget_bytes: Option<u64>,
-    /// Largest request body: uploaded files (JSON bodies are held to `max_json_bytes`).
+    /// Largest upload: a file (`PUT .../files/...`) or an E2B multipart body. An upload is
+    /// held to its sandbox's disk limit as well (JSON bodies are held to `max_json_bytes`).
     pub max_body_bytes: usize,
+    /// Uploads whose bodies stream into sandboxes at once, from all keys; more wait up to
+    /// `admission_wait_s` for a slot, then are refused (503 `uploads_busy`).
+    pub max_uploads_in_flight: usize,
     pub max_json_bytes: usize,
     pub default_idle_timeout_s: u64,
     pub max_idle_timeout_s: u64,
@@ -64,6 +68,7 @@ impl Default for Config {
             memory_overcommit: 1.5,
             memory_budget_bytes: None,
             max_body_bytes: 64 << 20,
+            max_uploads_in_flight: 32,
             max_json_bytes: 8 << 20,
             default_idle_timeout_s: 600,
             max_idle_timeout_s: 24 * 3600,
@@ -101,6 +106,9 @@ impl Config {
     pub fn check(&self) -> anyhow::Result<()> {
         if self.max_runs == 0 || self.max_runs_per_key == Some(0) {
             anyhow::bail!("max_runs and max_runs_per_key must be at least 1");
+        }
+        if self.max_uploads_in_flight == 0 {
+            anyhow::bail!("max_uploads_in_flight must be at least 1");
         }
         if !(self.memory_overcommit > 0.0 && self.memory_overcommit.is_finite()) {
             anyhow::bail!("memory_overcommit must be a positive number (1.5: 150% of MemTotal)");

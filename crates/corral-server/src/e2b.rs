@@ -40,7 +40,7 @@ use serde_json::{json, Value};
 use crate::config::Config;
 use crate::connect::{self, Decoder, FLAG_END_STREAM};
 use crate::error::ApiError;
-use crate::http::{authenticate, blocking, parse_json, stream_frames, AppState};
+use crate::http::{authenticate, blocking, parse_json, stream_frames, stream_upload, AppState};
 use crate::service::{CommandRequest, CreateSandboxRequest, ExecuteRequest, ServiceError, Tenant};
 
 /// What `clientID` says in sandbox descriptions.
@@ -507,8 +507,8 @@ fn multipart_error(status: StatusCode, text: String) -> E2bError {
     }
 }
 
-/// `files.write`: every multipart `file` part is written to the workspace, at the `path`
-/// query parameter when there is one, else at the part's file name.
+/// `files.write`: every multipart `file` part is streamed into the workspace (as the native
+/// upload is), at the `path` query parameter when there is one, else at the part's file name.
 async fn write_files(
     State(state): State<AppState>,
     sandbox: PlaneSandbox,
@@ -517,6 +517,8 @@ async fn write_files(
 ) -> Result<Json<Vec<Value>>, E2bError> {
     let query = file_query(query)?;
     let mut multipart = multipart.map_err(|e| multipart_error(e.status(), e.body_text()))?;
+    let _slot = state.service.admit_upload().await?;
+    let max_body_bytes = state.service.config().max_body_bytes as u64;
     let mut written = Vec::new();
     while let Some(field) = multipart
         .next_field()
@@ -532,14 +534,14 @@ async fn write_files(
             .or_else(|| field.file_name().map(str::to_string))
             .ok_or_else(|| E2bError::bad_request("a file part without a path or file name"))?;
         let rel = workspace_path(&path)?;
-        let data = field
-            .bytes()
-            .await
-            .map_err(|e| multipart_error(e.status(), e.body_text()))?;
         let service = state.service.clone();
         let (tenant, id) = (sandbox.tenant.clone(), sandbox.id.clone());
-        let entry =
-            blocking(move || service.write_file(&tenant, &id, &rel, &mut data.as_ref())).await?;
+        let upload = blocking(move || service.prepare_upload(&tenant, &id, &rel, None)).await?;
+        let entry = match stream_upload(upload, field, max_body_bytes).await {
+            (Err(e), _) if e.is_refused_upload() => return Err(e.into()),
+            (_, Some(e)) => return Err(multipart_error(e.status(), e.body_text())),
+            (entry, None) => entry?,
+        };
         let name = entry
             .path
             .rsplit('/')
@@ -693,7 +695,9 @@ fn connect_error_of(e: &ServiceError) -> Value {
         | ServiceError::UnsupportedLanguage(_) => "invalid_argument",
         ServiceError::NotFound(_) | ServiceError::FileNotFound(_) => "not_found",
         ServiceError::SandboxDead(_) => "failed_precondition",
-        ServiceError::TooManySandboxes { .. } => "resource_exhausted",
+        ServiceError::TooManySandboxes { .. }
+        | ServiceError::PayloadTooLarge(_)
+        | ServiceError::InsufficientStorage(_) => "resource_exhausted",
         ServiceError::Sandbox(_) => "internal",
         ServiceError::Unavailable { .. } | ServiceError::ShuttingDown => "unavailable",
     };

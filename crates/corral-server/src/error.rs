@@ -23,9 +23,9 @@ pub struct ErrorBody {
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
     /// Machine-readable: `bad_request`, `invalid_path`, `unauthorized`, `forbidden`, `not_found`,
-    /// `file_not_found`,
-    /// `sandbox_dead`, `payload_too_large`, `unknown_image`, `unsupported_language`,
-    /// `too_many_sandboxes`, `sandbox_error`, `zygote_restarting`, `memory_budget_committed`,
+    /// `file_not_found`, `method_not_allowed`, `sandbox_dead`, `payload_too_large`,
+    /// `insufficient_storage`, `unknown_image`, `unsupported_language`, `too_many_sandboxes`,
+    /// `sandbox_error`, `zygote_restarting`, `memory_budget_committed`, `uploads_busy`,
     /// `shutting_down`.
     pub code: String,
     pub message: String,
@@ -79,11 +79,18 @@ impl From<ServiceError> for ApiError {
                 (StatusCode::TOO_MANY_REQUESTS, "too_many_sandboxes")
             }
             ServiceError::Sandbox(_) => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox_error"),
+            ServiceError::PayloadTooLarge(_) => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
+            }
+            ServiceError::InsufficientStorage(_) => {
+                (StatusCode::INSUFFICIENT_STORAGE, "insufficient_storage")
+            }
             ServiceError::Unavailable { reason, .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 match reason {
                     Unavailability::ZygoteRestarting => "zygote_restarting",
                     Unavailability::MemoryBudget => "memory_budget_committed",
+                    Unavailability::Uploads => "uploads_busy",
                 },
             ),
             ServiceError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),

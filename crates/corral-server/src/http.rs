@@ -23,13 +23,19 @@ use utoipa::OpenApi;
 use crate::error::{ApiError, ErrorBody};
 use crate::service::{
     CommandRequest, CreateSandboxRequest, ExecuteRequest, RunRequest, SandboxInfo, Service,
-    ServiceError, Tenant,
+    ServiceError, Tenant, Upload,
 };
 
 /// Events buffered per stream: a client that reads slowly holds at most this many.
 const STREAM_BUFFER: usize = 64;
 /// A client that reads nothing for this long is treated as gone and its execution interrupted.
 const SLOW_CLIENT_LIMIT: Duration = Duration::from_secs(30);
+/// Frames of an upload's body queued between the connection and the writer (beside the one
+/// each of them holds): all the server buffers of an upload.
+const UPLOAD_QUEUE: usize = 1;
+/// After an upload failed (its file did not fit), how long the rest of its body is still read
+/// and discarded, so that the client, still sending, can read the answer.
+const UPLOAD_DRAIN: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct AppState {
     pub service: Arc<Service>,
@@ -228,12 +234,11 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
 
 pub fn router(state: AppState) -> Router {
     let config = state.service.config().clone();
-    let files = Router::new()
-        .route(
-            "/v1/sandboxes/{id}/files/{*path}",
-            get(read_file).put(write_file).delete(remove_file),
-        )
-        .layer(DefaultBodyLimit::max(config.max_body_bytes));
+    // An upload's body streams; `Upload` bounds it (max_body_bytes and the sandbox's disk).
+    let files = Router::new().route(
+        "/v1/sandboxes/{id}/files/{*path}",
+        get(read_file).put(write_file).delete(remove_file),
+    );
     Router::new()
         .route("/v1/run", post(run))
         .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
@@ -332,6 +337,98 @@ pub fn stream_frames(
     let body =
         Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, Infallible>));
     ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+/// The body of an upload as the blocking writer reads it: frames from a bounded queue.
+struct QueuedBody {
+    frames: mpsc::Receiver<std::io::Result<Bytes>>,
+    current: Bytes,
+}
+
+impl std::io::Read for QueuedBody {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.frames.blocking_recv() {
+                None => return Ok(0),
+                Some(frame) => self.current = frame?,
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current[..n]);
+        bytes::Buf::advance(&mut self.current, n);
+        Ok(n)
+    }
+}
+
+/// Streams `body` into `upload`, written on a blocking thread, through a queue of
+/// [`UPLOAD_QUEUE`] frames: the body is never held whole. Returns what the upload wrote, and
+/// the body's own error if reading it failed (the client went away, or a limit of the
+/// extractor), which the caller answers in its own terms; a client that sends nothing for
+/// [`SLOW_CLIENT_LIMIT`] fails the upload (400). When the upload fails first, the
+/// rest of the body (up to `max_body_bytes` in all, for [`UPLOAD_DRAIN`]) is read and
+/// discarded before the answer, so that a client that sends all of its body before it reads
+/// can read it.
+pub(crate) async fn stream_upload<S, E>(
+    upload: Upload,
+    mut body: S,
+    max_body_bytes: u64,
+) -> (Result<FileEntry, ServiceError>, Option<E>)
+where
+    S: futures_util::Stream<Item = Result<Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let (tx, frames) = mpsc::channel(UPLOAD_QUEUE);
+    let writing = tokio::task::spawn_blocking(move || {
+        upload.write(&mut QueuedBody {
+            frames,
+            current: Bytes::new(),
+        })
+    });
+    let mut received = 0u64;
+    let mut drain_until = None;
+    let mut failed = None;
+    loop {
+        let next = match drain_until {
+            // A client that sends nothing for SLOW_CLIENT_LIMIT gives its slot up.
+            None => match tokio::time::timeout(SLOW_CLIENT_LIMIT, body.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    let stalled = format!(
+                        "the client sent nothing for {} s",
+                        SLOW_CLIENT_LIMIT.as_secs()
+                    );
+                    let _ = tx.send(Err(std::io::Error::other(stalled))).await;
+                    break;
+                }
+            },
+            Some(deadline) => match tokio::time::timeout_at(deadline, body.next()).await {
+                Ok(next) => next,
+                Err(_) => break,
+            },
+        };
+        match next {
+            None => break,
+            Some(Err(e)) => {
+                let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+                failed = Some(e);
+                break;
+            }
+            Some(Ok(frame)) => {
+                received += frame.len() as u64;
+                if drain_until.is_none() && tx.send(Ok(frame)).await.is_err() {
+                    drain_until = Some(tokio::time::Instant::now() + UPLOAD_DRAIN);
+                }
+                if drain_until.is_some() && received > max_body_bytes {
+                    break;
+                }
+            }
+        }
+    }
+    drop(tx);
+    let written = writing
+        .await
+        .unwrap_or_else(|e| Err(ServiceError::Sandbox(format!("internal error: {e}"))));
+    (written, failed)
 }
 
 fn json_line(value: &impl Serialize) -> Vec<u8> {
@@ -553,28 +650,36 @@ async fn commands(
     ))
 }
 
-/// Write a workspace file (the body is its content).
+/// Write a workspace file (the body is its content, streamed into the sandbox).
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/files/{path}", tag = "files",
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 201, body = corral_sandbox::FileEntry), (status = 400, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 413, body = ErrorBody)))]
+        (status = 404, body = ErrorBody),
+        (status = 413, description = "Larger than the sandbox's workspace or max_body_bytes", body = ErrorBody),
+        (status = 503, description = "Every upload slot is taken (max_uploads_in_flight); see Retry-After", body = ErrorBody),
+        (status = 507, description = "The file does not fit: the workspace is full, or it would take the sandbox past its memory limit", body = ErrorBody)))]
 async fn write_file(
     State(state): State<AppState>,
     tenant: Tenant,
     Path((id, path)): Path<(String, String)>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<(StatusCode, Json<FileEntry>), ApiError> {
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::payload_too_large("the file is over the upload size limit")
-        } else {
-            ApiError::bad_request(e.body_text())
-        }
-    })?;
+    let announced = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let service = state.service.clone();
-    let entry =
-        blocking(move || service.write_file(&tenant, &id, &path, &mut body.as_ref())).await?;
-    Ok((StatusCode::CREATED, Json(entry)))
+    let upload = blocking(move || service.prepare_upload(&tenant, &id, &path, announced)).await?;
+    let _slot = state.service.admit_upload().await?;
+    let max_body_bytes = state.service.config().max_body_bytes as u64;
+    let (written, failed) = stream_upload(upload, body.into_data_stream(), max_body_bytes).await;
+    match (written, failed) {
+        (Err(e), _) if e.is_refused_upload() => Err(e.into()),
+        (_, Some(e)) => Err(ApiError::bad_request(format!(
+            "reading the request body: {e}"
+        ))),
+        (written, None) => Ok((StatusCode::CREATED, Json(written?))),
+    }
 }
 
 /// Read a workspace file (raw bytes).

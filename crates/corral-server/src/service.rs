@@ -65,8 +65,26 @@ pub enum ServiceError {
     },
     #[error("{0}")]
     Sandbox(String),
+    /// An upload larger than it may ever be (its announced length, or what it sent).
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// A file that does not fit the sandbox: its workspace is full, or it would take the
+    /// sandbox past its memory limit.
+    #[error("{0}")]
+    InsufficientStorage(String),
     #[error("the server is shutting down")]
     ShuttingDown,
+}
+
+impl ServiceError {
+    /// Whether this is the refusal of an upload that does not fit (413 or 507): the answer
+    /// to give even when its body then failed too.
+    pub fn is_refused_upload(&self) -> bool {
+        matches!(
+            self,
+            ServiceError::PayloadTooLarge(_) | ServiceError::InsufficientStorage(_)
+        )
+    }
 }
 
 /// Why a sandbox cannot be made now (each is answered 503 with its own code).
@@ -76,26 +94,28 @@ pub enum Unavailability {
     ZygoteRestarting,
     /// The memory promised to live sandboxes has reached the host's budget.
     MemoryBudget,
+    /// Every upload slot (`max_uploads_in_flight`) is taken.
+    Uploads,
 }
 
 impl From<WorkspaceError> for ServiceError {
     fn from(e: WorkspaceError) -> Self {
         match e {
-            WorkspaceError::OutsideWorkspace(_) | WorkspaceError::NotRegular(_) => {
-                ServiceError::InvalidPath(e.to_string())
-            }
+            WorkspaceError::OutsideWorkspace(_)
+            | WorkspaceError::NotRegular(_)
+            | WorkspaceError::Link(_) => ServiceError::InvalidPath(e.to_string()),
             WorkspaceError::Io { ref source, .. } => match source.raw_os_error() {
                 Some(libc::ENOENT) => ServiceError::FileNotFound(e.to_string()),
-                // A link (RESOLVE_NO_SYMLINKS gives ELOOP), a link component, or a file
-                // where a directory was expected.
-                Some(libc::ELOOP | libc::EXDEV | libc::ENOTDIR | libc::EISDIR) => {
+                // A path leaving the workspace, or a file where a directory was expected.
+                Some(libc::EXDEV | libc::ENOTDIR | libc::EISDIR) => {
                     ServiceError::InvalidPath(e.to_string())
-                }
-                Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => {
-                    ServiceError::BadRequest(format!("the workspace is full: {e}"))
                 }
                 _ => ServiceError::Sandbox(e.to_string()),
             },
+            WorkspaceError::Full { .. } | WorkspaceError::OverMemoryLimit { .. } => {
+                ServiceError::InsufficientStorage(e.to_string())
+            }
+            WorkspaceError::Source { .. } => ServiceError::BadRequest(e.to_string()),
         }
     }
 }
@@ -844,24 +864,51 @@ impl Service {
         f: impl FnOnce(&corral_sandbox::Workspace) -> Result<T, WorkspaceError>,
     ) -> Result<T, ServiceError> {
         self.owned(tenant, id)?;
-        self.manager
-            .with_workspace(id, f)
-            .map_err(|e| self.manager_error(id, e))?
-            .map_err(ServiceError::from)
+        let workspace = self
+            .manager
+            .workspace(id)
+            .map_err(|e| self.manager_error(id, e))?;
+        f(&workspace).map_err(ServiceError::from)
     }
 
+    /// Checks an upload of a file to `path` in session `id` before its body is read: the
+    /// session is `tenant`'s, the path stays inside the workspace, and `announced` bytes (the
+    /// body's length, when it is known) fit the bound of one upload: the workspace's size (the
+    /// sandbox's disk limit) and `max_body_bytes`.
+    pub fn prepare_upload(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        path: &str,
+        announced: Option<u64>,
+    ) -> Result<Upload, ServiceError> {
+        corral_sandbox::workspace::checked_components(Path::new(path))?;
+        let workspace = self.with_workspace(tenant, id, |ws| Ok(ws.clone()))?;
+        let capacity = workspace.capacity()?;
+        let limit = capacity.min(self.config.max_body_bytes as u64);
+        let upload = Upload {
+            workspace,
+            path: path.trim_start_matches("./").to_string(),
+            limit,
+            capacity,
+            max_body_bytes: self.config.max_body_bytes as u64,
+        };
+        match announced {
+            Some(n) if n > limit => Err(upload.too_large(Some(n))),
+            _ => Ok(upload),
+        }
+    }
+
+    /// Writes `data` to `path` in session `id` (an upload whose data is at hand).
     pub fn write_file(
         &self,
         tenant: &Tenant,
         id: &str,
         path: &str,
-        data: &mut dyn Read,
+        data: &[u8],
     ) -> Result<FileEntry, ServiceError> {
-        let size = self.with_workspace(tenant, id, |ws| ws.write_file(Path::new(path), data))?;
-        Ok(FileEntry {
-            path: path.trim_start_matches("./").to_string(),
-            size,
-        })
+        self.prepare_upload(tenant, id, path, Some(data.len() as u64))?
+            .write(&mut &data[..])
     }
 
     /// Opens a workspace file for reading (regular files only, never through a link).
@@ -886,6 +933,13 @@ impl Service {
     ) -> Result<Vec<FileEntry>, ServiceError> {
         let dir = dir.filter(|d| !d.is_empty() && *d != "." && *d != "/");
         self.with_workspace(tenant, id, |ws| ws.list_below(dir.map(Path::new)))
+    }
+
+    /// A slot for one upload streaming its body (at most `max_uploads_in_flight` at once),
+    /// waited for at most `admission_wait_s`, then refused (503 with `Retry-After`).
+    pub async fn admit_upload(&self) -> Result<crate::admission::UploadPermit, ServiceError> {
+        self.check_running()?;
+        self.admission.admit_upload().await
     }
 
     /// Admits a one-shot run of `tenant`: a slot (at most `max_runs`, `max_runs_per_key` of
@@ -983,6 +1037,87 @@ impl Service {
             let _ = self.db.session_ended(&id, "server shut down");
         }
         self.manager.shutdown();
+    }
+}
+
+/// An upload checked by [`Service::prepare_upload`], ready for its data. It holds the
+/// session's workspace (not the session), so that it neither waits for nor holds up the
+/// session's executions; closing the session meanwhile kills its writer.
+pub struct Upload {
+    workspace: corral_sandbox::Workspace,
+    path: String,
+    /// The most bytes it may hold.
+    limit: u64,
+    /// The workspace's size.
+    capacity: u64,
+    /// The server's `max_body_bytes`.
+    max_body_bytes: u64,
+}
+
+impl Upload {
+    /// The refusal of an upload of `bytes` (`None`: more than the bound, as it was sent).
+    fn too_large(&self, bytes: Option<u64>) -> ServiceError {
+        use corral_sandbox::limits::show_bytes;
+        let size = match bytes {
+            Some(n) => show_bytes(n),
+            None => format!("more than {}", show_bytes(self.limit)),
+        };
+        ServiceError::PayloadTooLarge(format!(
+            "the upload ({size}) is larger than any file this sandbox can take: its workspace \
+             holds {} in all (its disk limit), and the server takes at most {} in one upload \
+             (max_body_bytes)",
+            show_bytes(self.capacity),
+            show_bytes(self.max_body_bytes)
+        ))
+    }
+
+    /// Writes the file from `data`, which is read to its end, and at most to the upload's
+    /// bound (more is refused with 413). A failed upload leaves nothing behind.
+    pub fn write(self, data: &mut dyn Read) -> Result<FileEntry, ServiceError> {
+        let mut bounded = Bounded {
+            inner: data,
+            left: self.limit,
+            over: false,
+        };
+        match self
+            .workspace
+            .write_file(Path::new(&self.path), &mut bounded)
+        {
+            Ok(size) => Ok(FileEntry {
+                path: self.path,
+                size,
+            }),
+            Err(WorkspaceError::Source { .. }) if bounded.over => Err(self.too_large(None)),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// A reader that fails once its source holds more than `left` bytes.
+struct Bounded<'a> {
+    inner: &'a mut dyn Read,
+    left: u64,
+    over: bool,
+}
+
+impl Read for Bounded<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            let mut probe = [0u8; 1];
+            return match self.inner.read(&mut probe)? {
+                0 => Ok(0),
+                _ => {
+                    self.over = true;
+                    Err(std::io::Error::other("the upload is over its bound"))
+                }
+            };
+        }
+        let room = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..room])?;
+        self.left -= n as u64;
+        Ok(n)
     }
 }
 

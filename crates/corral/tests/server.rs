@@ -404,6 +404,20 @@ fn files_api_never_leaves_the_workspace() {
     let (_, planted) = s.execute(&id, None, &plant);
     assert_eq!(planted["stdout"], "planted\n", "{planted}");
 
+    // A link on the way is refused with a message that says why.
+    for path in ["link", "root/etc/passwd", "d/inner"] {
+        let (status, answer) = s.call("GET", &f(path), None, None);
+        assert_eq!(
+            (status, error_code(&answer)),
+            (400, "invalid_path"),
+            "{path}: {answer}"
+        );
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("Corral never follows links"),
+            "{path}: {message}"
+        );
+    }
     for path in [
         "link",
         "root/etc/passwd",
@@ -1452,4 +1466,382 @@ fn the_cli_and_the_api_check_limits_alike() {
             );
         }
     }
+}
+
+// ---- uploads (issue 19 item 4, issue 20 item 4) ---------------------------------------------
+
+const MIB: u64 = 1 << 20;
+
+/// A session of `key`'s (or keyless) from `limits`, running bash (a kernel of a few MiB, so
+/// that what the sandbox's memory holds is mostly what is uploaded).
+fn bash_session(s: &Server, memory_mb: u64, disk_mb: u64) -> String {
+    let body = json!({"image": "host", "language": "bash",
+                      "limits": {"memory_mb": memory_mb, "disk_mb": disk_mb}});
+    let (status, info) = s.call("POST", "/v1/sandboxes", None, Some(&body.to_string()));
+    assert_eq!(status, 201, "{info}");
+    info["id"].as_str().unwrap().to_string()
+}
+
+/// The memory cgroup directory of the server's only sandbox.
+fn memory_cgroup(server: i32) -> PathBuf {
+    let dirs: Vec<PathBuf> = cgroups_of(server)
+        .into_iter()
+        .filter(|d| d.join("memory.stat").exists())
+        .collect();
+    assert_eq!(dirs.len(), 1, "one sandbox's memory cgroup: {dirs:?}");
+    dirs.into_iter().next().unwrap()
+}
+
+/// Bytes of tmpfs (shared memory) charged to a memory cgroup (v1 and v2 alike).
+fn charged_shmem(cgroup: &Path) -> u64 {
+    std::fs::read_to_string(cgroup.join("memory.stat"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("shmem ")?.trim().parse().ok())
+        .expect("memory.stat has a shmem line")
+}
+
+/// A field of /proc/PID/status in bytes (VmHWM, VmRSS).
+fn status_bytes(pid: i32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .strip_prefix(':')?
+                .trim()
+                .strip_suffix(" kB")
+        })
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    kib * 1024
+}
+
+/// Bytes process `pid` caused to be written to storage (`write_bytes` of /proc/PID/io).
+fn storage_writes(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("write_bytes: ")?.trim().parse().ok())
+        .unwrap()
+}
+
+/// Host memory and disk around some uploads: the server's peak resident size and what it
+/// wrote to storage, before and after.
+struct HostUse {
+    pid: i32,
+    peak: u64,
+    written: u64,
+}
+
+impl HostUse {
+    fn now(pid: i32) -> HostUse {
+        HostUse {
+            pid,
+            peak: status_bytes(pid, "VmHWM"),
+            written: storage_writes(pid),
+        }
+    }
+
+    /// Fails unless the server's peak grew by less than `max_growth` and it spooled nothing
+    /// to disk (less than 1 MiB: its database).
+    fn assert_small(&self, max_growth: u64, uploaded: u64) {
+        let after = HostUse::now(self.pid);
+        let growth = after.peak.saturating_sub(self.peak);
+        assert!(
+            growth < max_growth,
+            "the server's peak resident size grew by {} MiB for {} MiB uploaded (from {} MiB)",
+            growth / MIB,
+            uploaded / MIB,
+            self.peak / MIB
+        );
+        let written = after.written.saturating_sub(self.written);
+        assert!(
+            written < MIB,
+            "the server wrote {written} bytes to storage for {} MiB uploaded",
+            uploaded / MIB
+        );
+    }
+}
+
+/// A reader of `len` bytes of `byte`, which ureq sends chunked (no Content-Length): the
+/// server learns the size only by reading.
+struct Filler {
+    left: u64,
+    byte: u8,
+}
+
+impl Read for Filler {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(self.left as usize);
+        buf[..n].fill(self.byte);
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+/// (status, JSON body) of a chunked upload of `len` bytes.
+fn upload_chunked(url: &str, len: u64) -> (u16, Value) {
+    let response = ureq::put(url)
+        .set("Accept", "application/json")
+        .send(Filler {
+            left: len,
+            byte: b'u',
+        });
+    match response {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => {
+            (r.status(), r.into_json().unwrap_or(Value::Null))
+        }
+        Err(e) => panic!("PUT {url}: {e}"),
+    }
+}
+
+/// Every name in the session's workspace, hidden ones included, as `ls -A` shows them.
+fn workspace_names(s: &Server, id: &str) -> String {
+    let (status, listed) = s.execute(id, None, "ls -A /workspace");
+    assert_eq!(status, 200, "{listed}");
+    listed["stdout"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn uploads_are_charged_to_the_sandbox_and_one_over_its_memory_fails_cleanly() {
+    let s = Server::start("");
+    let id = bash_session(&s, 64, 256);
+    let cgroup = memory_cgroup(s.pid());
+    let charged = charged_shmem(&cgroup);
+    let host = HostUse::now(s.pid());
+    let data = vec![b'x'; (20 * MIB) as usize];
+    for name in ["a.bin", "b.bin"] {
+        let (status, entry) = s.raw(
+            "PUT",
+            &format!("/v1/sandboxes/{id}/files/{name}"),
+            None,
+            Some(&data),
+        );
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&entry));
+    }
+    let grown = charged_shmem(&cgroup) - charged;
+    assert!(
+        (40 * MIB..44 * MIB).contains(&grown),
+        "40 MiB uploaded, {} KiB charged to the sandbox",
+        grown / 1024
+    );
+    host.assert_small(16 * MIB, 40 * MIB);
+
+    // 30 MiB more would take the sandbox past its 64 MiB: refused, and nothing of it stays.
+    let big = vec![b'y'; (30 * MIB) as usize];
+    let (status, answer) = s.raw(
+        "PUT",
+        &format!("/v1/sandboxes/{id}/files/c.bin"),
+        None,
+        Some(&big),
+    );
+    let answer: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
+    assert_eq!(
+        (status, error_code(&answer)),
+        (507, "insufficient_storage"),
+        "{answer}"
+    );
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("memory limit"), "{message}");
+    assert_eq!(workspace_names(&s, &id), "a.bin\nb.bin\n");
+    let after = charged_shmem(&cgroup) - charged;
+    assert!(after < 44 * MIB, "{} KiB still charged", after / 1024);
+    // The session lives on and runs code.
+    let (status, result) = s.execute(&id, None, "echo alive");
+    assert_eq!(
+        (status, &result["status"], &result["stdout"]),
+        (200, &json!("success"), &json!("alive\n")),
+        "{result}"
+    );
+    host.assert_small(16 * MIB, 70 * MIB);
+    // The writer's death is not the kernel's: a kernel that dies later of something else is
+    // not said to have hit the memory limit.
+    s.execute(&id, None, "kill -9 $PPID");
+    let (_, info) = s.call("GET", &format!("/v1/sandboxes/{id}"), None, None);
+    let death = info["death"].as_str().unwrap_or_default();
+    assert!(!death.is_empty() && !death.contains("memory"), "{info}");
+}
+
+#[test]
+fn parallel_uploads_stream_and_the_server_stays_small() {
+    let s = Server::start("");
+    let id = bash_session(&s, 1024, 512);
+    let cgroup = memory_cgroup(s.pid());
+    let charged = charged_shmem(&cgroup);
+    let host = HostUse::now(s.pid());
+    let data = std::sync::Arc::new(vec![b'p'; (24 * MIB) as usize]);
+    let uploads: Vec<_> = (0..16)
+        .map(|i| {
+            let url = format!("{}/v1/sandboxes/{id}/files/p{i:02}.bin", s.url);
+            let data = data.clone();
+            std::thread::spawn(move || match ureq::put(&url).send_bytes(&data) {
+                Ok(r) => r.status(),
+                Err(ureq::Error::Status(code, r)) => {
+                    panic!("{code} {}", r.into_string().unwrap_or_default())
+                }
+                Err(e) => panic!("{e}"),
+            })
+        })
+        .collect();
+    for upload in uploads {
+        assert_eq!(upload.join().unwrap(), 201);
+    }
+    let (_, listing) = s.call("GET", &format!("/v1/sandboxes/{id}/files"), None, None);
+    let files = listing["files"].as_array().unwrap();
+    assert_eq!(files.len(), 16, "{listing}");
+    assert!(files.iter().all(|f| f["size"] == 24 * MIB), "{listing}");
+    let grown = charged_shmem(&cgroup) - charged;
+    assert!(
+        (384 * MIB..390 * MIB).contains(&grown),
+        "384 MiB uploaded, {} KiB charged to the sandbox",
+        grown / 1024
+    );
+    host.assert_small(64 * MIB, 384 * MIB);
+}
+
+#[test]
+fn an_upload_over_the_disk_limit_leaves_nothing_behind() {
+    let s = Server::start("");
+    let id = bash_session(&s, 256, 16);
+    let f = |p: &str| format!("/v1/sandboxes/{id}/files/{p}");
+    let (status, _) = s.call("PUT", &f("keep.txt"), None, Some("original"));
+    assert_eq!(status, 201);
+    let (_, planted) = s.execute(
+        &id,
+        None,
+        "mkfifo fifo && ln -s /etc/hostname link && mkdir dir && echo planted",
+    );
+    assert_eq!(planted["stdout"], "planted\n", "{planted}");
+    let host = HostUse::now(s.pid());
+
+    // Announced larger than the whole workspace: refused before a byte is read.
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let answer = oversized(&addr, "PUT", &f("keep.txt"), (20 * MIB) as usize);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains(r#""code":"payload_too_large""#), "{answer}");
+    // Unannounced (chunked): cut off where the workspace is full.
+    let (status, answer) = upload_chunked(&format!("{}{}", s.url, f("keep.txt")), 20 * MIB);
+    assert_eq!(
+        (status, error_code(&answer)),
+        (507, "insufficient_storage"),
+        "{answer}"
+    );
+    // Fitting the disk limit but not the room left.
+    let (status, _) = s.raw(
+        "PUT",
+        &f("fill.bin"),
+        None,
+        Some(&vec![0u8; (10 * MIB) as usize]),
+    );
+    assert_eq!(status, 201);
+    let (status, answer) = upload_chunked(&format!("{}{}", s.url, f("keep.txt")), 8 * MIB);
+    assert_eq!((status, error_code(&answer)), (507, "insufficient_storage"));
+    let (status, answer) = upload_chunked(&format!("{}{}", s.url, f("new/deep.txt")), 8 * MIB);
+    assert_eq!((status, error_code(&answer)), (507, "insufficient_storage"));
+    host.assert_small(16 * MIB, 56 * MIB);
+
+    // No partial file, no temporary name left; the existing file is unchanged.
+    assert_eq!(
+        workspace_names(&s, &id),
+        "dir\nfifo\nfill.bin\nkeep.txt\nlink\nnew\n"
+    );
+    let (_, listed) = s.execute(&id, None, "ls -A new | wc -l");
+    assert_eq!(listed["stdout"], "0\n", "{listed}");
+    assert_eq!(
+        s.raw("GET", &f("keep.txt"), None, None),
+        (200, b"original".to_vec())
+    );
+
+    // A link, a FIFO or a directory at the target is refused, and stays what it was.
+    for target in ["link", "fifo", "dir"] {
+        let (status, answer) = s.call("PUT", &f(target), None, Some("x"));
+        assert_eq!(
+            (status, error_code(&answer)),
+            (400, "invalid_path"),
+            "PUT {target}: {answer}"
+        );
+    }
+    let (_, checked) = s.execute(
+        &id,
+        None,
+        "readlink link; test -p fifo && echo fifo; test -d dir && echo dir",
+    );
+    assert_eq!(checked["stdout"], "/etc/hostname\nfifo\ndir\n", "{checked}");
+
+    // Within the room left, it replaces the file, owned by the sandbox's user.
+    let (status, entry) = s.call("PUT", &f("keep.txt"), None, Some("replaced"));
+    assert_eq!((status, &entry["size"]), (201, &json!(8)), "{entry}");
+    assert_eq!(
+        s.raw("GET", &f("keep.txt"), None, None),
+        (200, b"replaced".to_vec())
+    );
+    let (_, owner) = s.execute(
+        &id,
+        None,
+        "[ $(stat -c %u keep.txt) = $(id -u) ] && echo mine",
+    );
+    assert_eq!(owner["stdout"], "mine\n", "{owner}");
+}
+
+/// The body of a multipart upload of `len` bytes in one `file` part, streamed (chunked).
+fn multipart_upload(url: &str, sandbox: &str, token: &str, len: u64) -> (u16, Value) {
+    let boundary = "corral-test-boundary";
+    let head = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\
+         Content-Type: application/octet-stream\r\n\r\n"
+    );
+    let tail = format!("\r\n--{boundary}--\r\n");
+    let body = std::io::Cursor::new(head.into_bytes())
+        .chain(Filler {
+            left: len,
+            byte: b'm',
+        })
+        .chain(std::io::Cursor::new(tail.into_bytes()));
+    let response = ureq::post(url)
+        .set("E2b-Sandbox-Id", sandbox)
+        .set("X-Access-Token", token)
+        .set(
+            "Content-Type",
+            &format!("multipart/form-data; boundary={boundary}"),
+        )
+        .send(body);
+    match response {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => {
+            (r.status(), r.into_json().unwrap_or(Value::Null))
+        }
+        Err(e) => panic!("POST {url}: {e}"),
+    }
+}
+
+#[test]
+fn e2b_multipart_uploads_stream_and_are_charged_alike() {
+    let s = Server::start("");
+    let id = bash_session(&s, 128, 32);
+    let (status, described) = s.call("POST", &format!("/v2/sandboxes/{id}/connect"), None, None);
+    assert_eq!(status, 200, "{described}");
+    let token = described["envdAccessToken"].as_str().unwrap().to_string();
+    let cgroup = memory_cgroup(s.pid());
+    let charged = charged_shmem(&cgroup);
+    let host = HostUse::now(s.pid());
+
+    let url = |path: &str| format!("{}/files?path={path}", s.url);
+    let (status, written) = multipart_upload(&url("/home/user/a.bin"), &id, &token, 20 * MIB);
+    assert_eq!(status, 200, "{written}");
+    assert_eq!(written[0]["path"], "/workspace/a.bin", "{written}");
+    let grown = charged_shmem(&cgroup) - charged;
+    assert!(
+        (20 * MIB..22 * MIB).contains(&grown),
+        "20 MiB uploaded, {} KiB charged to the sandbox",
+        grown / 1024
+    );
+    // Past the 32 MiB disk limit: refused, nothing left.
+    let (status, answer) = multipart_upload(&url("b.bin"), &id, &token, 20 * MIB);
+    assert_eq!(status, 507, "{answer}");
+    assert!(
+        answer["message"].as_str().unwrap().contains("full"),
+        "{answer}"
+    );
+    assert_eq!(workspace_names(&s, &id), "a.bin\n");
+    host.assert_small(16 * MIB, 40 * MIB);
 }

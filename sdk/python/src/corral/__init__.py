@@ -17,6 +17,7 @@ from ._errors import (
     CorralConnectionError,
     CorralError,
     CorralTimeoutError,
+    InsufficientStorageError,
     InvalidPathError,
     InvalidRequestError,
     NotFoundError,
@@ -67,6 +68,7 @@ __all__ = [
     # errors
     "CorralError",
     "InvalidRequestError",
+    "InsufficientStorageError",
     "InvalidPathError",
     "AuthenticationError",
     "NotFoundError",

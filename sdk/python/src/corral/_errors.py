@@ -16,6 +16,7 @@ from typing import Mapping, Optional, Type
 __all__ = [
     "CorralError",
     "InvalidRequestError",
+    "InsufficientStorageError",
     "InvalidPathError",
     "AuthenticationError",
     "NotFoundError",
@@ -86,6 +87,11 @@ class PayloadTooLargeError(CorralError):
     """413 ``payload_too_large``: a request body or uploaded file over the server's limit."""
 
 
+class InsufficientStorageError(CorralError):
+    """507 ``insufficient_storage``: an uploaded file does not fit the sandbox (its workspace is
+    full, or it would take the sandbox past its memory limit); nothing of it was written."""
+
+
 class RetryLaterError(CorralError):
     """A refusal the server expects to lift: 429 and 503. ``retry_after`` is its
     ``Retry-After`` header in seconds (``None`` when it sent none)."""
@@ -152,6 +158,7 @@ _BY_CODE: Mapping[str, Type[CorralError]] = {
     "sandbox_dead": SandboxDeadError,
     "sandbox_error": SandboxError,
     "payload_too_large": PayloadTooLargeError,
+    "insufficient_storage": InsufficientStorageError,
     "too_many_sandboxes": RateLimitError,
     "zygote_restarting": ServiceUnavailableError,
     "memory_budget_committed": ServiceUnavailableError,
@@ -169,6 +176,7 @@ _BY_STATUS: Mapping[int, Type[CorralError]] = {
     429: RateLimitError,
     500: SandboxError,
     503: ServiceUnavailableError,
+    507: InsufficientStorageError,
 }
 
 
