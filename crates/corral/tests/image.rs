@@ -229,6 +229,12 @@ fn ls_inspect_and_rm() {
     assert_eq!(manifest["hash"], hash.as_str());
     assert_eq!(manifest["packages"]["python3"], "3.11.2-1+b1");
 
+    // A hash prefix names it too, as for `image rm`.
+    let by_prefix = image(&["inspect", &hash[..8]]);
+    assert!(by_prefix.status.success(), "{}", text(&by_prefix.stderr));
+    let manifest: Value = serde_json::from_slice(&by_prefix.stdout).unwrap();
+    assert_eq!(manifest["hash"], hash.as_str());
+
     let host = image(&["inspect", "host"]);
     let host: Value = serde_json::from_slice(&host.stdout).unwrap();
     assert_eq!(host["name"], "host");

@@ -929,6 +929,11 @@ fn off_loopback_every_request_needs_a_key() {
     assert_eq!((status, &list["sandboxes"]), (200, &json!([])));
     let (status, _) = s.raw("GET", "/metrics", Some(&key), None);
     assert_eq!(status, 200, "metrics with a key");
+    // The API's description is public (docs/api.md): it holds no tenant's data.
+    for path in ["/openapi.json", "/docs"] {
+        let (status, _) = s.raw("GET", path, None, None);
+        assert_eq!(status, 200, "{path} needs no key");
+    }
 }
 
 #[test]
