@@ -431,6 +431,21 @@ where
     (written, failed)
 }
 
+/// Reads and drops up to `max_bytes` of `body`, for at most [`UPLOAD_DRAIN`].
+async fn drain<S, E>(mut body: S, max_bytes: u64)
+where
+    S: futures_util::Stream<Item = Result<Bytes, E>> + Unpin,
+{
+    let deadline = tokio::time::Instant::now() + UPLOAD_DRAIN;
+    let mut received = 0u64;
+    while received <= max_bytes {
+        match tokio::time::timeout_at(deadline, body.next()).await {
+            Ok(Some(Ok(frame))) => received += frame.len() as u64,
+            _ => break,
+        }
+    }
+}
+
 fn json_line(value: &impl Serialize) -> Vec<u8> {
     let mut line = serde_json::to_vec(value).expect("events serialize");
     line.push(b'\n');
@@ -669,9 +684,22 @@ async fn write_file(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let service = state.service.clone();
-    let upload = blocking(move || service.prepare_upload(&tenant, &id, &path, announced)).await?;
-    let _slot = state.service.admit_upload().await?;
     let max_body_bytes = state.service.config().max_body_bytes as u64;
+    let upload =
+        match blocking(move || service.prepare_upload(&tenant, &id, &path, announced)).await {
+            Ok(upload) => upload,
+            Err(e) => {
+                // Refused before a byte was read (too large for the sandbox, no such sandbox, a
+                // bad path): a body the server would have taken is read and dropped first, so
+                // that a client that sends all of it before it reads gets the answer, not a
+                // broken pipe. A body over max_body_bytes is not read at all.
+                if announced.is_none_or(|n| n <= max_body_bytes) {
+                    drain(body.into_data_stream(), max_body_bytes).await;
+                }
+                return Err(e);
+            }
+        };
+    let _slot = state.service.admit_upload().await?;
     let (written, failed) = stream_upload(upload, body.into_data_stream(), max_body_bytes).await;
     match (written, failed) {
         (Err(e), _) if e.is_refused_upload() => Err(e.into()),
