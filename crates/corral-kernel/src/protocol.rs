@@ -165,6 +165,45 @@ fn size(n: u64) -> String {
 /// answered (the result and the JSON made of it).
 pub const HELD_COPIES: usize = 2;
 
+/// Bytes a parsed JSON value may take beyond its strings, per structural token of its text
+/// (`[`, `{`, `,`, `:` outside strings): a `serde_json::Value`, and the slack of the vector or
+/// map holding it.
+pub const NODE_BYTES: usize = 2 * std::mem::size_of::<Value>();
+
+/// What the values of a frame take once parsed, beyond its strings (which are no longer
+/// than the frame): [`NODE_BYTES`] per structural token, counted without parsing.
+fn tree_bytes(json: &[u8]) -> usize {
+    let (mut tokens, mut in_string, mut escaped) = (1usize, false, false);
+    for &b in json {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b'[' | b'{' | b',' | b':' => tokens += 1,
+                _ => {}
+            }
+        }
+    }
+    tokens.saturating_mul(NODE_BYTES)
+}
+
+/// Whether a frame is a result, read without allocating its values.
+fn is_result(json: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Kind<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: std::borrow::Cow<'a, str>,
+    }
+    serde_json::from_slice::<Kind>(json).is_ok_and(|k| k.kind == "result")
+}
+
 /// The room in the shared budget of the frame whose header has been read.
 #[derive(Debug)]
 enum Room {
@@ -337,6 +376,40 @@ impl Decoder {
         }
     }
 
+    /// The room of a complete result frame of `len` bytes whose parsed values take up to
+    /// `tree` more (and which costs the execution's budget `over` what is left), with `tree`
+    /// more of the shared budget; `None` (counted) when it is to be dropped.
+    fn keep_result(
+        &mut self,
+        len: usize,
+        tree: usize,
+        over: bool,
+        room: Room,
+    ) -> Option<Reservation> {
+        if over || self.results_left == 0 {
+            self.dropped.count(len);
+            return None;
+        }
+        let short_of = match (room, &self.budget) {
+            (Room::Short(budget), _) => budget,
+            (Room::Reserved(reservation), None) => {
+                self.results_left -= 1;
+                return Some(reservation);
+            }
+            (Room::Reserved(mut reservation), Some(budget)) => match budget.try_reserve(tree) {
+                Ok(more) => {
+                    reservation.absorb(more);
+                    self.results_left -= 1;
+                    return Some(reservation);
+                }
+                Err(full) => full.name().to_string(),
+            },
+        };
+        self.short_of = Some(short_of);
+        self.short.count(len);
+        None
+    }
+
     /// The next complete frame within the limits, if one has arrived. An error is final: the
     /// caller ends the session (the stream can no longer be trusted to be in sync).
     pub fn next_message(&mut self) -> Result<Option<KernelMessage>, ProtocolError> {
@@ -368,29 +441,41 @@ impl Decoder {
                 self.frame = Some(room);
                 return Ok(None);
             }
+            // A result's values can take far more memory parsed than as text (`[0,0,…]`): it
+            // costs its length and what its parsed tree may take, and one that is dropped is
+            // never parsed.
+            let text = &self.buf[4..4 + len];
+            let result = is_result(text);
+            let tree = if result { tree_bytes(text) } else { 0 };
+            let cost = len.saturating_add(tree);
+            let over = cost > self.bytes_left;
+            self.bytes_left = self.bytes_left.saturating_sub(cost);
+            let kept = if result {
+                match self.keep_result(len, tree, over, room) {
+                    Some(reservation) => Some(reservation),
+                    None => {
+                        self.consume(4 + len);
+                        continue;
+                    }
+                }
+            } else {
+                match room {
+                    Room::Reserved(reservation) => Some(reservation),
+                    Room::Short(_) => None,
+                }
+            };
             let parsed = serde_json::from_slice(&self.buf[4..4 + len])
                 .map_err(|e| ProtocolError::Invalid(e.to_string()));
             self.consume(4 + len);
-            let over = len > self.bytes_left;
-            self.bytes_left = self.bytes_left.saturating_sub(len);
             let message = parsed?;
-            let is_result = matches!(message, KernelMessage::Result { .. });
-            if is_result && (over || self.results_left == 0) {
-                self.dropped.count(len);
-                continue;
-            }
-            match room {
-                Room::Short(budget) if is_result => {
-                    self.short_of = Some(budget);
-                    self.short.count(len);
+            match (&message, kept) {
+                // A result the first look did not see as one (it was not costed): dropped.
+                (KernelMessage::Result { .. }, _) if !result => {
+                    self.dropped.count(len);
                     continue;
                 }
-                Room::Reserved(reservation) if is_result => {
-                    self.results_left -= 1;
-                    self.held.absorb(reservation);
-                }
-                Room::Reserved(reservation) if matches!(message, KernelMessage::Error { .. }) => {
-                    self.held.absorb(reservation);
+                (KernelMessage::Result { .. } | KernelMessage::Error { .. }, Some(room)) => {
+                    self.held.absorb(room);
                 }
                 // `ready`, `done`, or a small error the budget had no room for.
                 _ => {}
@@ -652,8 +737,11 @@ mod tests {
                 frame_len(&second)
             )]
         );
-        // What was kept holds twice its length until it is dropped.
-        let kept = HELD_COPIES * (frame_len(&first) + frame_len(&small));
+        // What was kept holds twice its length, and what its values take parsed, until it is
+        // dropped.
+        let kept = HELD_COPIES * (frame_len(&first) + frame_len(&small))
+            + tree_bytes(&first[4..])
+            + tree_bytes(&small[4..]);
         assert_eq!(budget.used(), kept);
         let held = d.take_held();
         assert_eq!((held.bytes(), budget.used()), (kept, kept));
@@ -669,7 +757,10 @@ mod tests {
         assert!(other.warnings().is_empty());
         let (got, _) = decode_all(&mut other, &first, 4096);
         assert_eq!(got.len(), 1);
-        assert_eq!(budget.used(), HELD_COPIES * frame_len(&first));
+        assert_eq!(
+            budget.used(),
+            HELD_COPIES * frame_len(&first) + tree_bytes(&first[4..])
+        );
     }
 
     #[test]
@@ -703,6 +794,59 @@ mod tests {
         assert_eq!(d.warnings().len(), 1);
         assert!(d.warnings()[0].starts_with("rich results over the"));
         assert_eq!(budget.used(), 0);
+    }
+
+    /// A result whose `data` is a JSON array of `n` zeros (`n` tokens).
+    fn array_frame(n: usize) -> Vec<u8> {
+        let zeros = vec!["0"; n].join(",");
+        frame(&format!(
+            r#"{{"type":"result","id":"1","data":{{"application/json":[{zeros}]}}}}"#
+        ))
+    }
+
+    #[test]
+    fn parsed_values_are_costed_by_their_tokens_counted_outside_strings() {
+        assert_eq!(tree_bytes(br#"{"a":[0,0]}"#), 5 * NODE_BYTES);
+        assert_eq!(tree_bytes(br#"["a,b\",:{[\\",1]"#), 3 * NODE_BYTES);
+        assert_eq!(tree_bytes(b""), NODE_BYTES);
+        assert!(is_result(&result_frame("1", 10)[4..]));
+        assert!(!is_result(&done_frame("1")[4..]));
+        assert!(!is_result(b"{\"type\":"));
+    }
+
+    #[test]
+    fn a_result_whose_parsed_values_would_not_fit_is_dropped_unparsed() {
+        // 100 KiB of text, 3.2 MiB once parsed: over the execution's 300 KiB.
+        let mut d = Decoder::with_limits(LIMITS);
+        let mut bytes = array_frame(50_000);
+        bytes.extend(done_frame("1"));
+        let (got, _) = decode_all(&mut d, &bytes, 64 << 10);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(matches!(got[0], KernelMessage::Done { .. }));
+        assert_eq!(d.dropped().frames, 1);
+
+        // The shared budget takes the tree too: 10,000 tokens fit in 1 MiB, 20,000 do not.
+        let budget = ResultBudget::new(1 << 20, "the budget");
+        let mut d = Decoder::with_limits(WIDE).with_budget(Some(budget.clone()));
+        let fits = array_frame(10_000);
+        let (got, _) = decode_all(&mut d, &fits, 4096);
+        assert_eq!(got.len(), 1);
+        let cost = HELD_COPIES * frame_len(&fits) + tree_bytes(&fits[4..]);
+        assert_eq!((d.take_held().bytes(), budget.used()), (cost, cost));
+        assert_eq!(budget.used(), 0);
+        let held = {
+            let (got, _) = decode_all(&mut d, &fits, 4096);
+            assert_eq!(got.len(), 1);
+            d.take_held()
+        };
+        let (got, _) = decode_all(&mut d, &array_frame(20_000), 4096);
+        assert!(got.is_empty());
+        assert!(
+            d.warnings()[0].contains("the budget was full"),
+            "{:?}",
+            d.warnings()
+        );
+        assert_eq!(budget.used(), held.bytes());
     }
 
     #[test]
