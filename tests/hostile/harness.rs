@@ -235,8 +235,8 @@ impl Run {
                     assert!(threads > 1, "the caller must be multithreaded");
                     let code = self.code.clone().into_bytes();
                     let python = corral_kernel::Language::Python;
-                    corral_kernel::oneshot::run(spec, python, "main.py", code, None, &mut |_, _| {})
-                        .0
+                    let quiet = &mut |_, _: &[u8]| {};
+                    corral_kernel::oneshot::run(spec, python, "main.py", code, None, None, quiet).0
                 })
                 .join()
                 .expect("the engine panicked")

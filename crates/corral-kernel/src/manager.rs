@@ -106,10 +106,12 @@ impl SessionManager {
             .iter()
             .find(|p| p.serves(options))
             .cloned();
-        let session = match pool {
+        let mut session = match pool {
             Some(pool) => pool.acquire(options)?,
             None => Session::create(options)?,
         };
+        // A pooled session was made before its owner was known.
+        session.set_result_budget(options.result_budget.clone());
         let id = format!(
             "sbx-{:x}{:04x}",
             SystemTime::now()

@@ -3,8 +3,11 @@
 //! expression, the plots left open and the exception as structured results, at no cost for
 //! plain scripts.
 
+use std::sync::Arc;
+
 use corral_sandbox::{
-    ControlSocket, ExecutionResult, LanguageError, SandboxSpec, Status, Stream, Workspace,
+    ControlSocket, ExecutionResult, LanguageError, ResultBudget, SandboxSpec, Status, Stream,
+    Workspace,
 };
 
 use crate::bytecode::BytecodeCache;
@@ -16,12 +19,15 @@ use crate::session::Language;
 /// Runs `code` (named `file_name` inside the sandbox) in a fresh sandbox built from `spec`
 /// (whose argv, program file and control socket this function sets). Python runs use and,
 /// after their first successful run, fill `bytecode`, the image's runtime bytecode cache.
+/// Rich results take their room from `result_budget`, the host's budget of results held at
+/// once, when there is one.
 pub fn run(
     mut spec: SandboxSpec,
     language: Language,
     file_name: &str,
     code: Vec<u8>,
     bytecode: Option<&BytecodeCache>,
+    result_budget: Option<Arc<ResultBudget>>,
     on_output: &mut dyn FnMut(Stream, &[u8]),
 ) -> (ExecutionResult, Option<Workspace>) {
     let program = format!("/run/corral/{file_name}");
@@ -53,9 +59,9 @@ pub fn run(
         return corral_sandbox::run(&spec, on_output, None);
     }
     // Results are bounded while they are decoded (docs/kernel-protocol.md): a frame that does
-    // not fit in what is left of the run's budget is discarded as it arrives.
-    let limits = ResultLimits::of(&spec.limits);
-    let mut decoder = Decoder::with_limits(limits);
+    // not fit in what is left of the run's budget, or of the host's, is discarded as it arrives.
+    let mut decoder =
+        Decoder::with_limits(ResultLimits::of(&spec.limits)).with_budget(result_budget);
     let mut protocol_error = None;
     let mut results = Vec::new();
     let mut error = None;
@@ -102,9 +108,8 @@ pub fn run(
     }
     result.results = results;
     result.error = error;
-    if let Some(warning) = decoder.dropped().warning(limits) {
-        result.warnings.push(warning);
-    }
+    result.warnings.extend(decoder.warnings());
+    result.reservation = decoder.take_held();
     if let Some(e) = protocol_error {
         result
             .warnings

@@ -5,8 +5,9 @@
 //! property tests below feed it arbitrary byte streams split at arbitrary points.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use corral_sandbox::Limits;
+use corral_sandbox::{Limits, Reservation, ResultBudget};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -122,16 +123,29 @@ pub struct Dropped {
 }
 
 impl Dropped {
+    fn count(&mut self, len: usize) {
+        self.frames += 1;
+        self.bytes += len as u64;
+    }
+
+    /// "N frames of SIZE in all".
+    fn tally(&self) -> String {
+        format!(
+            "{} {} of {} in all",
+            self.frames,
+            if self.frames == 1 { "frame" } else { "frames" },
+            size(self.bytes),
+        )
+    }
+
     /// The sentence for a result's `warnings`, when anything was dropped.
     pub fn warning(&self, limits: ResultLimits) -> Option<String> {
         (self.frames > 0).then(|| {
             format!(
-                "rich results over the {} / {} results limit were dropped ({} {} of {} in all)",
+                "rich results over the {} / {} results limit were dropped ({})",
                 size(limits.bytes as u64),
                 limits.count,
-                self.frames,
-                if self.frames == 1 { "frame" } else { "frames" },
-                size(self.bytes),
+                self.tally(),
             )
         })
     }
@@ -146,11 +160,67 @@ fn size(n: u64) -> String {
     }
 }
 
-/// Reassembles frames from bytes as they arrive, within an execution's [`ResultLimits`]:
-/// a frame whose declared length exceeds what is left of the byte budget (or
-/// [`MAX_RESULT_FRAME`]) is never buffered; its bytes are discarded as they arrive and the
+/// How many times its length a kept frame costs in a [`ResultBudget`]: the host holds it at
+/// most twice at once, as it is decoded (the frame and the value parsed from it) and as it is
+/// answered (the result and the JSON made of it).
+pub const HELD_COPIES: usize = 2;
+
+/// Bytes a parsed JSON value may take beyond its strings, per structural token of its text
+/// (`[`, `{`, `,`, `:` outside strings): a `serde_json::Value`, and the slack of the vector or
+/// map holding it.
+pub const NODE_BYTES: usize = 2 * std::mem::size_of::<Value>();
+
+/// What the values of a frame take once parsed, beyond its strings (which are no longer
+/// than the frame): [`NODE_BYTES`] per structural token, counted without parsing.
+fn tree_bytes(json: &[u8]) -> usize {
+    let (mut tokens, mut in_string, mut escaped) = (1usize, false, false);
+    for &b in json {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b'[' | b'{' | b',' | b':' => tokens += 1,
+                _ => {}
+            }
+        }
+    }
+    tokens.saturating_mul(NODE_BYTES)
+}
+
+/// Whether a frame is a result, read without allocating its values.
+fn is_result(json: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Kind<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: std::borrow::Cow<'a, str>,
+    }
+    serde_json::from_slice::<Kind>(json).is_ok_and(|k| k.kind == "result")
+}
+
+/// The room in the shared budget of the frame whose header has been read.
+#[derive(Debug)]
+enum Room {
+    /// Reserved (an empty reservation without a budget).
+    Reserved(Reservation),
+    /// The budget (named) had no room for this small frame: it is decoded, but a result among
+    /// them is dropped.
+    Short(String),
+}
+
+/// Reassembles frames from bytes as they arrive, within an execution's [`ResultLimits`] and
+/// the host's shared [`ResultBudget`], if any: a frame whose declared length exceeds what is
+/// left of the execution's byte budget (or [`MAX_RESULT_FRAME`]), or whose room the shared
+/// budget does not have, is never buffered; its bytes are discarded as they arrive and the
 /// stream stays in sync. Results beyond the count are decoded (they are small by then) and
-/// dropped. Either way [`Decoder::dropped`] counts them.
+/// dropped. Either way [`Decoder::warnings`] says so. The room of the results and errors it
+/// returns is held until [`Decoder::take_held`].
 #[derive(Debug)]
 pub struct Decoder {
     buf: Vec<u8>,
@@ -162,6 +232,15 @@ pub struct Decoder {
     /// Results that may still be kept in this execution.
     results_left: usize,
     dropped: Dropped,
+    /// The host's budget of results held at once, shared with other decoders.
+    budget: Option<Arc<ResultBudget>>,
+    /// The room of the frame whose header has been read, until the frame is complete.
+    frame: Option<Room>,
+    /// The room of the results and errors returned.
+    held: Reservation,
+    /// Frames dropped because the shared budget had no room, and the last budget that had none.
+    short: Dropped,
+    short_of: Option<String>,
 }
 
 impl Default for Decoder {
@@ -184,7 +263,23 @@ impl Decoder {
             bytes_left: limits.bytes,
             results_left: limits.count,
             dropped: Dropped::default(),
+            budget: None,
+            frame: None,
+            held: Reservation::default(),
+            short: Dropped::default(),
+            short_of: None,
         }
+    }
+
+    /// The same, taking the room of what it keeps from `budget` as well.
+    pub fn with_budget(mut self, budget: Option<Arc<ResultBudget>>) -> Self {
+        self.set_budget(budget);
+        self
+    }
+
+    /// Takes the room of the frames from now on from `budget`.
+    pub fn set_budget(&mut self, budget: Option<Arc<ResultBudget>>) {
+        self.budget = budget;
     }
 
     pub fn limits(&self) -> ResultLimits {
@@ -196,11 +291,36 @@ impl Decoder {
         self.bytes_left = self.limits.bytes;
         self.results_left = self.limits.count;
         self.dropped = Dropped::default();
+        self.short = Dropped::default();
+        self.short_of = None;
     }
 
-    /// What was dropped since the execution began.
+    /// What was dropped over the execution's limits since it began.
     pub fn dropped(&self) -> Dropped {
         self.dropped
+    }
+
+    /// The sentences for the execution's `warnings`: what was dropped over its limits, and
+    /// what the shared budget had no room for.
+    pub fn warnings(&self) -> Vec<String> {
+        let short = self.short_of.as_ref().map(|budget| {
+            format!(
+                "rich results were dropped: {budget} was full ({}); results are held until \
+                 their answers have been read",
+                self.short.tally()
+            )
+        });
+        self.dropped
+            .warning(self.limits)
+            .into_iter()
+            .chain(short)
+            .collect()
+    }
+
+    /// The room of the results and errors returned since the last call, to be held as long
+    /// as they are.
+    pub fn take_held(&mut self) -> Reservation {
+        std::mem::take(&mut self.held)
     }
 
     /// Adds bytes read from the kernel (those of a frame being discarded are not kept).
@@ -214,9 +334,16 @@ impl Decoder {
         self.buf.extend_from_slice(bytes);
     }
 
-    fn drop_frame(&mut self, len: usize) {
-        self.dropped.frames += 1;
-        self.dropped.bytes += len as u64;
+    /// Discards the frame of `len` bytes whose header starts the buffer: what has arrived
+    /// goes now, the rest as it arrives.
+    fn discard(&mut self, len: usize) {
+        let have = self.buf.len() - 4;
+        if have >= len {
+            self.consume(4 + len);
+        } else {
+            self.skip = len - have;
+            self.buf = Vec::new();
+        }
     }
 
     /// Removes the first `end` bytes; a large buffer's memory is given back.
@@ -226,6 +353,61 @@ impl Decoder {
         } else {
             self.buf.drain(..end);
         }
+    }
+
+    /// The room of a frame of `len` bytes in the shared budget; `None` when it is to be
+    /// discarded unread (counted).
+    fn room(&mut self, len: usize) -> Option<Room> {
+        if len > SMALL_FRAME && (len > MAX_RESULT_FRAME || len > self.bytes_left) {
+            self.dropped.count(len);
+            return None;
+        }
+        let Some(budget) = &self.budget else {
+            return Some(Room::Reserved(Reservation::default()));
+        };
+        match budget.try_reserve(len.saturating_mul(HELD_COPIES)) {
+            Ok(reservation) => Some(Room::Reserved(reservation)),
+            Err(full) if len > SMALL_FRAME => {
+                self.short_of = Some(full.name().to_string());
+                self.short.count(len);
+                None
+            }
+            Err(full) => Some(Room::Short(full.name().to_string())),
+        }
+    }
+
+    /// The room of a complete result frame of `len` bytes whose parsed values take up to
+    /// `tree` more (and which costs the execution's budget `over` what is left), with `tree`
+    /// more of the shared budget; `None` (counted) when it is to be dropped.
+    fn keep_result(
+        &mut self,
+        len: usize,
+        tree: usize,
+        over: bool,
+        room: Room,
+    ) -> Option<Reservation> {
+        if over || self.results_left == 0 {
+            self.dropped.count(len);
+            return None;
+        }
+        let short_of = match (room, &self.budget) {
+            (Room::Short(budget), _) => budget,
+            (Room::Reserved(reservation), None) => {
+                self.results_left -= 1;
+                return Some(reservation);
+            }
+            (Room::Reserved(mut reservation), Some(budget)) => match budget.try_reserve(tree) {
+                Ok(more) => {
+                    reservation.absorb(more);
+                    self.results_left -= 1;
+                    return Some(reservation);
+                }
+                Err(full) => full.name().to_string(),
+            },
+        };
+        self.short_of = Some(short_of);
+        self.short.count(len);
+        None
     }
 
     /// The next complete frame within the limits, if one has arrived. An error is final: the
@@ -242,35 +424,61 @@ impl Decoder {
             if len > MAX_FRAME {
                 return Err(ProtocolError::TooLarge(len));
             }
-            if len > SMALL_FRAME && (len > MAX_RESULT_FRAME || len > self.bytes_left) {
-                // Never buffered: what has arrived goes now, the rest as it arrives.
-                self.drop_frame(len);
-                let have = self.buf.len() - 4;
-                if have >= len {
-                    self.consume(4 + len);
-                    continue;
-                }
-                self.skip = len - have;
-                self.buf = Vec::new();
-                return Ok(None);
-            }
+            let room = match self.frame.take() {
+                Some(room) => room,
+                None => match self.room(len) {
+                    Some(room) => room,
+                    None => {
+                        // Never buffered.
+                        self.discard(len);
+                        continue;
+                    }
+                },
+            };
             if self.buf.len() < 4 + len {
                 // Room for exactly this frame, not twice it as doubling would give.
                 self.buf.reserve_exact(4 + len - self.buf.len());
+                self.frame = Some(room);
                 return Ok(None);
             }
+            // A result's values can take far more memory parsed than as text (`[0,0,…]`): it
+            // costs its length and what its parsed tree may take, and one that is dropped is
+            // never parsed.
+            let text = &self.buf[4..4 + len];
+            let result = is_result(text);
+            let tree = if result { tree_bytes(text) } else { 0 };
+            let cost = len.saturating_add(tree);
+            let over = cost > self.bytes_left;
+            self.bytes_left = self.bytes_left.saturating_sub(cost);
+            let kept = if result {
+                match self.keep_result(len, tree, over, room) {
+                    Some(reservation) => Some(reservation),
+                    None => {
+                        self.consume(4 + len);
+                        continue;
+                    }
+                }
+            } else {
+                match room {
+                    Room::Reserved(reservation) => Some(reservation),
+                    Room::Short(_) => None,
+                }
+            };
             let parsed = serde_json::from_slice(&self.buf[4..4 + len])
                 .map_err(|e| ProtocolError::Invalid(e.to_string()));
             self.consume(4 + len);
-            let over = len > self.bytes_left;
-            self.bytes_left = self.bytes_left.saturating_sub(len);
             let message = parsed?;
-            if let KernelMessage::Result { .. } = message {
-                if over || self.results_left == 0 {
-                    self.drop_frame(len);
+            match (&message, kept) {
+                // A result the first look did not see as one (it was not costed): dropped.
+                (KernelMessage::Result { .. }, _) if !result => {
+                    self.dropped.count(len);
                     continue;
                 }
-                self.results_left -= 1;
+                (KernelMessage::Result { .. } | KernelMessage::Error { .. }, Some(room)) => {
+                    self.held.absorb(room);
+                }
+                // `ready`, `done`, or a small error the budget had no room for.
+                _ => {}
             }
             return Ok(Some(message));
         }
@@ -492,6 +700,155 @@ mod tests {
         );
     }
 
+    const WIDE: ResultLimits = ResultLimits {
+        bytes: 16 << 20,
+        count: 256,
+    };
+
+    fn frame_len(bytes: &[u8]) -> usize {
+        bytes.len() - 4
+    }
+
+    #[test]
+    fn a_result_the_shared_budget_has_no_room_for_is_discarded_unbuffered_and_named() {
+        let budget = ResultBudget::new(600 << 10, "the server's budget");
+        let mut d = Decoder::with_limits(WIDE).with_budget(Some(budget.clone()));
+        let first = result_frame("1", 200 << 10); // 400 KiB of room: kept
+        let second = result_frame("1", 200 << 10); // 200 KiB left: discarded unread
+        let small = result_frame("1", 60 << 10); // 120 KiB of room: kept
+        let mut bytes = first.clone();
+        bytes.extend(&second);
+        bytes.extend(&small);
+        bytes.extend(done_frame("1"));
+        let (got, peak) = decode_all(&mut d, &bytes, 64 << 10);
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(matches!(got[2], KernelMessage::Done { .. }));
+        assert!(peak < (200 << 10) + (64 << 10) + 64, "peak buffer {peak}");
+        assert_eq!(
+            d.dropped(),
+            Dropped::default(),
+            "within the execution's limits"
+        );
+        assert_eq!(
+            d.warnings(),
+            [format!(
+                "rich results were dropped: the server's budget was full (1 frame of {} bytes \
+                 in all); results are held until their answers have been read",
+                frame_len(&second)
+            )]
+        );
+        // What was kept holds twice its length, and what its values take parsed, until it is
+        // dropped.
+        let kept = HELD_COPIES * (frame_len(&first) + frame_len(&small))
+            + tree_bytes(&first[4..])
+            + tree_bytes(&small[4..]);
+        assert_eq!(budget.used(), kept);
+        let held = d.take_held();
+        assert_eq!((held.bytes(), budget.used()), (kept, kept));
+        assert_eq!(d.take_held().bytes(), 0);
+        // Another decoder of the same budget has no room for it meanwhile; once the results
+        // are gone it has.
+        let mut other = Decoder::with_limits(WIDE).with_budget(Some(budget.clone()));
+        let (got, _) = decode_all(&mut other, &first, 4096);
+        assert!(got.is_empty());
+        drop(held);
+        assert_eq!(budget.used(), 0);
+        other.begin_execution();
+        assert!(other.warnings().is_empty());
+        let (got, _) = decode_all(&mut other, &first, 4096);
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            budget.used(),
+            HELD_COPIES * frame_len(&first) + tree_bytes(&first[4..])
+        );
+    }
+
+    #[test]
+    fn with_the_shared_budget_spent_small_results_are_dropped_and_errors_and_done_pass() {
+        let budget = ResultBudget::new(1024, "this key's share");
+        let mut d = Decoder::with_limits(WIDE).with_budget(Some(budget.clone()));
+        let filler = budget.try_reserve(1000).unwrap();
+        let mut bytes = result_frame("1", 10);
+        bytes.extend(frame(
+            r#"{"type":"error","id":"1","name":"E","value":"v","traceback":""}"#,
+        ));
+        bytes.extend(done_frame("1"));
+        let (got, _) = decode_all(&mut d, &bytes, 7);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(matches!(got[0], KernelMessage::Error { .. }));
+        assert!(matches!(got[1], KernelMessage::Done { .. }));
+        let warnings = d.warnings();
+        assert_eq!(warnings.len(), 1);
+        assert!(
+            warnings[0]
+                .starts_with("rich results were dropped: this key's share was full (1 frame of"),
+            "{warnings:?}"
+        );
+        assert_eq!(d.take_held().bytes(), 0);
+        assert_eq!(budget.used(), 1000);
+        drop(filler);
+        // A result over the execution's limits is named as such, and takes no room.
+        let mut d = Decoder::with_limits(LIMITS).with_budget(Some(budget.clone()));
+        let (got, _) = decode_all(&mut d, &result_frame("1", 400 << 10), 1 << 20);
+        assert!(got.is_empty());
+        assert_eq!(d.warnings().len(), 1);
+        assert!(d.warnings()[0].starts_with("rich results over the"));
+        assert_eq!(budget.used(), 0);
+    }
+
+    /// A result whose `data` is a JSON array of `n` zeros (`n` tokens).
+    fn array_frame(n: usize) -> Vec<u8> {
+        let zeros = vec!["0"; n].join(",");
+        frame(&format!(
+            r#"{{"type":"result","id":"1","data":{{"application/json":[{zeros}]}}}}"#
+        ))
+    }
+
+    #[test]
+    fn parsed_values_are_costed_by_their_tokens_counted_outside_strings() {
+        assert_eq!(tree_bytes(br#"{"a":[0,0]}"#), 5 * NODE_BYTES);
+        assert_eq!(tree_bytes(br#"["a,b\",:{[\\",1]"#), 3 * NODE_BYTES);
+        assert_eq!(tree_bytes(b""), NODE_BYTES);
+        assert!(is_result(&result_frame("1", 10)[4..]));
+        assert!(!is_result(&done_frame("1")[4..]));
+        assert!(!is_result(b"{\"type\":"));
+    }
+
+    #[test]
+    fn a_result_whose_parsed_values_would_not_fit_is_dropped_unparsed() {
+        // 100 KiB of text, 3.2 MiB once parsed: over the execution's 300 KiB.
+        let mut d = Decoder::with_limits(LIMITS);
+        let mut bytes = array_frame(50_000);
+        bytes.extend(done_frame("1"));
+        let (got, _) = decode_all(&mut d, &bytes, 64 << 10);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(matches!(got[0], KernelMessage::Done { .. }));
+        assert_eq!(d.dropped().frames, 1);
+
+        // The shared budget takes the tree too: 10,000 tokens fit in 1 MiB, 20,000 do not.
+        let budget = ResultBudget::new(1 << 20, "the budget");
+        let mut d = Decoder::with_limits(WIDE).with_budget(Some(budget.clone()));
+        let fits = array_frame(10_000);
+        let (got, _) = decode_all(&mut d, &fits, 4096);
+        assert_eq!(got.len(), 1);
+        let cost = HELD_COPIES * frame_len(&fits) + tree_bytes(&fits[4..]);
+        assert_eq!((d.take_held().bytes(), budget.used()), (cost, cost));
+        assert_eq!(budget.used(), 0);
+        let held = {
+            let (got, _) = decode_all(&mut d, &fits, 4096);
+            assert_eq!(got.len(), 1);
+            d.take_held()
+        };
+        let (got, _) = decode_all(&mut d, &array_frame(20_000), 4096);
+        assert!(got.is_empty());
+        assert!(
+            d.warnings()[0].contains("the budget was full"),
+            "{:?}",
+            d.warnings()
+        );
+        assert_eq!(budget.used(), held.bytes());
+    }
+
     #[test]
     fn host_frames_round_trip_through_the_length_prefix() {
         let f = encode(&HostMessage::Execute {
@@ -556,6 +913,39 @@ mod tests {
             let kept: usize = sizes.iter().take(got.len() - 1).count();
             prop_assert!(kept <= LIMITS.count);
             prop_assert!(peak <= LIMITS.bytes + 2 * piece + 8, "peak {}", peak);
+        }
+
+        /// With a shared budget too, what is kept does not depend on how the stream is split,
+        /// the budget is never overrun, and what it holds is exactly the room of what was
+        /// kept, until that is dropped.
+        #[test]
+        fn the_shared_budget_holds_however_the_stream_is_split(
+            sizes in proptest::collection::vec(0usize..(200 << 10), 1..8),
+            piece in 1usize..(96 << 10),
+            room in 0usize..(1 << 20),
+        ) {
+            let mut bytes = Vec::new();
+            for size in &sizes {
+                bytes.extend(result_frame("1", *size));
+            }
+            bytes.extend(done_frame("1"));
+            let decode = |piece: usize| {
+                let budget = ResultBudget::new(room, "the budget");
+                let mut d = Decoder::with_limits(LIMITS).with_budget(Some(budget.clone()));
+                let (got, _) = decode_all(&mut d, &bytes, piece);
+                (got, d, budget)
+            };
+            let (expected, whole, _) = decode(bytes.len());
+            let (got, mut split, budget) = decode(piece);
+            prop_assert_eq!(&got, &expected);
+            prop_assert_eq!(split.warnings(), whole.warnings());
+            let ends_with_done = matches!(got.last(), Some(KernelMessage::Done { .. }));
+            prop_assert!(ends_with_done);
+            prop_assert!(budget.used() <= room);
+            let held = split.take_held();
+            prop_assert_eq!(held.bytes(), budget.used());
+            drop(held);
+            prop_assert_eq!(budget.used(), 0);
         }
 
         /// Valid frames decode identically however the stream is split.

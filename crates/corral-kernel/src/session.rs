@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use corral_sandbox::{
     hit_rlimit_data, rlimit_data_message, ControlSocket, ExecutionResult, LanguageError, Limits,
-    Policy, Report, Rootfs, Sandbox, SandboxError, SandboxSpec, Status, Workspace,
+    Policy, Report, ResultBudget, Rootfs, Sandbox, SandboxError, SandboxSpec, Status, Workspace,
 };
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
@@ -62,6 +62,9 @@ pub struct SessionOptions {
     pub policy: Policy,
     /// How long the kernel may take to become ready.
     pub startup_timeout: Duration,
+    /// The host's budget of results held at once, shared with other sessions and runs (none:
+    /// only the per-execution limits bound them).
+    pub result_budget: Option<Arc<ResultBudget>>,
 }
 
 impl SessionOptions {
@@ -74,6 +77,7 @@ impl SessionOptions {
             env: Vec::new(),
             policy: Policy::default(),
             startup_timeout: Duration::from_secs(60),
+            result_budget: None,
         }
     }
 
@@ -304,7 +308,8 @@ impl Session {
         .map_err(io::Error::from)?;
         let mut session = Session {
             kernel,
-            decoder: Decoder::with_limits(ResultLimits::of(&options.limits)),
+            decoder: Decoder::with_limits(ResultLimits::of(&options.limits))
+                .with_budget(options.result_budget.clone()),
             options,
             wake_read,
             wake_write: Arc::new(wake_write),
@@ -407,6 +412,13 @@ impl Session {
 
     pub fn is_alive(&self) -> bool {
         self.dead.is_none()
+    }
+
+    /// Takes the room of this session's results from `budget` from now on (a session made
+    /// ahead, for a warm pool, gets its owner's budget when it is handed out).
+    pub fn set_result_budget(&mut self, budget: Option<Arc<ResultBudget>>) {
+        self.decoder.set_budget(budget.clone());
+        self.options.result_budget = budget;
     }
 
     /// Keeps `what` until this session's kernel is gone (a restart, which makes a kernel of
@@ -628,9 +640,8 @@ impl Session {
             }
         }
 
-        if let Some(warning) = self.decoder.dropped().warning(self.decoder.limits()) {
-            result.warnings.push(warning);
-        }
+        result.warnings.extend(self.decoder.warnings());
+        result.reservation = self.decoder.take_held();
         if let Some(death) = &self.dead {
             result.status = death.status;
             result.error_message = Some(death.message.clone());

@@ -15,6 +15,7 @@ fn run(code: &str, cache: &BytecodeCache) -> ExecutionResult {
         "main.py",
         code.as_bytes().to_vec(),
         Some(cache),
+        None,
         &mut |_, _| {},
     );
     result
@@ -135,6 +136,7 @@ fn workspace_modules_are_importable() {
         "main.py",
         code.as_bytes().to_vec(),
         Some(&cache),
+        None,
         &mut |_, _| {},
     );
     assert_eq!(result.status, Status::Success, "{result:?}");

@@ -7,6 +7,7 @@
 //! seccomp allow-list. [`Sandbox::wait`] runs it under a wall-clock limit; dropping the
 //! sandbox leaves nothing behind. This crate is synchronous and holds all of Corral's `unsafe`.
 
+pub mod budget;
 pub mod cgroup;
 mod charge;
 mod child;
@@ -29,6 +30,7 @@ pub mod spec;
 mod sys;
 pub mod workspace;
 
+pub use budget::{Reservation, ResultBudget};
 pub use charge::Charge;
 pub use ids::ROOT_MODE_ID_BASE;
 pub use limits::{LimitError, LimitField};

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::budget::Reservation;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
@@ -60,7 +62,7 @@ pub struct FileEntry {
     pub size: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExecutionResult {
     pub status: Status,
@@ -79,6 +81,11 @@ pub struct ExecutionResult {
     pub error_message: Option<String>,
     /// Protections that were weaker than requested for this run (e.g. the rlimit fallback).
     pub warnings: Vec<String>,
+    /// The room its results and error take in the host's budget of results held at once
+    /// (none without a budget); not part of the result object. An answer made of the result
+    /// takes it over, so that it is given back only once the answer is gone.
+    #[serde(skip)]
+    pub reservation: Reservation,
 }
 
 impl ExecutionResult {
@@ -100,6 +107,7 @@ impl ExecutionResult {
             peak_memory_bytes: 0,
             error_message: Some(message.into()),
             warnings: Vec::new(),
+            reservation: Reservation::default(),
         }
     }
 }

@@ -1092,6 +1092,7 @@ pub fn run(
         peak_memory_bytes: outcome.peak_memory_bytes,
         error_message: outcome.error_message,
         warnings,
+        reservation: Default::default(),
     };
     let workspace = sandbox.workspace.take();
     drop(sandbox);

@@ -42,6 +42,13 @@ pub struct Config {
     /// `admission_wait_s` for a slot, then are refused (503 `uploads_busy`).
     pub max_uploads_in_flight: usize,
     pub max_json_bytes: usize,
+    /// Bytes of rich results the server holds at once, from every execution of every key:
+    /// from decoding until the answer that carries them has been written (or dropped). A
+    /// result that does not fit is dropped, and named in the result's `warnings`.
+    pub max_result_bytes_in_flight: usize,
+    /// What one key may hold of `max_result_bytes_in_flight`; default half of it, so that no
+    /// key can take all of it.
+    pub max_result_bytes_in_flight_per_key: Option<usize>,
     pub default_idle_timeout_s: u64,
     pub max_idle_timeout_s: u64,
     /// On SIGTERM, running executions get this long to finish before they are interrupted.
@@ -70,6 +77,8 @@ impl Default for Config {
             max_body_bytes: 64 << 20,
             max_uploads_in_flight: 32,
             max_json_bytes: 8 << 20,
+            max_result_bytes_in_flight: 256 << 20,
+            max_result_bytes_in_flight_per_key: None,
             default_idle_timeout_s: 600,
             max_idle_timeout_s: 24 * 3600,
             shutdown_grace_s: 10,
@@ -102,6 +111,14 @@ impl Config {
             .clamp(1, self.max_runs.max(1))
     }
 
+    /// `max_result_bytes_in_flight_per_key`, or its default: half of
+    /// `max_result_bytes_in_flight`; never more than that.
+    pub fn result_bytes_per_key(&self) -> usize {
+        self.max_result_bytes_in_flight_per_key
+            .unwrap_or(self.max_result_bytes_in_flight / 2)
+            .min(self.max_result_bytes_in_flight)
+    }
+
     /// Refuses settings that cannot work.
     pub fn check(&self) -> anyhow::Result<()> {
         if self.max_runs == 0 || self.max_runs_per_key == Some(0) {
@@ -112,6 +129,14 @@ impl Config {
         }
         if !(self.memory_overcommit > 0.0 && self.memory_overcommit.is_finite()) {
             anyhow::bail!("memory_overcommit must be a positive number (1.5: 150% of MemTotal)");
+        }
+        if self.max_result_bytes_in_flight == 0
+            || self.max_result_bytes_in_flight_per_key == Some(0)
+        {
+            anyhow::bail!(
+                "max_result_bytes_in_flight and max_result_bytes_in_flight_per_key must be more \
+                 than 0 (with 0 no rich result could be returned)"
+            );
         }
         if self.memory_budget_bytes == Some(0) {
             anyhow::bail!("memory_budget_bytes must be more than 0");
@@ -180,6 +205,22 @@ mod tests {
         c.max_runs_per_key = Some(0);
         assert!(c.check().is_err());
         let c: Config = toml::from_str("memory_overcommit = -1").unwrap();
+        assert!(c.check().is_err());
+    }
+
+    #[test]
+    fn a_key_may_hold_half_the_result_budget_unless_told() {
+        let mut c = Config::default();
+        assert_eq!(
+            (c.max_result_bytes_in_flight, c.result_bytes_per_key()),
+            (256 << 20, 128 << 20)
+        );
+        c.max_result_bytes_in_flight_per_key = Some(512 << 20);
+        assert_eq!(c.result_bytes_per_key(), 256 << 20);
+        c.check().unwrap();
+        let c: Config = toml::from_str("max_result_bytes_in_flight = 0").unwrap();
+        assert!(c.check().is_err());
+        let c: Config = toml::from_str("max_result_bytes_in_flight_per_key = 0").unwrap();
         assert!(c.check().is_err());
     }
 

@@ -32,9 +32,9 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use base64::Engine as _;
 use corral_kernel::Event;
-use corral_sandbox::{ExecutionResult, Limits, Status};
+use corral_sandbox::{ExecutionResult, Limits, Reservation, Status};
 use futures_util::StreamExt as _;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::config::Config;
@@ -560,7 +560,7 @@ async fn write_files(
     Ok(Json(written))
 }
 
-fn json_line(value: &Value) -> Bytes {
+fn json_line(value: &impl Serialize) -> Bytes {
     let mut line = serde_json::to_vec(value).expect("JSON values serialize");
     line.push(b'\n');
     Bytes::from(line)
@@ -570,28 +570,73 @@ fn timestamp() -> String {
     humantime::format_rfc3339_micros(SystemTime::now()).to_string()
 }
 
-/// The E2B line of an execution event; `End` has none (the stream ends with
-/// `number_of_executions` and `end_of_execution`).
-fn execution_line(event: &Event) -> Option<Value> {
-    Some(match event {
-        Event::Stdout { text } => json!({"type": "stdout", "text": text, "timestamp": timestamp()}),
-        Event::Stderr { text } => json!({"type": "stderr", "text": text, "timestamp": timestamp()}),
-        Event::Result(result) => {
-            let mut line = serde_json::to_value(result).expect("results serialize");
-            line["type"] = json!("result");
+/// The E2B line of an execution event, made from borrowed parts (a large result or error is
+/// copied once, into its line); `End` has none (the stream ends with `number_of_executions`
+/// and `end_of_execution`).
+fn execution_line(event: &Event) -> Option<Bytes> {
+    #[derive(Serialize)]
+    #[serde(tag = "type", rename_all = "snake_case")]
+    enum Line<'a> {
+        Stdout {
+            text: &'a str,
+            timestamp: String,
+        },
+        Stderr {
+            text: &'a str,
+            timestamp: String,
+        },
+        Result {
+            is_main_result: bool,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            text: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            html: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            png: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            svg: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            json: Option<&'a Value>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            markdown: Option<&'a str>,
+        },
+        Error {
+            name: &'a str,
+            value: &'a str,
+            traceback: &'a str,
+        },
+    }
+    let line = match event {
+        Event::Stdout { text } => Line::Stdout {
+            text,
+            timestamp: timestamp(),
+        },
+        Event::Stderr { text } => Line::Stderr {
+            text,
+            timestamp: timestamp(),
+        },
+        Event::Result(r) => Line::Result {
+            is_main_result: r.is_main_result,
             // E2B's Jupyter server shows a string value without its quotes ('abc' → abc).
-            if let Some(text) = result.text.as_deref() {
-                if let Some(unquoted) = text.strip_prefix('\'').and_then(|t| t.strip_suffix('\'')) {
-                    line["text"] = json!(unquoted);
-                }
-            }
-            line
-        }
-        Event::Error(e) => json!({
-            "type": "error", "name": e.name, "value": e.value, "traceback": e.traceback,
-        }),
+            text: r.text.as_deref().map(|text| {
+                text.strip_prefix('\'')
+                    .and_then(|t| t.strip_suffix('\''))
+                    .unwrap_or(text)
+            }),
+            html: r.html.as_deref(),
+            png: r.png.as_deref(),
+            svg: r.svg.as_deref(),
+            json: r.json.as_ref(),
+            markdown: r.markdown.as_deref(),
+        },
+        Event::Error(e) => Line::Error {
+            name: &e.name,
+            value: &e.value,
+            traceback: &e.traceback,
+        },
         Event::End { .. } => return None,
-    })
+    };
+    Some(json_line(&line))
 }
 
 /// An `error` line for an execution that failed without a language error (timeout, memory
@@ -656,15 +701,21 @@ async fn execute(
             let outcome = service.execute(&tenant, &id, &run, &mut |event| {
                 if let Some(line) = execution_line(event) {
                     saw_error |= matches!(event, Event::Error(_));
-                    emit(json_line(&line));
+                    emit(line);
                 }
             });
-            let failure = match outcome {
-                Ok(_) if saw_error => None,
-                Ok(result) => status_error_line(&result),
-                Err(e) => Some(json!({
-                    "type": "error", "name": "SandboxError", "value": e.to_string(), "traceback": "",
-                })),
+            let (failure, reservation) = match outcome {
+                // The lines of the results hold their room until the stream is gone.
+                Ok(mut result) => (
+                    status_error_line(&result).filter(|_| !saw_error),
+                    std::mem::take(&mut result.reservation),
+                ),
+                Err(e) => (
+                    Some(json!({
+                        "type": "error", "name": "SandboxError", "value": e.to_string(), "traceback": "",
+                    })),
+                    Reservation::default(),
+                ),
             };
             if let Some(line) = failure {
                 emit(json_line(&line));
@@ -675,6 +726,7 @@ async fn execute(
                 })));
             }
             emit(json_line(&json!({"type": "end_of_execution"})));
+            reservation
         },
         move || {
             let _ = gone_service.interrupt(&gone_tenant, &gone_id);
@@ -887,6 +939,8 @@ async fn process_start(
                 Err(e) => Some(connect_error_of(e)),
             };
             emit(connect_end_of_stream(error));
+            // A command's output is in the stream; nothing of its results is.
+            Reservation::default()
         },
         move || {
             let _ = gone_service.interrupt(&gone_tenant, &gone_id);
@@ -1058,13 +1112,16 @@ mod tests {
 
     #[test]
     fn execution_events_become_jupyter_lines() {
-        let line = execution_line(&Event::Stdout {
+        let line = |event: &Event| {
+            execution_line(event).map(|bytes| serde_json::from_slice::<Value>(&bytes).unwrap())
+        };
+        let stdout = line(&Event::Stdout {
             text: "hi\n".into(),
         })
         .unwrap();
-        assert_eq!(line["type"], "stdout");
-        assert_eq!(line["text"], "hi\n");
-        let ts = line["timestamp"].as_str().unwrap();
+        assert_eq!(stdout["type"], "stdout");
+        assert_eq!(stdout["text"], "hi\n");
+        let ts = stdout["timestamp"].as_str().unwrap();
         assert!(humantime::parse_rfc3339(ts).is_ok(), "{ts}");
 
         let result = corral_sandbox::RichResult {
@@ -1077,7 +1134,7 @@ mod tests {
             markdown: None,
         };
         assert_eq!(
-            execution_line(&Event::Result(result)).unwrap(),
+            line(&Event::Result(result)).unwrap(),
             json!({"type": "result", "is_main_result": true, "text": "42", "png": "iVBORw0KGgo="})
         );
 
@@ -1090,10 +1147,7 @@ mod tests {
             json: None,
             markdown: None,
         };
-        assert_eq!(
-            execution_line(&Event::Result(quoted)).unwrap()["text"],
-            "abc"
-        );
+        assert_eq!(line(&Event::Result(quoted)).unwrap()["text"], "abc");
 
         let error = corral_sandbox::LanguageError {
             name: "ZeroDivisionError".into(),
@@ -1101,7 +1155,7 @@ mod tests {
             traceback: "Traceback ...".into(),
         };
         assert_eq!(
-            execution_line(&Event::Error(error)).unwrap(),
+            line(&Event::Error(error)).unwrap(),
             json!({"type": "error", "name": "ZeroDivisionError", "value": "division by zero",
                    "traceback": "Traceback ..."})
         );
@@ -1111,10 +1165,10 @@ mod tests {
             cpu_time_ms: 1,
             peak_memory_bytes: 1,
         };
-        assert_eq!(execution_line(&end), None);
+        assert_eq!(line(&end), None);
 
-        let line = json_line(&json!({"type": "end_of_execution"}));
-        assert!(line.ends_with(b"}\n") && !line[..line.len() - 1].contains(&b'\n'));
+        let end = json_line(&json!({"type": "end_of_execution"}));
+        assert!(end.ends_with(b"}\n") && !end[..end.len() - 1].contains(&b'\n'));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! errors, NDJSON event streams, files, metrics, the OpenAPI document and the API page.
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -13,7 +13,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use corral_kernel::Event;
-use corral_sandbox::{ExecutionResult, FileEntry};
+use corral_sandbox::{ExecutionResult, FileEntry, Reservation};
 use futures_util::StreamExt as _;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -303,14 +303,69 @@ fn wants_json(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.contains("application/json") && !v.contains("ndjson"))
 }
 
+/// Bytes that hold, until they are dropped, the room in the server's budget of rich results
+/// of the results they were made of.
+struct Held {
+    bytes: Vec<u8>,
+    _reservation: Reservation,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// Counts the bytes written to it.
+#[derive(Default)]
+struct Counter(usize);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `value` as JSON that holds `reservation` until the answer carrying it has been written or
+/// dropped. Sized exactly first, so that it is held once, not in a buffer grown by doubling.
+pub fn held_json(value: &impl Serialize, reservation: Reservation) -> Bytes {
+    let mut counter = Counter::default();
+    serde_json::to_writer(&mut counter, value).expect("results serialize");
+    let mut bytes = Vec::with_capacity(counter.0);
+    serde_json::to_writer(&mut bytes, value).expect("results serialize");
+    Bytes::from_owner(Held {
+        bytes,
+        _reservation: reservation,
+    })
+}
+
+/// A result object as the answer: its JSON holds the result's room in the server's budget
+/// of rich results until it has been written, or dropped with the connection.
+pub fn result_answer(mut result: ExecutionResult) -> Bytes {
+    let reservation = std::mem::take(&mut result.reservation);
+    held_json(&result, reservation)
+}
+
+fn json_response(body: Bytes) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
 /// Runs blocking `work` that emits frames and streams them as the response body; when the
-/// client goes away, `on_gone` runs (it interrupts the work).
+/// client goes away, `on_gone` runs (it interrupts the work). What `work` returns (the room of
+/// the results it streamed) is held by the body until it is dropped: a client that does not
+/// read keeps holding it.
 pub fn stream_frames(
     content_type: &'static str,
-    work: impl FnOnce(&mut dyn FnMut(Bytes)) + Send + 'static,
+    work: impl FnOnce(&mut dyn FnMut(Bytes)) -> Reservation + Send + 'static,
     on_gone: impl FnOnce() + Send + 'static,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(STREAM_BUFFER);
+    let held = Arc::new(Mutex::new(Reservation::default()));
+    let body_holds = held.clone();
     let (done_tx, done_rx) = oneshot::channel::<()>();
     let watcher = tx.clone();
     tokio::spawn(async move {
@@ -324,18 +379,23 @@ pub fn stream_frames(
     let runtime = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
         let mut open = true;
-        work(&mut |frame| {
+        let reservation = work(&mut |frame| {
             if open {
                 let sent =
                     runtime.block_on(tokio::time::timeout(SLOW_CLIENT_LIMIT, tx.send(frame)));
                 open = matches!(sent, Ok(Ok(())));
             }
         });
+        *held.lock().expect("lock") = reservation;
         drop(tx);
         let _ = done_tx.send(());
     });
-    let body =
-        Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, Infallible>));
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx).map(
+        move |frame| {
+            let _held_until_the_body_is_dropped = &body_holds;
+            Ok::<_, Infallible>(frame)
+        },
+    ));
     ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
@@ -504,14 +564,21 @@ pub fn ndjson_stream(
                     send(Bytes::from(json_line(event)));
                 }
             });
-            let end = match outcome {
-                Ok(result) => end_line(&result, with_exit_code),
-                Err(e) => end_line(
-                    &ExecutionResult::sandbox_error(e.to_string()),
-                    with_exit_code,
+            let (end, reservation) = match outcome {
+                Ok(mut result) => (
+                    end_line(&result, with_exit_code),
+                    std::mem::take(&mut result.reservation),
+                ),
+                Err(e) => (
+                    end_line(
+                        &ExecutionResult::sandbox_error(e.to_string()),
+                        with_exit_code,
+                    ),
+                    Reservation::default(),
                 ),
             };
             send(Bytes::from(end));
+            reservation
         },
         on_gone,
     )
@@ -530,12 +597,17 @@ async fn run(
     State(state): State<AppState>,
     tenant: Tenant,
     ApiJson(req): ApiJson<RunRequest>,
-) -> Result<Json<ExecutionResult>, ApiError> {
+) -> Result<Response, ApiError> {
     // A slot and the memory the run's limits promise (bounded wait; see admission.rs).
     let permit = state.service.admit_run(&tenant, &req).await?;
     let service = state.service.clone();
-    let result = blocking(move || service.run(&tenant, &req, permit, &mut |_, _| {})).await?;
-    Ok(Json(result))
+    let answer = blocking(move || {
+        service
+            .run(&tenant, &req, permit, &mut |_, _| {})
+            .map(result_answer)
+    })
+    .await?;
+    Ok(json_response(answer))
 }
 
 /// Create a session.
@@ -615,8 +687,13 @@ async fn execute(
 ) -> Result<Response, ApiError> {
     let service = state.service.clone();
     if wants_json(&headers) {
-        let result = blocking(move || service.execute(&tenant, &id, &req, &mut |_| {})).await?;
-        return Ok(Json(result).into_response());
+        let answer = blocking(move || {
+            service
+                .execute(&tenant, &id, &req, &mut |_| {})
+                .map(result_answer)
+        })
+        .await?;
+        return Ok(json_response(answer));
     }
     let req = {
         let (service, tenant, id) = (service.clone(), tenant.clone(), id.clone());
@@ -648,8 +725,13 @@ async fn commands(
 ) -> Result<Response, ApiError> {
     let service = state.service.clone();
     if wants_json(&headers) {
-        let result = blocking(move || service.run_command(&tenant, &id, &req, &mut |_| {})).await?;
-        return Ok(Json(result).into_response());
+        let answer = blocking(move || {
+            service
+                .run_command(&tenant, &id, &req, &mut |_| {})
+                .map(result_answer)
+        })
+        .await?;
+        return Ok(json_response(answer));
     }
     let req = {
         let (service, tenant, id) = (service.clone(), tenant.clone(), id.clone());
@@ -801,6 +883,8 @@ async fn metrics(State(state): State<AppState>, _tenant: Tenant) -> Response {
     let m = &state.service.metrics;
     m.sessions_live.set(state.service.sessions_live() as i64);
     m.pool_ready.set(state.service.pool_ready() as i64);
+    m.result_bytes_held
+        .set(state.service.result_bytes_held() as i64);
     if let Some((image, zygote)) = state.service.zygote_status() {
         m.record_zygote(image, &zygote);
     }

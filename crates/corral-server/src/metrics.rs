@@ -33,6 +33,8 @@ pub struct Metrics {
     /// What that promise may reach (`memory_overcommit` × MemTotal, or `memory_budget_bytes`).
     pub memory_budget_bytes: Gauge,
     pub runs_in_flight: Gauge,
+    /// Room taken now in the budget of rich results held at once (`max_result_bytes_in_flight`).
+    pub result_bytes_held: Gauge,
     pub executions: Family<ExecutionLabels, Counter>,
     pub execution_seconds: Histogram,
     pub session_create_seconds: Histogram,
@@ -53,6 +55,7 @@ impl Default for Metrics {
             memory_committed_bytes: Gauge::default(),
             memory_budget_bytes: Gauge::default(),
             runs_in_flight: Gauge::default(),
+            result_bytes_held: Gauge::default(),
             executions: Family::default(),
             // 0.5 ms .. ~65 s
             execution_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 18)),
@@ -83,6 +86,12 @@ impl Default for Metrics {
             "runs_in_flight",
             "One-shot runs running now",
             m.runs_in_flight.clone(),
+        );
+        registry.register(
+            "result_bytes_held",
+            "Room taken now in the budget of rich results the server holds at once \
+             (max_result_bytes_in_flight); each result counts twice its size",
+            m.result_bytes_held.clone(),
         );
         registry.register(
             "executions",

@@ -14,10 +14,11 @@ use corral_kernel::bytecode::BytecodeCache;
 use corral_kernel::{
     Event, KernelError, Language, ManagerError, Pool, SessionManager, SessionOptions, ZygoteStatus,
 };
+use corral_sandbox::limits::show_bytes;
 use corral_sandbox::limits::timeout_from_secs;
 use corral_sandbox::{
-    ExecutionResult, FileEntry, InputFile, LimitError, LimitField, Limits, Policy, SandboxSpec,
-    Status, WorkspaceError,
+    ExecutionResult, FileEntry, InputFile, LimitError, LimitField, Limits, Policy, ResultBudget,
+    SandboxSpec, Status, WorkspaceError,
 };
 use serde::{Deserialize, Serialize};
 
@@ -282,6 +283,9 @@ pub struct Service {
     admission: Arc<Admission>,
     shutting_down: AtomicBool,
     bytecode: Mutex<HashMap<String, Arc<BytecodeCache>>>,
+    /// The rich results held at once (`max_result_bytes_in_flight`), and each key's share.
+    result_budget: Arc<ResultBudget>,
+    result_shares: Mutex<HashMap<String, Arc<ResultBudget>>>,
 }
 
 fn rfc3339(t: SystemTime) -> String {
@@ -391,6 +395,14 @@ impl Service {
                 None
             }
         };
+        let result_budget = ResultBudget::new(
+            config.max_result_bytes_in_flight,
+            format!(
+                "the server's budget of {} for rich results held at once \
+                 (max_result_bytes_in_flight)",
+                show_bytes(config.max_result_bytes_in_flight as u64)
+            ),
+        );
         let service = Arc::new(Service {
             config,
             store,
@@ -403,6 +415,8 @@ impl Service {
             admission,
             shutting_down: AtomicBool::new(false),
             bytecode: Mutex::new(HashMap::new()),
+            result_budget,
+            result_shares: Mutex::new(HashMap::new()),
         });
         let weak = Arc::downgrade(&service);
         std::thread::Builder::new()
@@ -428,6 +442,31 @@ impl Service {
         self.pool
             .as_ref()
             .map(|p| (self.config.default_image.as_str(), p.zygote_status()))
+    }
+
+    /// Bytes of rich results the server holds now, against `max_result_bytes_in_flight`.
+    pub fn result_bytes_held(&self) -> usize {
+        self.result_budget.used()
+    }
+
+    /// `tenant`'s share of the budget of rich results held at once.
+    fn result_share(&self, tenant: &Tenant) -> Arc<ResultBudget> {
+        self.result_shares
+            .lock()
+            .expect("lock")
+            .entry(tenant.0.clone())
+            .or_insert_with(|| {
+                let limit = self.config.result_bytes_per_key();
+                self.result_budget.share(
+                    limit,
+                    format!(
+                        "this key's share of {} of the server's budget for rich results held \
+                         at once (max_result_bytes_in_flight_per_key)",
+                        show_bytes(limit as u64)
+                    ),
+                )
+            })
+            .clone()
     }
 
     pub fn sessions_live(&self) -> usize {
@@ -591,7 +630,8 @@ impl Service {
             return Err(e);
         }
         let started = Instant::now();
-        let options = session_options(&image, language, limits, env, self.policy());
+        let mut options = session_options(&image, language, limits, env, self.policy());
+        options.result_budget = Some(self.result_share(tenant));
         let created = self.manager.create(&options, Duration::from_secs(idle));
         self.metrics
             .session_create_seconds
@@ -993,6 +1033,7 @@ impl Service {
             file_name,
             req.code.clone().into_bytes(),
             bytecode.as_deref(),
+            Some(self.result_share(tenant)),
             on_output,
         );
         if let Some(ws) = workspace {
@@ -1057,7 +1098,6 @@ pub struct Upload {
 impl Upload {
     /// The refusal of an upload of `bytes` (`None`: more than the bound, as it was sent).
     fn too_large(&self, bytes: Option<u64>) -> ServiceError {
-        use corral_sandbox::limits::show_bytes;
         let size = match bytes {
             Some(n) => show_bytes(n),
             None => format!("more than {}", show_bytes(self.limit)),

@@ -409,6 +409,7 @@ pub fn main(args: RunArgs) -> i32 {
         &prepared.file_name,
         prepared.code,
         Some(&prepared.bytecode),
+        None,
         &mut |stream, bytes| {
             if live {
                 let _ = match stream {

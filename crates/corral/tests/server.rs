@@ -1850,3 +1850,156 @@ fn e2b_multipart_uploads_stream_and_are_charged_alike() {
     assert_eq!(workspace_names(&s, &id), "a.bin\n");
     host.assert_small(16 * MIB, 40 * MIB);
 }
+
+/// Sends a folded-answer request (`Accept: application/json`) on a connection of its own and
+/// returns it unread.
+fn send_unread(addr: &str, path: &str, key: &str, body: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n\
+         Accept: application/json\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    stream
+}
+
+/// (status, JSON body) of the answer on `stream`, read now.
+fn read_answer(mut stream: TcpStream) -> (u16, Value) {
+    let mut bytes = Vec::new();
+    stream.read_to_end(&mut bytes).unwrap();
+    let split = bytes
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP answer");
+    let head = String::from_utf8_lossy(&bytes[..split]).to_string();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = serde_json::from_slice(&bytes[split + 4..]).unwrap_or(Value::Null);
+    (status, body)
+}
+
+/// Sessions of two keys flood rich results and their clients leave the answers unread: the
+/// server holds at most `max_result_bytes_in_flight` of them (twice their size: decoded, and
+/// as the answer), drops the rest with a warning that names the budget, keeps holding the
+/// room of an unread answer until it is read, still answers a well-behaved client's small
+/// result, and is healthy afterwards.
+#[test]
+fn rich_results_held_at_once_are_bounded_server_wide() {
+    let budget = 32 * MIB;
+    let s = Server::start(&format!(
+        "max_result_bytes_in_flight = {budget}\nmax_result_bytes_in_flight_per_key = {}\n",
+        24 * MIB
+    ));
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let keys = [s.key("flood-a"), s.key("flood-b")];
+    let good = s.key("good");
+    let flooders: Vec<(String, String)> = keys
+        .iter()
+        .flat_map(|key| [0, 1].map(|_| (key.clone(), s.create(Some(key)))))
+        .collect();
+    let good_id = s.create(Some(&good));
+    let held = || metric(&s, "corral_result_bytes_held").expect("the metric") as u64;
+    let peak_before = status_bytes(s.pid(), "VmHWM");
+
+    // 96 results of 1 MiB each, over the 64 MiB per execution too; then a mark that it ended.
+    let flood = "from IPython.display import display, HTML\n\
+                 for i in range(96): display(HTML('x' * (1 << 20)))\n\
+                 open('/workspace/flooded', 'w').close()";
+    let body = json!({ "code": flood, "timeout_s": 100 }).to_string();
+    let unread: Vec<TcpStream> = flooders
+        .iter()
+        .map(|(key, id)| send_unread(&addr, &format!("/v1/sandboxes/{id}/execute"), key, &body))
+        .collect();
+    // A well-behaved client's small result arrives, whole, during the flood.
+    std::thread::sleep(Duration::from_secs(1));
+    let (status, small) = s.execute(&good_id, Some(&good), "1+1");
+    assert_eq!(status, 200, "{small}");
+    assert_eq!(small["results"][0]["text"], "2", "{small}");
+    let dropped = |answer: &Value| {
+        answer["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().starts_with("rich results"))
+    };
+    assert!(!dropped(&small), "{small}");
+    wait_until("every flood ends", Duration::from_secs(120), || {
+        flooders.iter().all(|(key, id)| {
+            s.raw(
+                "GET",
+                &format!("/v1/sandboxes/{id}/files/flooded"),
+                Some(key),
+                None,
+            )
+            .0 == 200
+        })
+    });
+    // The answers are unread: they hold their results' room, within the budget.
+    std::thread::sleep(Duration::from_secs(1));
+    let held_unread = held();
+    assert!(
+        held_unread > 0 && held_unread <= budget,
+        "{held_unread} bytes held"
+    );
+    let answers: Vec<Value> = unread
+        .into_iter()
+        .map(|stream| {
+            let (status, answer) = read_answer(stream);
+            assert_eq!(status, 200, "{answer}");
+            assert_eq!(answer["status"], "success", "{answer}");
+            answer
+        })
+        .collect();
+    let kept: u64 = answers
+        .iter()
+        .map(|a| a["results"].as_array().unwrap().len() as u64)
+        .sum();
+    assert!(
+        (1..=budget / (2 * MIB)).contains(&kept),
+        "{kept} results of 1 MiB kept in all"
+    );
+    let warnings: Vec<&str> = answers
+        .iter()
+        .flat_map(|a| a["warnings"].as_array().unwrap())
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    let named = |what: &str| {
+        warnings
+            .iter()
+            .any(|w| w.starts_with("rich results were dropped") && w.contains(what))
+    };
+    assert!(
+        named("the server's budget of 32 MiB for rich results held at once (max_result_bytes_in_flight) was full"),
+        "{warnings:?}"
+    );
+    // The server's peak resident size grew by the budget at most, and a little more.
+    let grown = status_bytes(s.pid(), "VmHWM").saturating_sub(peak_before);
+    assert!(
+        grown < budget + 16 * MIB,
+        "the server's peak resident size grew by {} MiB with a budget of {} MiB",
+        grown / MIB,
+        budget / MIB
+    );
+
+    // Read, the answers gave their room back: the server is healthy and a session of a
+    // flooding key gets all of a result that fits in its share.
+    wait_until(
+        "the answers give their room back",
+        Duration::from_secs(5),
+        || held() == 0,
+    );
+    let (status, health) = s.call("GET", "/healthz", None, None);
+    assert_eq!((status, &health["status"]), (200, &json!("ok")), "{health}");
+    let (key, id) = &flooders[0];
+    let (status, again) = s.execute(
+        id,
+        Some(key),
+        "from IPython.display import display, HTML\n\
+         for i in range(8): display(HTML('y' * (1 << 20)))",
+    );
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["results"].as_array().unwrap().len(), 8, "{again}");
+    assert!(!dropped(&again), "{again}");
+}
