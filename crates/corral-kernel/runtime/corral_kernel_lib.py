@@ -252,6 +252,9 @@ class _Kernel:
             message = _decode_host_frame(payload)
             if message is None:
                 continue
+            if message["type"] == "environment":
+                _set_environment(message["env"])
+                continue
             if message["type"] == "command":
                 self.command(message["id"], message["argv"], message.get("cwd"), message.get("env"))
                 continue
@@ -273,6 +276,15 @@ def _is_command(message):
     )
 
 
+def _set_environment(env):
+    """Sets `env` (an `environment` frame's) in this process's environment."""
+    for name, value in env.items():
+        try:
+            os.environ[name] = value
+        except ValueError as error:  # a NUL byte or `=` (the host never sends one)
+            _log(f"ignoring the environment variable {name!r}: {error}")
+
+
 def _decode_host_frame(payload):
     """The `execute` or `command` frame in `payload`, or None (logged) for anything else."""
     try:
@@ -289,6 +301,11 @@ def _decode_host_frame(payload):
         if _is_command(message):
             return message
         _log("ignoring a command frame without a string id, argv, cwd and env")
+    elif kind == "environment":
+        env = message.get("env")
+        if isinstance(env, dict) and all(isinstance(v, str) for v in env.values()):
+            return message
+        _log("ignoring an environment frame without an env of strings")
     else:
         _log(f"ignoring a frame of unknown type {kind!r}")
     return None
@@ -379,6 +396,34 @@ def _make_shell():
     return CorralShell.instance(config=config)
 
 
+# What the warm-up runs: a first cell's path (compile, execute, print) and, apart, the display
+# hook's formatting of a value and its result frame.
+_WARM_UP_CELL = "print(1)\n"
+
+
+def _warm_up(shell):
+    """Runs `_WARM_UP_CELL` through the path a client's first cell takes, writing nothing and
+    keeping nothing (no history, no `_`, no execution count, no frame sent), then formats a
+    value as the display hook would. In a zygote this does the lazy imports and first-use set-up
+    once for every session; in a forked session it pays the copy-on-write faults of that path
+    before the session is ready, instead of in the client's first execution."""
+    kernel = shell.kernel
+    shell.kernel = _Kernel(shell, None)  # its exec_id stays None: it sends nothing
+    saved = sys.stdout, sys.stderr
+    devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        sys.stdout = _unbuffered_stream(devnull)
+        sys.stderr = _unbuffered_stream(devnull)
+        shell.run_cell(_WARM_UP_CELL, store_history=False)
+        format_dict, _ = shell.displayhook.compute_format_data(1)
+        _result_frame("warm-up", _mime_bundle(format_dict), True)
+        _encode({"type": "done", "id": "warm-up", "status": "ok"})
+    finally:
+        sys.stdout, sys.stderr = saved
+        os.close(devnull)
+        shell.kernel = kernel
+
+
 def prepare(preload=("numpy", "pandas", "matplotlib.pyplot")):
     """Creates the shell and imports `preload` (those that are installed). Before a fork."""
     global _shell
@@ -398,6 +443,7 @@ def prepare(preload=("numpy", "pandas", "matplotlib.pyplot")):
     if "matplotlib.pyplot" in sys.modules:
         # The inline backend shows figures as PNG results at plt.show() and cell end.
         shell.enable_matplotlib("inline")
+    _warm_up(shell)
     # Nothing may sit in a buffer at the fork: the children would all write it out.
     sys.stdout.flush()
     sys.stderr.flush()
@@ -424,6 +470,7 @@ def serve(sock_fd=3):
     kernel = _Kernel(shell, sock_fd)
     shell.kernel = kernel
     signal.signal(signal.SIGINT, _ignore_sigint)
+    _warm_up(shell)
     version = "%d.%d.%d" % sys.version_info[:3]
     kernel.send(_encode({"type": "ready", "language": "python", "version": version}))
     try:

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use corral_sandbox::{Policy, Rootfs};
 
-use crate::session::{KernelError, Language, Session, SessionOptions};
+use crate::session::{check_env, KernelError, Language, Session, SessionOptions};
 use crate::zygote::Zygote;
 
 /// Refilling waits this long after the last acquisition: forking competes for CPU with the
@@ -242,11 +242,12 @@ impl Pool {
         options.language == Language::Python && options.rootfs == self.template.rootfs
     }
 
-    /// A session with `options`: from the pool when they are the pool's defaults, else forked
-    /// now from the zygote (see [`Pool::fork_session`]).
+    /// A session with `options`: from the pool when its limits, policy and image are the
+    /// pool's (the client's `env` is then given to the session taken, before its first
+    /// execution), else forked now from the zygote (see [`Pool::fork_session`]).
     pub fn acquire(&self, options: &SessionOptions) -> Result<Session, KernelError> {
+        check_env(&options.env)?;
         let pooled = options.limits == self.template.limits
-            && options.env.is_empty()
             && options.policy == self.template.policy
             && options.image_env == self.template.image_env;
         *self.last_acquired.lock().expect("pool lock") = Instant::now();
@@ -255,7 +256,12 @@ impl Pool {
                 let taken = self.ready.lock().expect("pool lock").pop_front();
                 self.wanted.notify_one();
                 match taken {
-                    Some(session) if session.probe_alive() => return Ok(session),
+                    Some(mut session) if session.probe_alive() => match session.adopt(options) {
+                        Ok(()) => return Ok(session),
+                        Err(e @ KernelError::InvalidCommand(_)) => return Err(e),
+                        // Its kernel stopped reading: dropped, and the next one.
+                        Err(_) => continue,
+                    },
                     // Its kernel is gone (with its zygote, say): dropped, and the next one.
                     Some(_) => continue,
                     None => break,
@@ -497,12 +503,8 @@ fn refill(pool: Weak<Pool>) {
                 break;
             }
             match fork_from(&generation, &pool.template) {
-                Ok(mut session) => {
-                    session.warm_up();
-                    if session.is_alive() {
-                        pool.ready.lock().expect("pool lock").push_back(session);
-                    }
-                }
+                // Its kernel ran the warm-up before it reported ready.
+                Ok(session) => pool.ready.lock().expect("pool lock").push_back(session),
                 // Replaced on the next turn.
                 Err(_) if pool.died(&generation) => break,
                 Err(e) => {

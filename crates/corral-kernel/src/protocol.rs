@@ -71,6 +71,11 @@ pub enum HostMessage<'a> {
         cwd: Option<&'a str>,
         env: BTreeMap<&'a str, &'a str>,
     },
+    /// Set these variables in the kernel's environment (no answer): a session taken from the
+    /// warm pool gets its client's `env` this way, before its first execution.
+    Environment {
+        env: BTreeMap<&'a str, &'a str>,
+    },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -503,6 +508,18 @@ mod tests {
         let v: Value = serde_json::from_slice(&f[4..]).unwrap();
         assert_eq!(v["type"], "execute");
         assert_eq!(v["code"], "print('é')");
+    }
+
+    #[test]
+    fn environment_frames_carry_the_variables() {
+        let f = encode(&HostMessage::Environment {
+            env: BTreeMap::from([("A", "1"), ("B", "")]),
+        });
+        let v: Value = serde_json::from_slice(&f[4..]).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"type": "environment", "env": {"A": "1", "B": ""}})
+        );
     }
 
     #[test]

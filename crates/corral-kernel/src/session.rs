@@ -494,6 +494,32 @@ impl Session {
         Ok(self.exchange(&id, &frame, Kind::Command, timeout, on_event))
     }
 
+    /// Makes a session taken from the warm pool (made with the pool's options, without an
+    /// environment) the session `options` ask for: the kernel sets `options.env` in its
+    /// environment, as a session forked with it does right after the fork, before the first
+    /// execution (frames are handled in order; the kernel answers nothing). `options` must
+    /// differ from the pool's in `env` only.
+    pub(crate) fn adopt(&mut self, options: &SessionOptions) -> Result<(), KernelError> {
+        if !options.env.is_empty() {
+            let frame = encode(&HostMessage::Environment {
+                env: options
+                    .env
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect(),
+            });
+            if frame.len() - 4 > MAX_FRAME {
+                return Err(KernelError::InvalidCommand(format!(
+                    "the environment encodes to {} bytes, over the limit of {MAX_FRAME}",
+                    frame.len() - 4
+                )));
+            }
+            write_all(self.kernel.socket.as_fd(), &frame)?;
+        }
+        self.options = options.clone();
+        Ok(())
+    }
+
     fn next_id(&mut self) -> String {
         let id = self.next_id.to_string();
         self.next_id += 1;
@@ -852,13 +878,6 @@ impl Session {
         }
     }
 
-    /// Runs one empty cell that nobody sees, so that a pooled session has paid the
-    /// copy-on-write faults of its first execution before it is handed out.
-    pub(crate) fn warm_up(&mut self) {
-        self.execute("None", Duration::from_secs(30), &mut |_| {});
-        self.executions = 0;
-    }
-
     /// Replaces the kernel with a fresh one (all interpreter state is lost); the workspace's
     /// files are carried over.
     pub fn restart(&mut self) -> Result<(), KernelError> {
@@ -877,15 +896,26 @@ fn check_command(
     cwd: Option<&str>,
     env: &[(String, String)],
 ) -> Result<(), KernelError> {
-    let invalid = |why: String| Err(KernelError::InvalidCommand(why));
     if argv.is_empty() {
-        return invalid("argv is empty".into());
+        return Err(KernelError::InvalidCommand("argv is empty".into()));
     }
-    let mut strings = argv
+    if let Some(s) = argv
         .iter()
         .map(String::as_str)
         .chain(cwd)
-        .chain(env.iter().flat_map(|(k, v)| [k.as_str(), v.as_str()]));
+        .find(|s| s.contains('\0'))
+    {
+        return Err(KernelError::InvalidCommand(format!(
+            "{s:?} contains a NUL byte"
+        )));
+    }
+    check_env(env)
+}
+
+/// Checks what no process environment can hold: a NUL byte, a name that is empty or holds `=`.
+pub(crate) fn check_env(env: &[(String, String)]) -> Result<(), KernelError> {
+    let invalid = |why: String| Err(KernelError::InvalidCommand(why));
+    let mut strings = env.iter().flat_map(|(k, v)| [k.as_str(), v.as_str()]);
     if let Some(s) = strings.find(|s| s.contains('\0')) {
         return invalid(format!("{s:?} contains a NUL byte"));
     }
