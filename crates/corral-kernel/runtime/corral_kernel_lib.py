@@ -208,12 +208,12 @@ class _Kernel:
             message = {"type": "error", "id": self.exec_id, "name": name, "value": value}
             self.send(_encode({**message, "traceback": traceback}))
 
-    def execute(self, exec_id, code):
+    def execute(self, exec_id, code, store_history=True):
         self.exec_id, self.failed = exec_id, False
         try:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             try:
-                outcome = self.shell.run_cell(code, store_history=True)
+                outcome = self.shell.run_cell(code, store_history=store_history)
                 self.failed |= not outcome.success  # not in one line: run_cell sets it too
             finally:
                 signal.signal(signal.SIGINT, _ignore_sigint)
@@ -258,7 +258,7 @@ class _Kernel:
             if message["type"] == "command":
                 self.command(message["id"], message["argv"], message.get("cwd"), message.get("env"))
                 continue
-            self.execute(message["id"], message["code"])
+            self.execute(message["id"], message["code"], store_history=message["type"] == "execute")
             if self.shell.exit_now:
                 return
 
@@ -293,10 +293,10 @@ def _decode_host_frame(payload):
         _log(f"ignoring a frame that is not JSON: {error}")
         return None
     kind = message.get("type") if isinstance(message, dict) else type(message).__name__
-    if kind == "execute":
+    if kind in ("execute", "warm_up"):
         if isinstance(message.get("id"), str) and isinstance(message.get("code"), str):
             return message
-        _log("ignoring an execute frame without a string id and code")
+        _log(f"ignoring a frame of type {kind!r} without a string id and code")
     elif kind == "command":
         if _is_command(message):
             return message
@@ -396,17 +396,16 @@ def _make_shell():
     return CorralShell.instance(config=config)
 
 
-# What the warm-up runs: a first cell's path (compile, execute, print) and, apart, the display
-# hook's formatting of a value and its result frame.
+# What the zygote's warm-up runs: a first cell's path (compile, execute, print) and, apart, the
+# display hook's formatting of a value and its result frame.
 _WARM_UP_CELL = "print(1)\n"
 
 
 def _warm_up(shell):
     """Runs `_WARM_UP_CELL` through the path a client's first cell takes, writing nothing and
     keeping nothing (no history, no `_`, no execution count, no frame sent), then formats a
-    value as the display hook would. In a zygote this does the lazy imports and first-use set-up
-    once for every session; in a forked session it pays the copy-on-write faults of that path
-    before the session is ready, instead of in the client's first execution."""
+    value as the display hook would: in a zygote, the lazy imports and first-use set-up of that
+    path are done once for every session it forks."""
     kernel = shell.kernel
     shell.kernel = _Kernel(shell, None)  # its exec_id stays None: it sends nothing
     saved = sys.stdout, sys.stderr
@@ -424,11 +423,106 @@ def _warm_up(shell):
         shell.kernel = kernel
 
 
+# pyplot's module state that enabling a backend sets, and its functions a backend provides.
+_PYPLOT_STATE = ("_backend_mod", "_REPL_DISPLAYHOOK", "draw_if_interactive")
+_PYPLOT_HOOKS = ("new_figure_manager", "draw_if_interactive", "show")
+
+
+class _Pristine:
+    """What prepare() changes for sessions that a fresh interpreter does not have, as it was
+    before: restore() puts it back in a forked child that runs a one-shot program instead."""
+
+    def __init__(self):
+        import atexit
+        import builtins
+
+        self.path = list(sys.path)
+        self.environ = dict(os.environ)
+        self.builtins = set(vars(builtins))
+        self.matplotlib = None
+        # The exit functions the imports register, recorded until prepare() ends.
+        self.exit_functions = []
+        self.register = atexit.register
+
+        def register(function, *args, **kwargs):
+            self.exit_functions.append((function, args, kwargs))
+            return self.register(function, *args, **kwargs)
+
+        atexit.register = register
+
+    def end_recording(self):
+        import atexit
+
+        atexit.register = self.register
+
+    def keep_matplotlib(self):
+        """Before the inline backend is enabled: pyplot's state that enabling it changes."""
+        import matplotlib
+        import matplotlib.backends
+        import matplotlib.pyplot as pyplot
+
+        self.matplotlib = {
+            "rc": matplotlib.rcParams.copy(),
+            "default_backend": dict.__getitem__(matplotlib.rcParamsDefault, "backend"),
+            "backends": dict(vars(matplotlib.backends)),
+            "pyplot": {name: getattr(pyplot, name) for name in _PYPLOT_STATE if hasattr(pyplot, name)},
+            # switch_backend() sets attributes of these functions.
+            "functions": {name: dict(vars(getattr(pyplot, name))) for name in _PYPLOT_HOOKS},
+        }
+
+    def restore(self, shell):
+        import atexit
+        import builtins
+        import types
+
+        # The exit functions of the imported libraries, as a fresh interpreter that imported
+        # them would have; not IPython's (its shell's, the files it opened), which belong to the
+        # zygote's session set-up and to descriptors this child no longer has.
+        atexit._clear()
+        for function, args, kwargs in self.exit_functions:
+            if isinstance(function, types.FunctionType | types.MethodType) and not (
+                getattr(function, "__module__", None) or ""
+            ).startswith("IPython"):
+                atexit.register(function, *args, **kwargs)
+        # get_ipython() answers None, as in an interpreter where IPython was only imported.
+        type(shell).clear_instance()
+        for name in set(vars(builtins)) - self.builtins:  # display, __IPYTHON__
+            delattr(builtins, name)
+        sys.path[:] = self.path
+        for name in set(os.environ) - set(self.environ):  # IPYTHONDIR
+            del os.environ[name]
+        os.environ.update(self.environ)
+        if self.matplotlib is not None:
+            import matplotlib
+            import matplotlib.backends
+            import matplotlib.pyplot as pyplot
+
+            kept = self.matplotlib
+            pyplot.close("all")
+            for key, value in kept["rc"].items():
+                dict.__setitem__(matplotlib.rcParams, key, value)
+            dict.__setitem__(matplotlib.rcParamsDefault, "backend", kept["default_backend"])
+            backends = vars(matplotlib.backends)
+            backends.clear()
+            backends.update(kept["backends"])
+            # The backend is chosen again at the first figure, as in a fresh interpreter.
+            for name, value in kept["pyplot"].items():
+                setattr(pyplot, name, value)
+            for name, attributes in kept["functions"].items():
+                function = vars(getattr(pyplot, name))
+                function.clear()
+                function.update(attributes)
+
+
+_pristine = None
+
+
 def prepare(preload=("numpy", "pandas", "matplotlib.pyplot")):
     """Creates the shell and imports `preload` (those that are installed). Before a fork."""
-    global _shell
+    global _shell, _pristine
     if _shell is not None:
         return _shell
+    _pristine = _Pristine()
     # Cells import the workspace's modules (see corral_oneshot.py for why not PYTHONPATH).
     if WORKSPACE not in sys.path:
         sys.path.insert(1, WORKSPACE)
@@ -441,14 +535,24 @@ def prepare(preload=("numpy", "pandas", "matplotlib.pyplot")):
         except ImportError:
             pass
     if "matplotlib.pyplot" in sys.modules:
+        _pristine.keep_matplotlib()
         # The inline backend shows figures as PNG results at plt.show() and cell end.
         shell.enable_matplotlib("inline")
     _warm_up(shell)
+    _pristine.end_recording()
     # Nothing may sit in a buffer at the fork: the children would all write it out.
     sys.stdout.flush()
     sys.stderr.flush()
     _shell = shell
     return shell
+
+
+def unprepare():
+    """In a child forked after prepare() that runs a one-shot program instead of serving a
+    session: puts back what prepare() set up for sessions and a fresh interpreter lacks (the
+    shell's builtins and exit hook, `sys.path`, the environment, pyplot's inline backend and
+    its settings). The modules it imported stay imported."""
+    _pristine.restore(_shell)
 
 
 def reseed():
@@ -470,7 +574,6 @@ def serve(sock_fd=3):
     kernel = _Kernel(shell, sock_fd)
     shell.kernel = kernel
     signal.signal(signal.SIGINT, _ignore_sigint)
-    _warm_up(shell)
     version = "%d.%d.%d" % sys.version_info[:3]
     kernel.send(_encode({"type": "ready", "language": "python", "version": version}))
     try:

@@ -7,7 +7,9 @@ libcorral_session.so, the engine's own lockdown built from Rust (crates/corral-s
 src/session.rs), which reads the session's plan from the session's own control socket,
 enters the session's cgroup, uid, namespaces and filesystems, forks the session's init and
 returns in the kernel process, locked down, with the session's environment. Only then does
-any of the session's code run.
+any of the session's code run. The same fork serves one-shot runs (`POST /v1/run`): the plan
+then carries the program, which init places at /run/corral/main.py, and the kernel runs it as
+corral_oneshot.py would in a fresh interpreter instead of serving a session.
 """
 
 import ctypes
@@ -18,8 +20,6 @@ import signal
 import socket
 import sys
 
-sys.path.insert(0, "/run/corral")
-
 
 def main():
     session = ctypes.CDLL("/run/corral/libcorral_session.so")
@@ -27,6 +27,7 @@ def main():
     enter.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_size_t]
     enter.restype = ctypes.c_char_p
     import corral_kernel
+    import corral_oneshot
     corral_kernel.prepare()
     preloaded = [m for m in ("IPython", "numpy", "pandas", "matplotlib.pyplot") if m in sys.modules]
     gc.collect()
@@ -45,8 +46,10 @@ def main():
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             ctl.detach()  # the library closes every descriptor but the session's
             try:
-                env = json.loads(enter((ctypes.c_int * len(fds))(*fds), len(fds)))
-                os.environ.update(env)
+                entered = json.loads(enter((ctypes.c_int * len(fds))(*fds), len(fds)))
+                if entered["program"] is not None:
+                    corral_oneshot.run_forked(entered["program"], entered["env"])
+                os.environ.update(entered["env"])
                 corral_kernel.reseed()
                 corral_kernel.serve(3)
             finally:

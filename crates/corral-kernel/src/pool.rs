@@ -17,10 +17,10 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use corral_sandbox::{Policy, Rootfs};
+use corral_sandbox::{Limits, Policy, Rootfs, SandboxSpec};
 
 use crate::session::{check_env, KernelError, Language, Session, SessionOptions};
-use crate::zygote::Zygote;
+use crate::zygote::{ForkedRun, Zygote};
 
 /// Refilling waits this long after the last acquisition: forking competes for CPU with the
 /// sessions just handed out, so a burst is served first and refilled after.
@@ -291,6 +291,51 @@ impl Pool {
         }
     }
 
+    /// The part of a one-shot run's environment that is not the image's, when this pool's
+    /// zygote can serve the run (same image, policy and image environment); see
+    /// [`crate::oneshot::run_forked`].
+    pub(crate) fn run_env<'a>(&self, spec: &'a SandboxSpec) -> Option<&'a [(String, String)]> {
+        let t = &self.template;
+        if spec.rootfs != t.rootfs || spec.policy != t.policy {
+            return None;
+        }
+        spec.env.strip_prefix(t.image_env.as_slice())
+    }
+
+    /// A one-shot run forked now from the zygote (see [`Zygote::fork_run`]), waiting for a
+    /// zygote being replaced as [`Pool::fork_session`] does.
+    pub(crate) fn fork_run(
+        &self,
+        limits: &Limits,
+        env: &[(String, String)],
+        file_name: &str,
+        code: &[u8],
+    ) -> Result<ForkedRun, KernelError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(KernelError::ZygoteUnavailable {
+                reason: "the server is shutting down".into(),
+                retry_after: BACKOFF_MAX,
+            });
+        }
+        let deadline = Instant::now() + ZYGOTE_WAIT;
+        loop {
+            let generation = self.wait_for_zygote(deadline)?;
+            let forked =
+                generation
+                    .zygote
+                    .fork_run(limits, self.template.policy, env, file_name, code);
+            match forked {
+                Err(e @ KernelError::NeedsFreshInterpreter(_)) => return Err(e),
+                Err(_) if self.died(&generation) => continue,
+                Ok(mut run) => {
+                    run.keep_alive(generation);
+                    return Ok(run);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     fn current(&self) -> Option<Arc<Generation>> {
         match &self.supervision.lock().expect("pool lock").state {
             ZygoteState::Up(g) => Some(g.clone()),
@@ -503,8 +548,12 @@ fn refill(pool: Weak<Pool>) {
                 break;
             }
             match fork_from(&generation, &pool.template) {
-                // Its kernel ran the warm-up before it reported ready.
-                Ok(session) => pool.ready.lock().expect("pool lock").push_back(session),
+                Ok(mut session) => {
+                    session.warm_up();
+                    if session.is_alive() {
+                        pool.ready.lock().expect("pool lock").push_back(session);
+                    }
+                }
                 // Replaced on the next turn.
                 Err(_) if pool.died(&generation) => break,
                 Err(e) => {

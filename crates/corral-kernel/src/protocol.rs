@@ -63,6 +63,13 @@ pub enum HostMessage<'a> {
         id: &'a str,
         code: &'a str,
     },
+    /// Execute `code` as a cell that leaves no trace (not in the history, no execution
+    /// count): a pooled session's warm-up, so that it has paid the copy-on-write faults of a
+    /// first execution before it is handed out.
+    WarmUp {
+        id: &'a str,
+        code: &'a str,
+    },
     /// Run a program beside the interpreter (`cwd` relative to the workspace, `None` for the
     /// workspace itself; `env` on top of the kernel's environment).
     Command {
@@ -76,6 +83,9 @@ pub enum HostMessage<'a> {
     Environment {
         env: BTreeMap<&'a str, &'a str>,
     },
+    /// Run the program now: a one-shot run forked from a zygote, whose kernel reported
+    /// `ready` and was verified.
+    Run,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]

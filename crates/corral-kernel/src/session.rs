@@ -105,6 +105,10 @@ pub enum KernelError {
     /// large); nothing was run.
     #[error("invalid command: {0}")]
     InvalidCommand(String),
+    /// A one-shot run that a fork of the zygote cannot serve as a fresh interpreter would
+    /// (see [`crate::oneshot::run_forked`]); nothing was forked.
+    #[error("this run needs a fresh interpreter: {0}")]
+    NeedsFreshInterpreter(String),
     /// The image's zygote is dead and its replacement was not ready within the wait; nothing
     /// was created. Temporary: retrying after `retry_after` can succeed.
     #[error("the Python zygote of this image is being restarted ({reason}); retry in {}s", retry_after.as_secs())]
@@ -114,11 +118,16 @@ pub enum KernelError {
     },
 }
 
+/// The warm-up cell: a first cell's path (compile, execute, output).
+const WARM_UP_CELL: &str = "print(1)";
+
 /// What an exchange with the kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     /// Code in the interpreter: an execution.
     Cell,
+    /// A cell that is not an execution (see [`Session::warm_up`]).
+    WarmUp,
     /// A program beside the interpreter: not an execution, and its non-zero exit status is
     /// no language error.
     Command,
@@ -460,6 +469,25 @@ impl Session {
         self.exchange(&id, &frame, Kind::Cell, timeout, on_event)
     }
 
+    /// Runs a cell that nobody sees and that leaves no trace in the interpreter (not in its
+    /// history, no execution count), through the whole path of an execution (frames, output,
+    /// `done`): a session kept in the warm pool has then paid the copy-on-write faults of its
+    /// first execution before it is handed out.
+    pub(crate) fn warm_up(&mut self) {
+        let id = self.next_id();
+        let frame = encode(&HostMessage::WarmUp {
+            id: &id,
+            code: WARM_UP_CELL,
+        });
+        self.exchange(
+            &id,
+            &frame,
+            Kind::WarmUp,
+            Duration::from_secs(30),
+            &mut |_| {},
+        );
+    }
+
     /// Runs the program `argv` inside the session's sandbox, beside the interpreter (whose
     /// state it does not touch), with stdin `/dev/null`, in `cwd` (relative to the workspace;
     /// `None` is the workspace) and with the kernel's environment plus `env`. Events and the
@@ -653,7 +681,7 @@ impl Session {
         } else if timed_out {
             result.status = Status::Timeout;
             let (what, how) = match kind {
-                Kind::Cell => ("execution", "interrupted"),
+                Kind::Cell | Kind::WarmUp => ("execution", "interrupted"),
                 Kind::Command => ("command", "killed"),
             };
             result.error_message = Some(format!(

@@ -33,6 +33,8 @@ pub struct Metrics {
     /// What that promise may reach (`memory_overcommit` × MemTotal, or `memory_budget_bytes`).
     pub memory_budget_bytes: Gauge,
     pub runs_in_flight: Gauge,
+    /// One-shot runs served by a sandbox forked from the warm pool's zygote.
+    pub runs_forked: Counter,
     pub executions: Family<ExecutionLabels, Counter>,
     pub execution_seconds: Histogram,
     pub session_create_seconds: Histogram,
@@ -53,6 +55,7 @@ impl Default for Metrics {
             memory_committed_bytes: Gauge::default(),
             memory_budget_bytes: Gauge::default(),
             runs_in_flight: Gauge::default(),
+            runs_forked: Counter::default(),
             executions: Family::default(),
             // 0.5 ms .. ~65 s
             execution_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 18)),
@@ -83,6 +86,11 @@ impl Default for Metrics {
             "runs_in_flight",
             "One-shot runs running now",
             m.runs_in_flight.clone(),
+        );
+        registry.register(
+            "runs_forked",
+            "One-shot runs served by a sandbox forked from the warm pool's zygote",
+            m.runs_forked.clone(),
         );
         registry.register(
             "executions",
