@@ -208,12 +208,12 @@ class _Kernel:
             message = {"type": "error", "id": self.exec_id, "name": name, "value": value}
             self.send(_encode({**message, "traceback": traceback}))
 
-    def execute(self, exec_id, code, store_history=True):
+    def execute(self, exec_id, code):
         self.exec_id, self.failed = exec_id, False
         try:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             try:
-                outcome = self.shell.run_cell(code, store_history=store_history)
+                outcome = self.shell.run_cell(code, store_history=True)
                 self.failed |= not outcome.success  # not in one line: run_cell sets it too
             finally:
                 signal.signal(signal.SIGINT, _ignore_sigint)
@@ -226,6 +226,35 @@ class _Kernel:
         status = "error" if self.failed else "ok"
         self.send(_encode({"type": "done", "id": exec_id, "status": status}))
         self.exec_id = None
+
+    def warm_up(self, exec_id, code):
+        """Executes `code` as a client's cell (stored in the history, as the first cell is),
+        then puts the history back as it was: the copy-on-write faults of a first execution
+        are paid, and nothing of it is left (execution count, `In`, `_i`…)."""
+        shell, history = self.shell, self.shell.history_manager
+        unders = ("_i", "_ii", "_iii")
+        count = shell.execution_count
+        kept = (
+            list(history.input_hist_parsed),
+            list(history.input_hist_raw),
+            [getattr(history, name) for name in (*unders, "_i00")],
+            {name: shell.user_ns.get(name) for name in unders},
+            list(history.db_input_cache),
+            shell.last_execution_succeeded,
+            shell.last_execution_result,
+        )
+        self.execute(exec_id, code)
+        parsed, raw, attributes, values, cache, succeeded, result = kept
+        shell.execution_count = count
+        history.input_hist_parsed[:] = parsed  # the lists `In` and `_ih` are
+        history.input_hist_raw[:] = raw
+        for name, value in zip((*unders, "_i00"), attributes):
+            setattr(history, name, value)
+        shell.user_ns.update(values)
+        for namespace in (shell.user_ns, shell.user_ns_hidden):
+            namespace.pop(f"_i{count}", None)
+        history.db_input_cache[:] = cache
+        shell.last_execution_succeeded, shell.last_execution_result = succeeded, result
 
     def command(self, exec_id, argv, cwd, env):
         """Runs a command beside the shell: no cell, no history, no change to its state."""
@@ -258,7 +287,10 @@ class _Kernel:
             if message["type"] == "command":
                 self.command(message["id"], message["argv"], message.get("cwd"), message.get("env"))
                 continue
-            self.execute(message["id"], message["code"], store_history=message["type"] == "execute")
+            if message["type"] == "warm_up":
+                self.warm_up(message["id"], message["code"])
+                continue
+            self.execute(message["id"], message["code"])
             if self.shell.exit_now:
                 return
 

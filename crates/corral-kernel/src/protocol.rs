@@ -63,9 +63,9 @@ pub enum HostMessage<'a> {
         id: &'a str,
         code: &'a str,
     },
-    /// Execute `code` as a cell that leaves no trace (not in the history, no execution
-    /// count): a pooled session's warm-up, so that it has paid the copy-on-write faults of a
-    /// first execution before it is handed out.
+    /// Execute `code` as a cell, then leave no trace of it (the history and the execution
+    /// count put back): a pooled session's warm-up, so that it has paid the copy-on-write
+    /// faults of a first execution before it is handed out.
     WarmUp {
         id: &'a str,
         code: &'a str,
