@@ -705,10 +705,12 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
-/// Tenant A's sessions hold secrets in their environment and use them; then tenant B, in
-/// sessions from the warm pool (forked after A's) and freshly forked ones, and in a one-shot
-/// run, reads all of its own memory looking for them. Sessions are forked from one
-/// pre-imported interpreter, which parsed A's requests: nothing of them may reach B.
+/// Tenant A's sessions and one-shot run hold secrets in their environment and use them; then
+/// tenant B, in sessions from the warm pool (forked after A's) and freshly forked ones, and in
+/// one-shot runs (one served from a fork of the zygote, one by a fresh interpreter), reads all
+/// of its own memory looking for them. Sessions and Python one-shot runs are forked from one
+/// pre-imported interpreter, which A's sessions and run were forked from too: nothing of them
+/// may reach B.
 #[test]
 fn secrets_do_not_cross_tenants() {
     let _g = shared();
@@ -735,11 +737,17 @@ fn secrets_do_not_cross_tenants() {
     for id in &a_sessions[..2] {
         s.delete(&key_a, id);
     }
+    let forked_runs = || s.metric("corral_runs_forked_total").unwrap_or(0.0);
     let o = s.run(
         &key_a,
         &json!({"code": program(USE_SECRETS, &json!({})), "env": env}),
     );
     assert_eq!(o.value("LENGTHS"), lengths, "{}", o.dump());
+    // Python one-shot runs are served from forks where the run can have a cgroup (rootless
+    // without one, by fresh interpreters).
+    let forkable = !o.raw_stdout.contains("cgroups unavailable");
+    let forked = |n: f64| if forkable { n } else { 0.0 };
+    assert_eq!(forked_runs(), forked(1.0), "A's run was served from a fork");
     // A takes the pool's sessions: the pool forks new ones, after A's secrets went through
     // the zygote.
     for _ in 0..2 {
@@ -782,7 +790,7 @@ fn secrets_do_not_cross_tenants() {
             false,
         ),
         (
-            "B forked session (own env)",
+            "B pooled session (own env)",
             json!({ "env": own_env }),
             true,
         ),
@@ -802,9 +810,27 @@ fn secrets_do_not_cross_tenants() {
         );
     }
     let o = s.run(&key_b, &json!({"code": scan_own, "env": own_env}));
+    assert_eq!(forked_runs(), forked(2.0), "B's run was served from a fork");
     check_scan(
         &o,
-        "B one-shot run",
+        "B one-shot run (forked)",
+        &needles,
+        &canary,
+        Some(&own),
+        &secrets,
+        &mut leaks,
+    );
+    // A variable Python reads while it starts: this run gets a fresh interpreter.
+    let cold_env = json!({ "TENANT_B_OWN": own_secret, "PYTHONDONTWRITEBYTECODE": "1" });
+    let o = s.run(&key_b, &json!({"code": scan_own, "env": cold_env}));
+    assert_eq!(
+        forked_runs(),
+        forked(2.0),
+        "B's second run: a fresh interpreter"
+    );
+    check_scan(
+        &o,
+        "B one-shot run (fresh interpreter)",
         &needles,
         &canary,
         Some(&own),

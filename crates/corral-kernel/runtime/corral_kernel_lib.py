@@ -227,6 +227,35 @@ class _Kernel:
         self.send(_encode({"type": "done", "id": exec_id, "status": status}))
         self.exec_id = None
 
+    def warm_up(self, exec_id, code):
+        """Executes `code` as a client's cell (stored in the history, as the first cell is),
+        then puts the history back as it was: the copy-on-write faults of a first execution
+        are paid, and nothing of it is left (execution count, `In`, `_i`…)."""
+        shell, history = self.shell, self.shell.history_manager
+        unders = ("_i", "_ii", "_iii")
+        count = shell.execution_count
+        kept = (
+            list(history.input_hist_parsed),
+            list(history.input_hist_raw),
+            [getattr(history, name) for name in (*unders, "_i00")],
+            {name: shell.user_ns.get(name) for name in unders},
+            list(history.db_input_cache),
+            shell.last_execution_succeeded,
+            shell.last_execution_result,
+        )
+        self.execute(exec_id, code)
+        parsed, raw, attributes, values, cache, succeeded, result = kept
+        shell.execution_count = count
+        history.input_hist_parsed[:] = parsed  # the lists `In` and `_ih` are
+        history.input_hist_raw[:] = raw
+        for name, value in zip((*unders, "_i00"), attributes):
+            setattr(history, name, value)
+        shell.user_ns.update(values)
+        for namespace in (shell.user_ns, shell.user_ns_hidden):
+            namespace.pop(f"_i{count}", None)
+        history.db_input_cache[:] = cache
+        shell.last_execution_succeeded, shell.last_execution_result = succeeded, result
+
     def command(self, exec_id, argv, cwd, env):
         """Runs a command beside the shell: no cell, no history, no change to its state."""
         failure = run_command(argv, cwd, env)
@@ -252,8 +281,14 @@ class _Kernel:
             message = _decode_host_frame(payload)
             if message is None:
                 continue
+            if message["type"] == "environment":
+                _set_environment(message["env"])
+                continue
             if message["type"] == "command":
                 self.command(message["id"], message["argv"], message.get("cwd"), message.get("env"))
+                continue
+            if message["type"] == "warm_up":
+                self.warm_up(message["id"], message["code"])
                 continue
             self.execute(message["id"], message["code"])
             if self.shell.exit_now:
@@ -273,6 +308,15 @@ def _is_command(message):
     )
 
 
+def _set_environment(env):
+    """Sets `env` (an `environment` frame's) in this process's environment."""
+    for name, value in env.items():
+        try:
+            os.environ[name] = value
+        except ValueError as error:  # a NUL byte or `=` (the host never sends one)
+            _log(f"ignoring the environment variable {name!r}: {error}")
+
+
 def _decode_host_frame(payload):
     """The `execute` or `command` frame in `payload`, or None (logged) for anything else."""
     try:
@@ -281,14 +325,19 @@ def _decode_host_frame(payload):
         _log(f"ignoring a frame that is not JSON: {error}")
         return None
     kind = message.get("type") if isinstance(message, dict) else type(message).__name__
-    if kind == "execute":
+    if kind in ("execute", "warm_up"):
         if isinstance(message.get("id"), str) and isinstance(message.get("code"), str):
             return message
-        _log("ignoring an execute frame without a string id and code")
+        _log(f"ignoring a frame of type {kind!r} without a string id and code")
     elif kind == "command":
         if _is_command(message):
             return message
         _log("ignoring a command frame without a string id, argv, cwd and env")
+    elif kind == "environment":
+        env = message.get("env")
+        if isinstance(env, dict) and all(isinstance(v, str) for v in env.values()):
+            return message
+        _log("ignoring an environment frame without an env of strings")
     else:
         _log(f"ignoring a frame of unknown type {kind!r}")
     return None
@@ -379,11 +428,133 @@ def _make_shell():
     return CorralShell.instance(config=config)
 
 
+# What the zygote's warm-up runs: a first cell's path (compile, execute, print) and, apart, the
+# display hook's formatting of a value and its result frame.
+_WARM_UP_CELL = "print(1)\n"
+
+
+def _warm_up(shell):
+    """Runs `_WARM_UP_CELL` through the path a client's first cell takes, writing nothing and
+    keeping nothing (no history, no `_`, no execution count, no frame sent), then formats a
+    value as the display hook would: in a zygote, the lazy imports and first-use set-up of that
+    path are done once for every session it forks."""
+    kernel = shell.kernel
+    shell.kernel = _Kernel(shell, None)  # its exec_id stays None: it sends nothing
+    saved = sys.stdout, sys.stderr
+    devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        sys.stdout = _unbuffered_stream(devnull)
+        sys.stderr = _unbuffered_stream(devnull)
+        shell.run_cell(_WARM_UP_CELL, store_history=False)
+        format_dict, _ = shell.displayhook.compute_format_data(1)
+        _result_frame("warm-up", _mime_bundle(format_dict), True)
+        _encode({"type": "done", "id": "warm-up", "status": "ok"})
+    finally:
+        sys.stdout, sys.stderr = saved
+        os.close(devnull)
+        shell.kernel = kernel
+
+
+# pyplot's module state that enabling a backend sets, and its functions a backend provides.
+_PYPLOT_STATE = ("_backend_mod", "_REPL_DISPLAYHOOK", "draw_if_interactive")
+_PYPLOT_HOOKS = ("new_figure_manager", "draw_if_interactive", "show")
+
+
+class _Pristine:
+    """What prepare() changes for sessions that a fresh interpreter does not have, as it was
+    before: restore() puts it back in a forked child that runs a one-shot program instead."""
+
+    def __init__(self):
+        import atexit
+        import builtins
+
+        self.path = list(sys.path)
+        self.environ = dict(os.environ)
+        self.builtins = set(vars(builtins))
+        self.matplotlib = None
+        # The exit functions the imports register, recorded until prepare() ends.
+        self.exit_functions = []
+        self.register = atexit.register
+
+        def register(function, *args, **kwargs):
+            self.exit_functions.append((function, args, kwargs))
+            return self.register(function, *args, **kwargs)
+
+        atexit.register = register
+
+    def end_recording(self):
+        import atexit
+
+        atexit.register = self.register
+
+    def keep_matplotlib(self):
+        """Before the inline backend is enabled: pyplot's state that enabling it changes."""
+        import matplotlib
+        import matplotlib.backends
+        import matplotlib.pyplot as pyplot
+
+        self.matplotlib = {
+            "rc": matplotlib.rcParams.copy(),
+            "default_backend": dict.__getitem__(matplotlib.rcParamsDefault, "backend"),
+            "backends": dict(vars(matplotlib.backends)),
+            "pyplot": {name: getattr(pyplot, name) for name in _PYPLOT_STATE if hasattr(pyplot, name)},
+            # switch_backend() sets attributes of these functions.
+            "functions": {name: dict(vars(getattr(pyplot, name))) for name in _PYPLOT_HOOKS},
+        }
+
+    def restore(self, shell):
+        import atexit
+        import builtins
+        import types
+
+        # The exit functions of the imported libraries, as a fresh interpreter that imported
+        # them would have; not IPython's (its shell's, the files it opened), which belong to the
+        # zygote's session set-up and to descriptors this child no longer has.
+        atexit._clear()
+        for function, args, kwargs in self.exit_functions:
+            if isinstance(function, types.FunctionType | types.MethodType) and not (
+                getattr(function, "__module__", None) or ""
+            ).startswith("IPython"):
+                atexit.register(function, *args, **kwargs)
+        # get_ipython() answers None, as in an interpreter where IPython was only imported.
+        type(shell).clear_instance()
+        for name in set(vars(builtins)) - self.builtins:  # display, __IPYTHON__
+            delattr(builtins, name)
+        sys.path[:] = self.path
+        for name in set(os.environ) - set(self.environ):  # IPYTHONDIR
+            del os.environ[name]
+        os.environ.update(self.environ)
+        if self.matplotlib is not None:
+            import matplotlib
+            import matplotlib.backends
+            import matplotlib.pyplot as pyplot
+
+            kept = self.matplotlib
+            pyplot.close("all")
+            for key, value in kept["rc"].items():
+                dict.__setitem__(matplotlib.rcParams, key, value)
+            dict.__setitem__(matplotlib.rcParamsDefault, "backend", kept["default_backend"])
+            backends = vars(matplotlib.backends)
+            backends.clear()
+            backends.update(kept["backends"])
+            # The backend is chosen again at the first figure, as in a fresh interpreter.
+            for name, value in kept["pyplot"].items():
+                setattr(pyplot, name, value)
+            for name, attributes in kept["functions"].items():
+                function = vars(getattr(pyplot, name))
+                function.clear()
+                function.update(attributes)
+
+
+_pristine = None
+
+
 def prepare(preload=("numpy", "pandas", "matplotlib.pyplot")):
     """Creates the shell and imports `preload` (those that are installed). Before a fork."""
-    global _shell
+    global _shell, _pristine
     if _shell is not None:
         return _shell
+    _pristine = _Pristine()
     # Cells import the workspace's modules (see corral_oneshot.py for why not PYTHONPATH).
     if WORKSPACE not in sys.path:
         sys.path.insert(1, WORKSPACE)
@@ -396,13 +567,24 @@ def prepare(preload=("numpy", "pandas", "matplotlib.pyplot")):
         except ImportError:
             pass
     if "matplotlib.pyplot" in sys.modules:
+        _pristine.keep_matplotlib()
         # The inline backend shows figures as PNG results at plt.show() and cell end.
         shell.enable_matplotlib("inline")
+    _warm_up(shell)
+    _pristine.end_recording()
     # Nothing may sit in a buffer at the fork: the children would all write it out.
     sys.stdout.flush()
     sys.stderr.flush()
     _shell = shell
     return shell
+
+
+def unprepare():
+    """In a child forked after prepare() that runs a one-shot program instead of serving a
+    session: puts back what prepare() set up for sessions and a fresh interpreter lacks (the
+    shell's builtins and exit hook, `sys.path`, the environment, pyplot's inline backend and
+    its settings). The modules it imported stay imported."""
+    _pristine.restore(_shell)
 
 
 def reseed():

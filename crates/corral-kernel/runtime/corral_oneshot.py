@@ -180,6 +180,60 @@ def run(path, args):
     return 0 if error is None else 1
 
 
+def _exit_status(error):
+    """The exit status of an interpreter whose main program raised `error` (a SystemExit),
+    which it prints first when it is not a number, as Python does."""
+    code = error.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    try:
+        sys.stderr.write(f"{code}\n")
+    except Exception:
+        pass
+    return 1
+
+
+def run_forked(path, env, frames_fd=3):
+    """Runs the program at `path` in a child forked from a zygote (corral_zygote.py) exactly
+    as `python3 corral_oneshot.py PATH` runs it in a fresh interpreter, then ends the process
+    as that interpreter would end. Never returns.
+
+    The zygote's session set-up is put back first (corral_kernel_lib.unprepare), then `env` is
+    set; the kernel announces itself on `frames_fd` and runs the program once the host says so
+    (after it has verified the lockdown and filled the workspace). At the end, as the
+    interpreter's own exit: non-daemon threads are waited for, the exit functions registered
+    since the fork run, the standard streams are flushed; the zygote's own exit (its modules
+    torn down one by one) is skipped."""
+    import atexit
+
+    library = _library()
+    library.unprepare()
+    os.environ.update(env)
+    library.reseed()
+    sys.orig_argv = [sys.orig_argv[0], __file__, path]
+    version = "%d.%d.%d" % sys.version_info[:3]
+    library._send_frame(frames_fd, library._encode({"type": "ready", "language": "python", "version": version}))
+    go = library._read_exactly(frames_fd, 4)
+    if go is None or library._read_exactly(frames_fd, int.from_bytes(go, "big")) is None:
+        os._exit(1)  # the host gave up on this run
+    try:
+        status = run(path, [])
+    except SystemExit as error:
+        status = _exit_status(error)
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        threading._shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(status & 0xFF)
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.stderr.write("usage: corral_oneshot.py PROGRAM [ARGS...]\n")

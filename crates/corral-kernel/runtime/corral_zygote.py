@@ -7,10 +7,13 @@ libcorral_session.so, the engine's own lockdown built from Rust (crates/corral-s
 src/session.rs), which reads the session's plan from the session's own control socket,
 enters the session's cgroup, uid, namespaces and filesystems, forks the session's init and
 returns in the kernel process, locked down, with the session's environment. Only then does
-any of the session's code run.
+any of the session's code run. The same fork serves one-shot runs (`POST /v1/run`): the plan
+then carries the program, which init places at /run/corral/main.py, and the kernel runs it as
+corral_oneshot.py would in a fresh interpreter instead of serving a session.
 """
 
 import ctypes
+import errno
 import gc
 import json
 import os
@@ -18,7 +21,33 @@ import signal
 import socket
 import sys
 
-sys.path.insert(0, "/run/corral")
+
+_HUGE_PAGE = 2 << 20
+_MADV_COLLAPSE = 25
+
+
+def _collapse_into_huge_pages():
+    """Backs the zygote's anonymous memory with huge pages where the kernel can
+    (MADV_COLLAPSE, Linux 6.1): a fork then copies one page-table entry per 2 MiB of it instead
+    of 512, and a forked child's exit tears as few down. A child that writes to such a page
+    gets a 4 KiB copy as before. Nothing new is allocated in huge pages."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    with open("/proc/self/maps") as maps:
+        regions = [line.split() for line in maps]
+    for fields in regions:
+        name = fields[5] if len(fields) > 5 else ""
+        if not fields[1].startswith("rw") or name not in ("", "[heap]"):
+            continue
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        start = (start + _HUGE_PAGE - 1) & ~(_HUGE_PAGE - 1)
+        end &= ~(_HUGE_PAGE - 1)
+        # Best effort: a kernel without it, or without a free huge page, leaves it as it is.
+        for _ in range(2):
+            if end <= start or libc.madvise(start, end - start, _MADV_COLLAPSE) == 0:
+                break
+            if ctypes.get_errno() != errno.EAGAIN:
+                break
 
 
 def main():
@@ -27,10 +56,12 @@ def main():
     enter.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_size_t]
     enter.restype = ctypes.c_char_p
     import corral_kernel
+    import corral_oneshot
     corral_kernel.prepare()
     preloaded = [m for m in ("IPython", "numpy", "pandas", "matplotlib.pyplot") if m in sys.modules]
     gc.collect()
     gc.freeze()  # keep the collector from touching (and so copying) the shared heap
+    _collapse_into_huge_pages()
     ctl = socket.socket(fileno=3)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the forked children are not ours to reap
     ctl.send(json.dumps({"type": "ready", "preloaded": preloaded}).encode())
@@ -45,8 +76,10 @@ def main():
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             ctl.detach()  # the library closes every descriptor but the session's
             try:
-                env = json.loads(enter((ctypes.c_int * len(fds))(*fds), len(fds)))
-                os.environ.update(env)
+                entered = json.loads(enter((ctypes.c_int * len(fds))(*fds), len(fds)))
+                if entered["program"] is not None:
+                    corral_oneshot.run_forked(entered["program"], entered["env"])
+                os.environ.update(entered["env"])
                 corral_kernel.reseed()
                 corral_kernel.serve(3)
             finally:

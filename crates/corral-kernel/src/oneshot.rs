@@ -3,15 +3,17 @@
 //! expression, the plots left open and the exception as structured results, at no cost for
 //! plain scripts.
 
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use corral_sandbox::{
-    ControlSocket, ExecutionResult, LanguageError, ResultBudget, SandboxSpec, Status, Stream,
-    Workspace,
+    ControlSocket, ExecutionResult, LanguageError, Limits, ResultBudget, SandboxError, SandboxSpec,
+    SocketSink, Status, Stream, Workspace,
 };
 
 use crate::bytecode::BytecodeCache;
 use crate::event::into_rich_result;
+use crate::pool::Pool;
 use crate::protocol::{Decoder, KernelMessage, ResultLimits};
 use crate::runtime::{as_support_files, PYTHON_ONESHOT, PYTHON_ONESHOT_RUNTIME};
 use crate::session::Language;
@@ -58,10 +60,108 @@ pub fn run(
     if spec.control_socket.is_none() {
         return corral_sandbox::run(&spec, on_output, None);
     }
-    // Results are bounded while they are decoded (docs/kernel-protocol.md): a frame that does
-    // not fit in what is left of the run's budget, or of the host's, is discarded as it arrives.
-    let mut decoder =
-        Decoder::with_limits(ResultLimits::of(&spec.limits)).with_budget(result_budget);
+    let (result, workspace) = with_frames(&spec.limits, result_budget, &mut |on_socket| {
+        corral_sandbox::run(&spec, on_output, Some(on_socket))
+    });
+    if let Some((cache, rootfs, env, policy)) = fill {
+        // Only an image that can run Python at all is worth compiling for. Without a cache
+        // runs are slower, not wrong, so a failure to fill it is not the run's concern.
+        if matches!(result.status, Status::Success | Status::Error) {
+            let _ = cache.fill(rootfs, env, policy);
+        }
+    }
+    (result, workspace)
+}
+
+/// Variables that the Python interpreter or the libraries a zygote preloads read while they
+/// start or are imported (by name prefix): a run whose `env` sets one is not served from a
+/// fork, where it would come too late, but by a fresh interpreter.
+pub const READ_AT_START: &[&str] = &[
+    "PYTHON",
+    "LD_",
+    "LC_",
+    "LANG",
+    "TZ",
+    "HOME",
+    "PATH",
+    "TMP",
+    "TEMP",
+    "XDG_",
+    "MPL",
+    "MATPLOTLIB",
+    "OMP_",
+    "OPENBLAS",
+    "GOTO",
+    "MKL_",
+    "BLIS",
+    "NUMEXPR",
+    "NPY_",
+    "NUMPY",
+    "PANDAS",
+    "IPYTHON",
+    "JUPYTER",
+    "MALLOC",
+    "GLIBC_",
+    "FONTCONFIG",
+];
+
+/// A Python one-shot run ([`run`]'s `spec`, `file_name` and `code`) served by a sandbox
+/// forked from `pool`'s zygote instead of a fresh interpreter, with the same result (its
+/// `files` listed, the workspace gone with the sandbox): `None`
+/// when the pool cannot serve it so (another image, policy or image environment, or an `env`
+/// naming a variable of [`READ_AT_START`]) or when the fork failed (the zygote is being
+/// replaced, say); run it with [`run`] then. The fork has the run's limits, its own uid,
+/// cgroup, namespaces and workspace, and the lockdown of a session; the code and `env`
+/// reach only the forked child, after the fork.
+pub fn run_forked(
+    pool: &Pool,
+    spec: &SandboxSpec,
+    file_name: &str,
+    code: &[u8],
+    result_budget: Option<Arc<ResultBudget>>,
+    on_output: &mut dyn FnMut(Stream, &[u8]),
+) -> Option<ExecutionResult> {
+    let env = pool.run_env(spec)?;
+    if env
+        .iter()
+        .any(|(name, _)| READ_AT_START.iter().any(|p| name.starts_with(p)))
+    {
+        return None;
+    }
+    let mut forked = pool.fork_run(&spec.limits, env, file_name, code).ok()?;
+    for input in &spec.input_files {
+        let mut source = &input.source;
+        if let Err(e) = forked.workspace().write_file(&input.dest, &mut source) {
+            let setup = SandboxError::Setup(format!("copying an input file: {e}"));
+            let mut result = ExecutionResult::sandbox_error(setup.to_string());
+            result.warnings = forked.warnings().to_vec();
+            return Some(result);
+        }
+    }
+    let socket = forked.socket().try_clone_to_owned().ok()?;
+    let (result, ()) = with_frames(&spec.limits, result_budget, &mut |on_socket| {
+        let outcome = corral_sandbox::wait_for_program(
+            &mut forked,
+            on_output,
+            Some((socket.as_fd(), on_socket)),
+        );
+        let warnings = forked.warnings().to_vec();
+        (outcome.into_result(forked.workspace(), warnings), ())
+    });
+    Some(result)
+}
+
+/// Runs `f` with a sink that decodes the frames a one-shot runner sends on its fd 3, and adds
+/// their rich results, error and warnings to the result `f` returns. Results are bounded while
+/// they are decoded (docs/kernel-protocol.md): a frame that does not fit in what is left of
+/// the run's budget, or of the host's (`result_budget`), is discarded as it arrives; the room
+/// kept results take travels with the result.
+fn with_frames<T>(
+    limits: &Limits,
+    result_budget: Option<Arc<ResultBudget>>,
+    f: &mut dyn FnMut(SocketSink<'_>) -> (ExecutionResult, T),
+) -> (ExecutionResult, T) {
+    let mut decoder = Decoder::with_limits(ResultLimits::of(limits)).with_budget(result_budget);
     let mut protocol_error = None;
     let mut results = Vec::new();
     let mut error = None;
@@ -98,14 +198,7 @@ pub fn run(
             }
         }
     };
-    let (mut result, workspace) = corral_sandbox::run(&spec, on_output, Some(&mut on_socket));
-    if let Some((cache, rootfs, env, policy)) = fill {
-        // Only an image that can run Python at all is worth compiling for. Without a cache
-        // runs are slower, not wrong, so a failure to fill it is not the run's concern.
-        if matches!(result.status, Status::Success | Status::Error) {
-            let _ = cache.fill(rootfs, env, policy);
-        }
-    }
+    let (mut result, rest) = f(&mut on_socket);
     result.results = results;
     result.error = error;
     result.warnings.extend(decoder.warnings());
@@ -115,5 +208,5 @@ pub fn run(
             .warnings
             .push(format!("rich results were dropped: {e}"));
     }
-    (result, workspace)
+    (result, rest)
 }

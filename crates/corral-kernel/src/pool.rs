@@ -17,10 +17,10 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use corral_sandbox::{Policy, Rootfs};
+use corral_sandbox::{Limits, Policy, Rootfs, SandboxSpec};
 
-use crate::session::{KernelError, Language, Session, SessionOptions};
-use crate::zygote::Zygote;
+use crate::session::{check_env, KernelError, Language, Session, SessionOptions};
+use crate::zygote::{ForkedRun, Zygote};
 
 /// Refilling waits this long after the last acquisition: forking competes for CPU with the
 /// sessions just handed out, so a burst is served first and refilled after.
@@ -242,11 +242,12 @@ impl Pool {
         options.language == Language::Python && options.rootfs == self.template.rootfs
     }
 
-    /// A session with `options`: from the pool when they are the pool's defaults, else forked
-    /// now from the zygote (see [`Pool::fork_session`]).
+    /// A session with `options`: from the pool when its limits, policy and image are the
+    /// pool's (the client's `env` is then given to the session taken, before its first
+    /// execution), else forked now from the zygote (see [`Pool::fork_session`]).
     pub fn acquire(&self, options: &SessionOptions) -> Result<Session, KernelError> {
+        check_env(&options.env)?;
         let pooled = options.limits == self.template.limits
-            && options.env.is_empty()
             && options.policy == self.template.policy
             && options.image_env == self.template.image_env;
         *self.last_acquired.lock().expect("pool lock") = Instant::now();
@@ -255,7 +256,12 @@ impl Pool {
                 let taken = self.ready.lock().expect("pool lock").pop_front();
                 self.wanted.notify_one();
                 match taken {
-                    Some(session) if session.probe_alive() => return Ok(session),
+                    Some(mut session) if session.probe_alive() => match session.adopt(options) {
+                        Ok(()) => return Ok(session),
+                        Err(e @ KernelError::InvalidCommand(_)) => return Err(e),
+                        // Its kernel stopped reading: dropped, and the next one.
+                        Err(_) => continue,
+                    },
                     // Its kernel is gone (with its zygote, say): dropped, and the next one.
                     Some(_) => continue,
                     None => break,
@@ -281,6 +287,51 @@ impl Pool {
             match fork_from(&generation, options) {
                 Err(_) if self.died(&generation) => continue,
                 other => return other,
+            }
+        }
+    }
+
+    /// The part of a one-shot run's environment that is not the image's, when this pool's
+    /// zygote can serve the run (same image, policy and image environment); see
+    /// [`crate::oneshot::run_forked`].
+    pub(crate) fn run_env<'a>(&self, spec: &'a SandboxSpec) -> Option<&'a [(String, String)]> {
+        let t = &self.template;
+        if spec.rootfs != t.rootfs || spec.policy != t.policy {
+            return None;
+        }
+        spec.env.strip_prefix(t.image_env.as_slice())
+    }
+
+    /// A one-shot run forked now from the zygote (see [`Zygote::fork_run`]), waiting for a
+    /// zygote being replaced as [`Pool::fork_session`] does.
+    pub(crate) fn fork_run(
+        &self,
+        limits: &Limits,
+        env: &[(String, String)],
+        file_name: &str,
+        code: &[u8],
+    ) -> Result<ForkedRun, KernelError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(KernelError::ZygoteUnavailable {
+                reason: "the server is shutting down".into(),
+                retry_after: BACKOFF_MAX,
+            });
+        }
+        let deadline = Instant::now() + ZYGOTE_WAIT;
+        loop {
+            let generation = self.wait_for_zygote(deadline)?;
+            let forked =
+                generation
+                    .zygote
+                    .fork_run(limits, self.template.policy, env, file_name, code);
+            match forked {
+                Err(e @ KernelError::NeedsFreshInterpreter(_)) => return Err(e),
+                Err(_) if self.died(&generation) => continue,
+                Ok(mut run) => {
+                    run.keep_alive(generation);
+                    return Ok(run);
+                }
+                Err(e) => return Err(e),
             }
         }
     }

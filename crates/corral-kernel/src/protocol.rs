@@ -64,6 +64,13 @@ pub enum HostMessage<'a> {
         id: &'a str,
         code: &'a str,
     },
+    /// Execute `code` as a cell, then leave no trace of it (the history and the execution
+    /// count put back): a pooled session's warm-up, so that it has paid the copy-on-write
+    /// faults of a first execution before it is handed out.
+    WarmUp {
+        id: &'a str,
+        code: &'a str,
+    },
     /// Run a program beside the interpreter (`cwd` relative to the workspace, `None` for the
     /// workspace itself; `env` on top of the kernel's environment).
     Command {
@@ -72,6 +79,14 @@ pub enum HostMessage<'a> {
         cwd: Option<&'a str>,
         env: BTreeMap<&'a str, &'a str>,
     },
+    /// Set these variables in the kernel's environment (no answer): a session taken from the
+    /// warm pool gets its client's `env` this way, before its first execution.
+    Environment {
+        env: BTreeMap<&'a str, &'a str>,
+    },
+    /// Run the program now: a one-shot run forked from a zygote, whose kernel reported
+    /// `ready` and was verified.
+    Run,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -860,6 +875,18 @@ mod tests {
         let v: Value = serde_json::from_slice(&f[4..]).unwrap();
         assert_eq!(v["type"], "execute");
         assert_eq!(v["code"], "print('é')");
+    }
+
+    #[test]
+    fn environment_frames_carry_the_variables() {
+        let f = encode(&HostMessage::Environment {
+            env: BTreeMap::from([("A", "1"), ("B", "")]),
+        });
+        let v: Value = serde_json::from_slice(&f[4..]).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"type": "environment", "env": {"A": "1", "B": ""}})
+        );
     }
 
     #[test]

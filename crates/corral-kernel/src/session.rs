@@ -109,6 +109,10 @@ pub enum KernelError {
     /// large); nothing was run.
     #[error("invalid command: {0}")]
     InvalidCommand(String),
+    /// A one-shot run that a fork of the zygote cannot serve as a fresh interpreter would
+    /// (see [`crate::oneshot::run_forked`]); nothing was forked.
+    #[error("this run needs a fresh interpreter: {0}")]
+    NeedsFreshInterpreter(String),
     /// The image's zygote is dead and its replacement was not ready within the wait; nothing
     /// was created. Temporary: retrying after `retry_after` can succeed.
     #[error("the Python zygote of this image is being restarted ({reason}); retry in {}s", retry_after.as_secs())]
@@ -118,11 +122,16 @@ pub enum KernelError {
     },
 }
 
+/// The warm-up cell: a first cell's path (compile, execute, output).
+const WARM_UP_CELL: &str = "print(1)";
+
 /// What an exchange with the kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     /// Code in the interpreter: an execution.
     Cell,
+    /// A cell that is not an execution (see [`Session::warm_up`]).
+    WarmUp,
     /// A program beside the interpreter: not an execution, and its non-zero exit status is
     /// no language error.
     Command,
@@ -482,6 +491,25 @@ impl Session {
         self.exchange(&id, &frame, Kind::Cell, timeout, on_event)
     }
 
+    /// Runs a cell that nobody sees and that leaves no trace in the interpreter (not in its
+    /// history, no execution count), through the whole path of an execution (frames, output,
+    /// `done`): a session kept in the warm pool has then paid the copy-on-write faults of its
+    /// first execution before it is handed out.
+    pub(crate) fn warm_up(&mut self) {
+        let id = self.next_id();
+        let frame = encode(&HostMessage::WarmUp {
+            id: &id,
+            code: WARM_UP_CELL,
+        });
+        self.exchange(
+            &id,
+            &frame,
+            Kind::WarmUp,
+            Duration::from_secs(30),
+            &mut |_| {},
+        );
+    }
+
     /// Runs the program `argv` inside the session's sandbox, beside the interpreter (whose
     /// state it does not touch), with stdin `/dev/null`, in `cwd` (relative to the workspace;
     /// `None` is the workspace) and with the kernel's environment plus `env`. Events and the
@@ -514,6 +542,32 @@ impl Session {
             )));
         }
         Ok(self.exchange(&id, &frame, Kind::Command, timeout, on_event))
+    }
+
+    /// Makes a session taken from the warm pool (made with the pool's options, without an
+    /// environment) the session `options` ask for: the kernel sets `options.env` in its
+    /// environment, as a session forked with it does right after the fork, before the first
+    /// execution (frames are handled in order; the kernel answers nothing). `options` must
+    /// differ from the pool's in `env` only.
+    pub(crate) fn adopt(&mut self, options: &SessionOptions) -> Result<(), KernelError> {
+        if !options.env.is_empty() {
+            let frame = encode(&HostMessage::Environment {
+                env: options
+                    .env
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect(),
+            });
+            if frame.len() - 4 > MAX_FRAME {
+                return Err(KernelError::InvalidCommand(format!(
+                    "the environment encodes to {} bytes, over the limit of {MAX_FRAME}",
+                    frame.len() - 4
+                )));
+            }
+            write_all(self.kernel.socket.as_fd(), &frame)?;
+        }
+        self.options = options.clone();
+        Ok(())
     }
 
     fn next_id(&mut self) -> String {
@@ -648,7 +702,7 @@ impl Session {
         } else if timed_out {
             result.status = Status::Timeout;
             let (what, how) = match kind {
-                Kind::Cell => ("execution", "interrupted"),
+                Kind::Cell | Kind::WarmUp => ("execution", "interrupted"),
                 Kind::Command => ("command", "killed"),
             };
             result.error_message = Some(format!(
@@ -900,13 +954,6 @@ impl Session {
         }
     }
 
-    /// Runs one empty cell that nobody sees, so that a pooled session has paid the
-    /// copy-on-write faults of its first execution before it is handed out.
-    pub(crate) fn warm_up(&mut self) {
-        self.execute("None", Duration::from_secs(30), &mut |_| {});
-        self.executions = 0;
-    }
-
     /// Replaces the kernel with a fresh one (all interpreter state is lost); the workspace's
     /// files are carried over.
     pub fn restart(&mut self) -> Result<(), KernelError> {
@@ -925,15 +972,26 @@ fn check_command(
     cwd: Option<&str>,
     env: &[(String, String)],
 ) -> Result<(), KernelError> {
-    let invalid = |why: String| Err(KernelError::InvalidCommand(why));
     if argv.is_empty() {
-        return invalid("argv is empty".into());
+        return Err(KernelError::InvalidCommand("argv is empty".into()));
     }
-    let mut strings = argv
+    if let Some(s) = argv
         .iter()
         .map(String::as_str)
         .chain(cwd)
-        .chain(env.iter().flat_map(|(k, v)| [k.as_str(), v.as_str()]));
+        .find(|s| s.contains('\0'))
+    {
+        return Err(KernelError::InvalidCommand(format!(
+            "{s:?} contains a NUL byte"
+        )));
+    }
+    check_env(env)
+}
+
+/// Checks what no process environment can hold: a NUL byte, a name that is empty or holds `=`.
+pub(crate) fn check_env(env: &[(String, String)]) -> Result<(), KernelError> {
+    let invalid = |why: String| Err(KernelError::InvalidCommand(why));
+    let mut strings = env.iter().flat_map(|(k, v)| [k.as_str(), v.as_str()]);
     if let Some(s) = strings.find(|s| s.contains('\0')) {
         return invalid(format!("{s:?} contains a NUL byte"));
     }

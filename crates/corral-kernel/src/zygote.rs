@@ -9,6 +9,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use corral_sandbox::cgroup::Cgroup;
@@ -17,15 +18,16 @@ use corral_sandbox::session::{
     SessionPlan, MAX_PLAN_BYTES, MSG_ERROR, MSG_EXIT, MSG_KERNEL, MSG_READY,
 };
 use corral_sandbox::{
-    children_peak_memory, recv_with_credentials, rootless_shared_uid_warning, sandbox_cgroup,
-    send_fds, Charge, ControlSocket, Limits, Policy, Report, Role, Rootfs, Sandbox, SandboxSpec,
-    Workspace, ROOTLESS_INOTIFY_LIMITS,
+    children_peak_memory, landlock_warning, recv_with_credentials, rootless_shared_uid_warning,
+    sandbox_cgroup, send_fds, Charge, ControlSocket, Finish, Limits, Policy, Report, Role, Rootfs,
+    Sandbox, SandboxError, SandboxSpec, Supervised, Workspace, ROOTLESS_INOTIFY_LIMITS,
 };
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{setsockopt, socketpair, sockopt, AddressFamily, SockFlag, SockType};
 use nix::unistd::Pid;
 
-use crate::runtime::{support_files, SESSION_LIBRARY, ZYGOTE};
+use crate::protocol::{encode, Decoder, HostMessage, KernelMessage, ResultLimits};
+use crate::runtime::{as_support_files, support_files, PYTHON_ONESHOT, SESSION_LIBRARY, ZYGOTE};
 use crate::session::{KernelError, KernelHost, KernelProcess, Language, Session, SessionOptions};
 
 /// How long forking one session may take before it is given up.
@@ -73,6 +75,9 @@ impl Zygote {
         spec.support_files = support_files(Language::Python);
         spec.support_files
             .push((ZYGOTE.0.into(), ZYGOTE.1.as_bytes().to_vec()));
+        // One-shot runs served from forks run the one-shot runner, imported before the forks.
+        spec.support_files
+            .extend(as_support_files([PYTHON_ONESHOT]));
         spec.support_files
             .push((SESSION_LIBRARY.0.into(), SESSION_LIBRARY.1.to_vec()));
         let mut sandbox = Sandbox::create(&spec)?;
@@ -171,14 +176,79 @@ impl Zygote {
     /// zygote's) and waits until its kernel is ready and verified.
     pub fn fork_session(&self, options: &SessionOptions) -> Result<Session, KernelError> {
         assert_eq!(options.language, Language::Python, "the zygote runs Python");
-        let limits = options.limits;
+        let forked = self.fork(&options.limits, options.policy, &options.env, None)?;
+        let session = Session::from_kernel(
+            KernelProcess {
+                host: KernelHost::Forked(forked.kernel),
+                socket: forked.protocol,
+            },
+            options.clone(),
+            forked.warnings,
+        )?;
+        verify_isolation(forked.kernel_pid)
+            .map_err(|e| fork_failed(format!("isolation check failed: {e}")))?;
+        Ok(session)
+    }
+
+    /// Forks a one-shot run of the Python program `code`, placed at `/run/corral/<file_name>`,
+    /// with these limits, policy and environment (on top of the zygote's, which is the
+    /// image's): a sandbox like a session's, whose kernel runs the program as the one-shot
+    /// runner does in a fresh interpreter once [`ForkedRun`] is started.
+    pub fn fork_run(
+        &self,
+        limits: &Limits,
+        policy: Policy,
+        env: &[(String, String)],
+        file_name: &str,
+        code: &[u8],
+    ) -> Result<ForkedRun, KernelError> {
+        let forked = self.fork(limits, policy, env, Some((file_name, code)))?;
+        Ok(ForkedRun {
+            kernel: forked.kernel,
+            protocol: forked.protocol,
+            kernel_pid: forked.kernel_pid,
+            limits: *limits,
+            warnings: forked.warnings,
+            keepalive: None,
+        })
+    }
+
+    /// Forks a child that enters a sandbox of its own with `limits` and `env` (and, for a
+    /// one-shot run, the program's file name and text): the request carries descriptors only,
+    /// the plan goes to the child on its own control socket. Returns once the child's init has
+    /// reported its workspace and its kernel; the kernel may still be locking itself down.
+    fn fork(
+        &self,
+        limits: &Limits,
+        policy: Policy,
+        env: &[(String, String)],
+        program: Option<(&str, &[u8])>,
+    ) -> Result<Forked, KernelError> {
+        let limits = *limits;
         let root_mode = nix::unistd::geteuid().is_root();
-        let (cgroup, cgroup_warning) = sandbox_cgroup(&limits, options.policy)?;
-        let mut warnings: Vec<String> = self.sandbox.warnings().to_vec();
-        warnings.extend(cgroup_warning);
-        if !root_mode {
-            warnings.push(rootless_shared_uid_warning());
+        let (cgroup, cgroup_warning) = sandbox_cgroup(&limits, policy)?;
+        if program.is_some() && cgroup.is_none() {
+            // Without a cgroup a fresh interpreter's memory use is measured by its rusage,
+            // which a fork's cannot match.
+            return Err(KernelError::NeedsFreshInterpreter(
+                cgroup_warning.unwrap_or_default(),
+            ));
         }
+        let warnings = match program {
+            // A one-shot run warns as a one-shot sandbox does.
+            Some(_) => landlock_warning(policy)?
+                .into_iter()
+                .chain(cgroup_warning)
+                .collect(),
+            None => {
+                let mut warnings: Vec<String> = self.sandbox.warnings().to_vec();
+                warnings.extend(cgroup_warning);
+                if !root_mode {
+                    warnings.push(rootless_shared_uid_warning());
+                }
+                warnings
+            }
+        };
         let join = match &cgroup {
             Some(c) => c.join_files()?,
             None => Vec::new(),
@@ -212,9 +282,10 @@ impl Zygote {
             memory_bytes: limits.memory_bytes,
             pids: limits.pids,
             in_cgroup: cgroup.is_some(),
-            landlock_required: !options.policy.allow_degraded,
+            landlock_required: !policy.allow_degraded,
             inotify_limits: (!root_mode).then_some(ROOTLESS_INOTIFY_LIMITS),
-            env: options.env.clone(),
+            env: env.to_vec(),
+            program: program.map(|(name, _)| name.to_string()),
         };
         let plan = serde_json::to_vec(&plan).expect("a plan serializes");
         if plan.len() > MAX_PLAN_BYTES {
@@ -223,6 +294,10 @@ impl Zygote {
                 plan.len()
             )));
         }
+        // A one-shot run's program goes with the plan, as a sealed memory file.
+        let program_file = program
+            .map(|(_, code)| sealed_memory_file(code))
+            .transpose()?;
         let mut fds: Vec<RawFd> = vec![
             proto_kernel.as_raw_fd(),
             control_init.as_raw_fd(),
@@ -233,12 +308,18 @@ impl Zygote {
         // The request is the descriptors alone; the plan goes to the forked child only.
         send_fds(self.socket.as_fd(), b"f", &fds)?;
         drop((proto_kernel, control_init, stdout_w, stderr_w, join));
-        nix::sys::socket::send(
-            control_host.as_raw_fd(),
-            &plan,
-            nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
-        )
-        .map_err(io::Error::from)?;
+        match &program_file {
+            Some(file) => send_fds(control_host.as_fd(), &plan, &[file.as_raw_fd()])?,
+            None => {
+                nix::sys::socket::send(
+                    control_host.as_raw_fd(),
+                    &plan,
+                    nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+                )
+                .map_err(io::Error::from)?;
+            }
+        }
+        drop(program_file);
 
         // The session's init reports its workspace and pid, then its kernel's pid.
         let mut workspace = None;
@@ -275,28 +356,192 @@ impl Zygote {
                 _ => return Err(fork_failed("the forked session exited during setup".into())),
             }
         }
-        let forked = ForkedKernel {
-            control: control_host,
-            stdout: stdout_r,
-            stderr: stderr_r,
-            workspace: workspace.expect("loop ends with it"),
-            init_pid: init_pid.expect("set with the workspace"),
-            cgroup,
-            killed: false,
-            _id_lease: id_lease,
-        };
-        let kernel_pid = kernel_pid.expect("loop ends with it");
-        let session = Session::from_kernel(
-            KernelProcess {
-                host: KernelHost::Forked(forked),
-                socket: proto_host,
+        Ok(Forked {
+            kernel: ForkedKernel {
+                control: control_host,
+                stdout: stdout_r,
+                stderr: stderr_r,
+                workspace: workspace.expect("loop ends with it"),
+                init_pid: init_pid.expect("set with the workspace"),
+                cgroup,
+                killed: false,
+                _id_lease: id_lease,
             },
-            options.clone(),
+            protocol: proto_host,
+            kernel_pid: kernel_pid.expect("loop ends with it"),
             warnings,
-        )?;
-        verify_isolation(kernel_pid)
-            .map_err(|e| fork_failed(format!("isolation check failed: {e}")))?;
-        Ok(session)
+        })
+    }
+}
+
+/// A sandbox forked from a zygote, its kernel started.
+struct Forked {
+    kernel: ForkedKernel,
+    /// The host's end of the kernel's fd 3.
+    protocol: OwnedFd,
+    /// The kernel's pid in our namespace.
+    kernel_pid: i32,
+    warnings: Vec<String>,
+}
+
+/// A memory file holding `bytes`, sealed so that nobody can change it.
+fn sealed_memory_file(bytes: &[u8]) -> io::Result<OwnedFd> {
+    use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+    use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
+    let fd = memfd_create(
+        c"corral-program",
+        MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING,
+    )?;
+    let mut file = std::fs::File::from(fd);
+    io::Write::write_all(&mut file, bytes)?;
+    let fd = OwnedFd::from(file);
+    fcntl(
+        fd.as_raw_fd(),
+        FcntlArg::F_ADD_SEALS(
+            SealFlag::F_SEAL_SEAL
+                | SealFlag::F_SEAL_SHRINK
+                | SealFlag::F_SEAL_GROW
+                | SealFlag::F_SEAL_WRITE,
+        ),
+    )?;
+    Ok(fd)
+}
+
+/// A one-shot run forked from a zygote ([`Zygote::fork_run`]), to be driven by
+/// [`corral_sandbox::wait_for_program`]: starting it waits for the kernel to report ready
+/// (locked down), verifies its isolation through `/proc`, and only then lets the program run.
+pub struct ForkedRun {
+    kernel: ForkedKernel,
+    protocol: OwnedFd,
+    kernel_pid: i32,
+    limits: Limits,
+    warnings: Vec<String>,
+    /// What the run needs kept as long as it lives: its zygote's sandbox, whose init is the
+    /// ancestor of its pid namespace. Declared last, so it is dropped after the kernel.
+    keepalive: Option<Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+impl ForkedRun {
+    pub(crate) fn keep_alive(&mut self, what: Arc<dyn std::any::Any + Send + Sync>) {
+        self.keepalive = Some(what);
+    }
+
+    /// The host's end of the program's fd 3 (its result frames).
+    pub fn socket(&self) -> BorrowedFd<'_> {
+        self.protocol.as_fd()
+    }
+
+    pub fn workspace(&self) -> &Workspace {
+        &self.kernel.workspace
+    }
+
+    /// Protections weaker than requested for this run.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// Waits until the kernel, locked down, reports ready on its protocol socket.
+    fn await_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + FORK_TIMEOUT;
+        let mut decoder = Decoder::with_limits(ResultLimits::of(&self.limits));
+        let mut buf = [0u8; 4096];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut fds = [
+                PollFd::new(self.protocol.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.kernel.control.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(
+                &mut fds,
+                PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX),
+            ) {
+                Ok(0) => return Err("no answer from the forked kernel".into()),
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+            if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+                return Err(match self.kernel.read_report() {
+                    Report::SetupError(why) => why,
+                    _ => "the forked kernel exited before it was ready".into(),
+                });
+            }
+            if fds[0].revents().is_some_and(|r| !r.is_empty()) {
+                match nix::unistd::read(self.protocol.as_raw_fd(), &mut buf) {
+                    Ok(0) | Err(_) => return Err("the forked kernel exited".into()),
+                    Ok(n) => decoder.push(&buf[..n]),
+                }
+                match decoder.next_message() {
+                    Ok(Some(KernelMessage::Ready { .. })) => return Ok(()),
+                    Ok(Some(_)) => return Err("the forked kernel spoke before it was ready".into()),
+                    Ok(None) => {}
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+        }
+    }
+}
+
+impl Supervised for ForkedRun {
+    fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    fn start(&mut self) -> Result<(), SandboxError> {
+        let fail =
+            |why: String| SandboxError::Setup(format!("the forked run did not start: {why}"));
+        self.await_ready().map_err(fail)?;
+        verify_isolation(self.kernel_pid)
+            .map_err(|e| fail(format!("isolation check failed: {e}")))?;
+        nix::sys::socket::send(
+            self.protocol.as_raw_fd(),
+            &encode(&HostMessage::Run),
+            nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+        )
+        .map_err(|e| fail(e.to_string()))?;
+        Ok(())
+    }
+
+    fn stdout_fd(&self) -> BorrowedFd<'_> {
+        self.kernel.stdout.as_fd()
+    }
+
+    fn stderr_fd(&self) -> BorrowedFd<'_> {
+        self.kernel.stderr.as_fd()
+    }
+
+    fn report_fd(&self) -> BorrowedFd<'_> {
+        self.kernel.control.as_fd()
+    }
+
+    fn read_report(&mut self) -> Report {
+        self.kernel.read_report()
+    }
+
+    fn kill(&mut self) {
+        self.kernel.kill();
+    }
+
+    fn finish(&mut self) -> Finish {
+        // The cgroup holds the run's init and kernel (and whatever the program started): read,
+        // then removed once they are gone.
+        let cgroup = self.kernel.cgroup.take();
+        let oom_killed = cgroup.as_ref().is_some_and(|c| c.oom_kills() > 0);
+        let peak_memory_bytes = cgroup.as_ref().and_then(Cgroup::peak_memory).unwrap_or(0);
+        let cpu_time = cgroup
+            .as_ref()
+            .and_then(Cgroup::cpu_time)
+            .unwrap_or(Duration::ZERO);
+        self.kernel.kill();
+        drop(cgroup);
+        Finish {
+            cpu_time,
+            peak_memory_bytes,
+            oom_killed,
+        }
+    }
+
+    fn has_cgroup(&self) -> bool {
+        self.kernel.cgroup.is_some()
     }
 }
 
@@ -364,6 +609,9 @@ impl ForkedKernel {
         match corral_sandbox::recv_message(self.control.as_fd(), &mut buf) {
             Ok((5, _)) if buf[0] == MSG_EXIT => {
                 Report::Exited(i32::from_le_bytes(buf[1..5].try_into().expect("4 bytes")))
+            }
+            Ok((n, _)) if n > 0 && buf[0] == MSG_ERROR => {
+                Report::SetupError(String::from_utf8_lossy(&buf[1..n]).into_owned())
             }
             Ok((n, _)) if n > 0 => {
                 Report::SetupError(String::from_utf8_lossy(&buf[..n]).into_owned())

@@ -750,3 +750,44 @@ fn manager_runs_commands_beside_executions() {
     ));
     manager.close(&info.id).unwrap();
 }
+
+/// A session taken from the warm pool is a fresh interpreter to its client: the warm-up its
+/// kernel ran left no trace (no history entry, no execution count), and the client's `env`
+/// reaches it without a fork made for the request.
+#[test]
+fn pooled_sessions_take_their_env_and_show_nothing_of_the_warm_up() {
+    use corral_kernel::Pool;
+    let pool = Pool::start(Rootfs::Host, Vec::new(), Default::default(), 2).unwrap();
+    let deadline = Instant::now() + 60 * SECOND;
+    while pool.ready_count() < 2 {
+        assert!(Instant::now() < deadline, "the pool did not fill");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut options = SessionOptions::new(Language::Python);
+    options.env = vec![("CORRAL_TENANT_VALUE".into(), "b's value".into())];
+    let mut s = pool.acquire(&options).unwrap();
+    assert_eq!(pool.ready_count(), 1, "the session came from the pool");
+    let r = run(
+        &mut s,
+        "import os\nprint(os.environ['CORRAL_TENANT_VALUE'])\n\
+         print(get_ipython().execution_count, len(In), len(Out))",
+    );
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    assert_eq!(r.stdout, "b's value\n1 2 0\n");
+    // The next pooled session never saw it.
+    let mut other = pool
+        .acquire(&SessionOptions::new(Language::Python))
+        .unwrap();
+    let r = run(
+        &mut other,
+        "import os\nprint('CORRAL_TENANT_VALUE' in os.environ)",
+    );
+    assert_eq!(r.stdout, "False\n", "{r:?}");
+    // Variables no environment can hold are refused before any session is taken.
+    options.env = vec![("A=B".into(), "1".into())];
+    assert!(matches!(
+        pool.acquire(&options),
+        Err(corral_kernel::KernelError::InvalidCommand(_))
+    ));
+    pool.shutdown();
+}

@@ -36,9 +36,9 @@ pub use ids::ROOT_MODE_ID_BASE;
 pub use limits::{LimitError, LimitField};
 pub use result::{ExecutionResult, FileEntry, LanguageError, RichResult, Status};
 pub use sandbox::{
-    cgroup_layout, children_peak_memory, hit_rlimit_data, rlimit_data_message, run, sandbox_cgroup,
-    sweep_stale_cgroups_once, unique_name, Capture, Finish, Outcome, Report, Sandbox, SandboxError,
-    Stream,
+    cgroup_layout, children_peak_memory, hit_rlimit_data, landlock_warning, rlimit_data_message,
+    run, sandbox_cgroup, sweep_stale_cgroups_once, unique_name, wait_for_program, Capture, Finish,
+    Outcome, Report, Sandbox, SandboxError, SocketSink, Stream, Supervised,
 };
 pub use spec::{
     rootless_shared_uid_warning, workload_rlimits, ControlSocket, InputFile, Limits, Policy, Role,

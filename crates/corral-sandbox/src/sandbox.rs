@@ -21,7 +21,9 @@ use crate::landlock_rules;
 use crate::result::{ExecutionResult, Status};
 use crate::rootfs::{self, Entry};
 use crate::seccomp::{self, Role};
-use crate::spec::{base_environment, workload_rlimits, zygote_rlimits, ControlSocket, SandboxSpec};
+use crate::spec::{
+    base_environment, workload_rlimits, zygote_rlimits, ControlSocket, Limits, Policy, SandboxSpec,
+};
 use crate::workspace::Workspace;
 
 /// Room in the root tmpfs for the synthetic files and mount points, beyond the program file.
@@ -145,6 +147,34 @@ pub struct Outcome {
     pub cpu_time: Duration,
     pub peak_memory_bytes: u64,
     pub error_message: Option<String>,
+}
+
+impl Outcome {
+    /// The one-shot result of a run with these `warnings` that left `workspace`.
+    pub fn into_result(self, workspace: &Workspace, mut warnings: Vec<String>) -> ExecutionResult {
+        let files = workspace.list().unwrap_or_else(|e| {
+            warnings.push(format!("listing the workspace failed: {e}"));
+            Vec::new()
+        });
+        ExecutionResult {
+            status: self.status,
+            exit_code: self.exit_code,
+            signal: self.signal,
+            stdout: self.stdout.text(),
+            stderr: self.stderr.text(),
+            stdout_truncated: self.stdout.truncated,
+            stderr_truncated: self.stderr.truncated,
+            results: Vec::new(),
+            error: None,
+            files,
+            execution_time_ms: self.execution_time.as_millis() as u64,
+            cpu_time_ms: self.cpu_time.as_millis() as u64,
+            peak_memory_bytes: self.peak_memory_bytes,
+            error_message: self.error_message,
+            warnings,
+            reservation: Default::default(),
+        }
+    }
 }
 
 /// The first `limit` bytes of a stream, and whether more was dropped.
@@ -346,18 +376,7 @@ impl Sandbox {
             crate::spec::Role::Zygote => Role::Zygote,
         });
         let init_filters = seccomp::filters(Role::Init);
-        let mut warnings = Vec::new();
-        let landlock_abi = landlock_rules::kernel_abi();
-        if landlock_abi == 0 {
-            if !spec.policy.allow_degraded {
-                return Err(SandboxError::Refused(
-                    "this kernel has no Landlock (needs Linux >= 5.13 booted with lsm=...,landlock); \
-                     pass --allow-degraded to run without this layer"
-                        .into(),
-                ));
-            }
-            warnings.push("Landlock is unavailable on this kernel: the filesystem is protected by mounts and permissions only".into());
-        }
+        let warnings: Vec<String> = landlock_warning(spec.policy)?.into_iter().collect();
         let root_mode = nix::unistd::geteuid().is_root();
         let limits = spec.limits;
 
@@ -789,187 +808,9 @@ impl Sandbox {
     pub fn wait_with_socket(
         &mut self,
         on_output: &mut dyn FnMut(Stream, &[u8]),
-        mut socket: Option<(BorrowedFd<'_>, SocketSink<'_>)>,
+        socket: Option<(BorrowedFd<'_>, SocketSink<'_>)>,
     ) -> Outcome {
-        let started = Instant::now();
-        let deadline = started + self.limits.timeout;
-        let mut stdout = Capture::new(self.limits.output_bytes);
-        let mut stderr = Capture::new(self.limits.output_bytes);
-        if let Err(e) = self.start() {
-            self.kill();
-            self.reap_init();
-            return Outcome {
-                status: Status::SandboxError,
-                exit_code: None,
-                signal: None,
-                stdout,
-                stderr,
-                execution_time: started.elapsed(),
-                cpu_time: Duration::ZERO,
-                peak_memory_bytes: 0,
-                error_message: Some(e.to_string()),
-            };
-        }
-        // The program is running and the host has nothing to do until it writes or exits:
-        // the time to clean up after killed Corral processes (a thread of its own would cost
-        // a short run more than the sweep itself).
-        sweep_stale_cgroups_once();
-        let mut open = [true, true, true, socket.is_some()]; // stdout, stderr, report, socket
-        let mut exit_status = None;
-        let mut setup_error = None;
-        let mut timed_out = false;
-        let mut killed_at: Option<Instant> = None;
-        let mut buf = vec![0u8; 64 << 10];
-        while open[..3].iter().any(|o| *o) {
-            let now = Instant::now();
-            let wait_until = match killed_at {
-                Some(t) => t + DRAIN_AFTER_KILL,
-                None => deadline,
-            };
-            if now >= wait_until {
-                if killed_at.is_some() {
-                    break;
-                }
-                timed_out = true;
-                self.kill();
-                killed_at = Some(now);
-                continue;
-            }
-            let timeout = PollTimeout::try_from(wait_until - now).unwrap_or(PollTimeout::MAX);
-            let mut fds = Vec::with_capacity(4);
-            let mut which = Vec::with_capacity(4);
-            let socket_fd = socket.as_ref().map(|(fd, _)| *fd);
-            for (i, fd) in [
-                Some(self.stdout.as_fd()),
-                Some(self.stderr.as_fd()),
-                Some(self.report.as_fd()),
-                socket_fd,
-            ]
-            .into_iter()
-            .enumerate()
-            {
-                if let (true, Some(fd)) = (open[i], fd) {
-                    fds.push(PollFd::new(fd, PollFlags::POLLIN));
-                    which.push(i);
-                }
-            }
-            match poll(&mut fds, timeout) {
-                Ok(0) => continue,
-                Ok(_) => {}
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(_) => break,
-            }
-            let ready: Vec<usize> = fds
-                .iter()
-                .zip(&which)
-                .filter(|(fd, _)| fd.revents().is_some_and(|r| !r.is_empty()))
-                .map(|(_, &i)| i)
-                .collect();
-            for i in ready {
-                if i == 3 {
-                    let (fd, sink) = socket.as_mut().expect("polled only when present");
-                    match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
-                        Ok(0) | Err(_) => open[3] = false,
-                        Ok(n) => sink(&buf[..n]),
-                    }
-                    continue;
-                }
-                if i == 2 {
-                    match self.read_report() {
-                        Report::Closed => open[2] = false,
-                        // init's last word: the host tears down while init exits.
-                        Report::Exited(raw) => {
-                            exit_status = Some(raw);
-                            open[2] = false;
-                        }
-                        Report::SetupError(msg) => setup_error = Some(msg),
-                    }
-                    continue;
-                }
-                let fd = if i == 0 { &self.stdout } else { &self.stderr };
-                match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
-                    Ok(0) | Err(_) => open[i] = false,
-                    Ok(n) => {
-                        let (capture, stream) = if i == 0 {
-                            (&mut stdout, Stream::Stdout)
-                        } else {
-                            (&mut stderr, Stream::Stderr)
-                        };
-                        let kept = capture.push(&buf[..n]);
-                        if !kept.is_empty() {
-                            on_output(stream, kept);
-                        }
-                    }
-                }
-            }
-        }
-        let execution_time = started.elapsed();
-        if !open[2] && exit_status.is_none() && !timed_out {
-            // init vanished without a report (killed from outside): make sure
-            // nothing else is left.
-            self.kill();
-        }
-        let rlimit_memory = self.memory_rlimited();
-        let finish = self.finish();
-        let (exit_code, signal) = exit_status.map_or((None, None), child::decode_status);
-        let (status, message) = if let Some(msg) = setup_error {
-            (Status::SandboxError, Some(msg))
-        } else if timed_out {
-            (
-                Status::Timeout,
-                Some(format!(
-                    "the program ran longer than the {:.1} s time limit and was killed with all its processes",
-                    self.limits.timeout.as_secs_f64()
-                )),
-            )
-        } else if finish.oom_killed && exit_code != Some(0) {
-            (Status::MemoryLimit, Some(self.memory_limit_message()))
-        } else if exit_status.is_none() {
-            (
-                Status::SandboxError,
-                Some("the sandbox's init ended without reporting the program's status".into()),
-            )
-        } else if exit_code == Some(0) {
-            (Status::Success, None)
-        } else if rlimit_memory
-            && hit_rlimit_data(
-                self.limits.memory_bytes,
-                finish.peak_memory_bytes,
-                signal,
-                &stderr.bytes,
-            )
-        {
-            (
-                Status::MemoryLimit,
-                Some(rlimit_data_message(self.limits.memory_bytes)),
-            )
-        } else {
-            let how = match (exit_code, signal) {
-                (Some(code), _) => format!("exited with code {code}"),
-                (None, Some(sig)) => format!("was killed by signal {sig}"),
-                _ => "ended abnormally".into(),
-            };
-            (Status::Error, Some(format!("the program {how}")))
-        };
-        Outcome {
-            status,
-            exit_code,
-            signal,
-            stdout,
-            stderr,
-            execution_time,
-            cpu_time: finish.cpu_time,
-            peak_memory_bytes: finish.peak_memory_bytes,
-            error_message: message,
-        }
-    }
-
-    /// The sentence reported when the memory limit killed the program.
-    fn memory_limit_message(&self) -> String {
-        format!(
-            "the program exceeded the {} MiB memory limit and was killed",
-            self.limits.memory_bytes >> 20
-        )
+        wait_for_program(self, on_output, socket)
     }
 
     /// CPU time used so far by every process of the sandbox, where a cgroup measures it.
@@ -1051,6 +892,269 @@ impl Drop for Sandbox {
     }
 }
 
+/// What a workload is told when this kernel has no Landlock (where `policy` allows running
+/// without it; else the refusal).
+pub fn landlock_warning(policy: Policy) -> Result<Option<String>, SandboxError> {
+    if landlock_rules::kernel_abi() > 0 {
+        return Ok(None);
+    }
+    if !policy.allow_degraded {
+        return Err(SandboxError::Refused(
+            "this kernel has no Landlock (needs Linux >= 5.13 booted with lsm=...,landlock); \
+             pass --allow-degraded to run without this layer"
+                .into(),
+        ));
+    }
+    Ok(Some(
+        "Landlock is unavailable on this kernel: the filesystem is protected by mounts and \
+         permissions only"
+            .into(),
+    ))
+}
+
+/// A program started in a sandbox of its own, as [`wait_for_program`] drives it: a
+/// [`Sandbox`], or a one-shot run forked from a zygote.
+pub trait Supervised {
+    fn limits(&self) -> &Limits;
+    /// Lets the program run.
+    fn start(&mut self) -> Result<(), SandboxError>;
+    fn stdout_fd(&self) -> BorrowedFd<'_>;
+    fn stderr_fd(&self) -> BorrowedFd<'_>;
+    /// Readable when init reports (see [`Supervised::read_report`]) or is gone.
+    fn report_fd(&self) -> BorrowedFd<'_>;
+    fn read_report(&mut self) -> Report;
+    /// Kills every process of the sandbox.
+    fn kill(&mut self);
+    /// After the program: what it used, read as the sandbox is torn down.
+    fn finish(&mut self) -> Finish;
+    /// Whether a cgroup bounds memory (else RLIMIT_DATA does, per process).
+    fn has_cgroup(&self) -> bool;
+}
+
+impl Supervised for Sandbox {
+    fn limits(&self) -> &Limits {
+        &self.limits
+    }
+    fn start(&mut self) -> Result<(), SandboxError> {
+        Sandbox::start(self)
+    }
+    fn stdout_fd(&self) -> BorrowedFd<'_> {
+        Sandbox::stdout_fd(self)
+    }
+    fn stderr_fd(&self) -> BorrowedFd<'_> {
+        Sandbox::stderr_fd(self)
+    }
+    fn report_fd(&self) -> BorrowedFd<'_> {
+        Sandbox::report_fd(self)
+    }
+    fn read_report(&mut self) -> Report {
+        Sandbox::read_report(self)
+    }
+    fn kill(&mut self) {
+        Sandbox::kill(self)
+    }
+    fn finish(&mut self) -> Finish {
+        Sandbox::finish(self)
+    }
+    fn has_cgroup(&self) -> bool {
+        !self.memory_rlimited()
+    }
+}
+
+/// Starts the program and waits for it to end (or for its timeout, when it is killed with all
+/// its processes), passing its output to `on_output` as it arrives, up to the output limit,
+/// and every byte it sends on its fd-3 socket to `socket`'s sink: the one-shot run of
+/// [`Sandbox::wait`], and of a run forked from a zygote.
+pub fn wait_for_program(
+    program: &mut dyn Supervised,
+    on_output: &mut dyn FnMut(Stream, &[u8]),
+    mut socket: Option<(BorrowedFd<'_>, SocketSink<'_>)>,
+) -> Outcome {
+    let limits = *program.limits();
+    let started = Instant::now();
+    let deadline = started + limits.timeout;
+    let mut stdout = Capture::new(limits.output_bytes);
+    let mut stderr = Capture::new(limits.output_bytes);
+    if let Err(e) = program.start() {
+        program.kill();
+        program.finish();
+        return Outcome {
+            status: Status::SandboxError,
+            exit_code: None,
+            signal: None,
+            stdout,
+            stderr,
+            execution_time: started.elapsed(),
+            cpu_time: Duration::ZERO,
+            peak_memory_bytes: 0,
+            error_message: Some(e.to_string()),
+        };
+    }
+    // The program is running and the host has nothing to do until it writes or exits:
+    // the time to clean up after killed Corral processes (a thread of its own would cost
+    // a short run more than the sweep itself).
+    sweep_stale_cgroups_once();
+    let mut open = [true, true, true, socket.is_some()]; // stdout, stderr, report, socket
+    let mut exit_status = None;
+    let mut setup_error = None;
+    let mut timed_out = false;
+    let mut killed_at: Option<Instant> = None;
+    let mut buf = vec![0u8; 64 << 10];
+    while open[..3].iter().any(|o| *o) {
+        let now = Instant::now();
+        let wait_until = match killed_at {
+            Some(t) => t + DRAIN_AFTER_KILL,
+            None => deadline,
+        };
+        if now >= wait_until {
+            if killed_at.is_some() {
+                break;
+            }
+            timed_out = true;
+            program.kill();
+            killed_at = Some(now);
+            continue;
+        }
+        let timeout = PollTimeout::try_from(wait_until - now).unwrap_or(PollTimeout::MAX);
+        let mut fds = Vec::with_capacity(4);
+        let mut which = Vec::with_capacity(4);
+        let socket_fd = socket.as_ref().map(|(fd, _)| *fd);
+        for (i, fd) in [
+            Some(program.stdout_fd()),
+            Some(program.stderr_fd()),
+            Some(program.report_fd()),
+            socket_fd,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if let (true, Some(fd)) = (open[i], fd) {
+                fds.push(PollFd::new(fd, PollFlags::POLLIN));
+                which.push(i);
+            }
+        }
+        match poll(&mut fds, timeout) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => break,
+        }
+        let ready: Vec<usize> = fds
+            .iter()
+            .zip(&which)
+            .filter(|(fd, _)| fd.revents().is_some_and(|r| !r.is_empty()))
+            .map(|(_, &i)| i)
+            .collect();
+        for i in ready {
+            if i == 3 {
+                let (fd, sink) = socket.as_mut().expect("polled only when present");
+                match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
+                    Ok(0) | Err(_) => open[3] = false,
+                    Ok(n) => sink(&buf[..n]),
+                }
+                continue;
+            }
+            if i == 2 {
+                match program.read_report() {
+                    Report::Closed => open[2] = false,
+                    // init's last word: the host tears down while init exits.
+                    Report::Exited(raw) => {
+                        exit_status = Some(raw);
+                        open[2] = false;
+                    }
+                    Report::SetupError(msg) => setup_error = Some(msg),
+                }
+                continue;
+            }
+            let fd = if i == 0 {
+                program.stdout_fd()
+            } else {
+                program.stderr_fd()
+            };
+            match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
+                Ok(0) | Err(_) => open[i] = false,
+                Ok(n) => {
+                    let (capture, stream) = if i == 0 {
+                        (&mut stdout, Stream::Stdout)
+                    } else {
+                        (&mut stderr, Stream::Stderr)
+                    };
+                    let kept = capture.push(&buf[..n]);
+                    if !kept.is_empty() {
+                        on_output(stream, kept);
+                    }
+                }
+            }
+        }
+    }
+    let execution_time = started.elapsed();
+    if !open[2] && exit_status.is_none() && !timed_out {
+        // init vanished without a report (killed from outside): make sure
+        // nothing else is left.
+        program.kill();
+    }
+    // Without a cgroup, memory is bounded by RLIMIT_DATA alone (the rlimit fallback).
+    let rlimit_memory = !program.has_cgroup();
+    let finish = program.finish();
+    let (exit_code, signal) = exit_status.map_or((None, None), child::decode_status);
+    let (status, message) = if let Some(msg) = setup_error {
+        (Status::SandboxError, Some(msg))
+    } else if timed_out {
+        (
+            Status::Timeout,
+            Some(format!(
+                "the program ran longer than the {:.1} s time limit and was killed with all its processes",
+                limits.timeout.as_secs_f64()
+            )),
+        )
+    } else if finish.oom_killed && exit_code != Some(0) {
+        (
+            Status::MemoryLimit,
+            Some(format!(
+                "the program exceeded the {} MiB memory limit and was killed",
+                limits.memory_bytes >> 20
+            )),
+        )
+    } else if exit_status.is_none() {
+        (
+            Status::SandboxError,
+            Some("the sandbox's init ended without reporting the program's status".into()),
+        )
+    } else if exit_code == Some(0) {
+        (Status::Success, None)
+    } else if rlimit_memory
+        && hit_rlimit_data(
+            limits.memory_bytes,
+            finish.peak_memory_bytes,
+            signal,
+            &stderr.bytes,
+        )
+    {
+        (
+            Status::MemoryLimit,
+            Some(rlimit_data_message(limits.memory_bytes)),
+        )
+    } else {
+        let how = match (exit_code, signal) {
+            (Some(code), _) => format!("exited with code {code}"),
+            (None, Some(sig)) => format!("was killed by signal {sig}"),
+            _ => "ended abnormally".into(),
+        };
+        (Status::Error, Some(format!("the program {how}")))
+    };
+    Outcome {
+        status,
+        exit_code,
+        signal,
+        stdout,
+        stderr,
+        execution_time,
+        cpu_time: finish.cpu_time,
+        peak_memory_bytes: finish.peak_memory_bytes,
+        error_message: message,
+    }
+}
+
 /// Runs `spec` to completion: the one-shot path of `corral run` and `POST /v1/run`.
 /// Returns the result object and the workspace (for copying files out), which stays
 /// readable until dropped. With `on_socket`, `spec` must ask for a control socket, and every
@@ -1071,29 +1175,7 @@ pub fn run(
         (Some(fd), Some(sink)) => sandbox.wait_with_socket(on_output, Some((fd.as_fd(), sink))),
         _ => sandbox.wait(on_output),
     };
-    let mut warnings = sandbox.warnings.clone();
-    let files = sandbox.workspace().list().unwrap_or_else(|e| {
-        warnings.push(format!("listing the workspace failed: {e}"));
-        Vec::new()
-    });
-    let result = ExecutionResult {
-        status: outcome.status,
-        exit_code: outcome.exit_code,
-        signal: outcome.signal,
-        stdout: outcome.stdout.text(),
-        stderr: outcome.stderr.text(),
-        stdout_truncated: outcome.stdout.truncated,
-        stderr_truncated: outcome.stderr.truncated,
-        results: Vec::new(),
-        error: None,
-        files,
-        execution_time_ms: outcome.execution_time.as_millis() as u64,
-        cpu_time_ms: outcome.cpu_time.as_millis() as u64,
-        peak_memory_bytes: outcome.peak_memory_bytes,
-        error_message: outcome.error_message,
-        warnings,
-        reservation: Default::default(),
-    };
+    let result = outcome.into_result(sandbox.workspace(), sandbox.warnings.clone());
     let workspace = sandbox.workspace.take();
     drop(sandbox);
     (result, workspace)

@@ -67,6 +67,22 @@ pub struct SessionPlan {
     pub inotify_limits: Option<(u64, u64)>,
     /// The session's environment on top of the interpreter's own.
     pub env: Vec<(String, String)>,
+    /// A one-shot run served from the fork: the program's file name. The plan's message then
+    /// carries a descriptor of the program's text, which init places read-only at
+    /// `/run/corral/<name>` (on a filesystem of its own over the zygote's `/run/corral`), as
+    /// a one-shot sandbox has it.
+    pub program: Option<String>,
+}
+
+/// Where a one-shot run's program is, as in a one-shot sandbox.
+pub const PROGRAM_DIR: &str = "/run/corral";
+
+/// What the kernel process returns to the interpreter: its environment and, for a one-shot
+/// run, the program to run (else it serves a session).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entered {
+    pub env: Vec<(String, String)>,
+    pub program: Option<String>,
 }
 
 /// The fixed descriptors a forked session child receives, in this order, followed by the
@@ -107,15 +123,24 @@ impl SessionFds {
 }
 
 /// Enters the session's sandbox; returns only in the kernel process, fully locked down, with
-/// the session's environment. Every failure is reported on the control socket and ends the
-/// process. Must be called in a freshly forked, single-threaded child of the zygote.
-pub fn enter(fds: &SessionFds) -> Vec<(String, String)> {
+/// the session's environment (and a one-shot run's program). Every failure is reported on the
+/// control socket and ends the process. Must be called in a freshly forked, single-threaded
+/// child of the zygote.
+pub fn enter(fds: &SessionFds) -> Entered {
     let mut keep = vec![fds.protocol, fds.control, fds.stdout, fds.stderr];
     keep.extend(&fds.cgroup);
     sys::close_all_except(&keep);
-    let plan = match read_plan(fds.control()) {
-        Ok(plan) => plan,
+    let (plan, program) = match read_plan(fds.control()) {
+        Ok(read) => read,
         Err(e) => fds.fail("reading the session plan", e),
+    };
+    let program = match (&plan.program, program) {
+        (None, None) => None,
+        (Some(name), Some(text)) if is_file_name(name) => Some((name.clone(), text)),
+        _ => fds.fail(
+            "reading the session plan",
+            "a program needs a plain file name and its text",
+        ),
     };
     for &fd in &fds.cgroup {
         if let Err(e) = join_cgroup_file(fd) {
@@ -156,13 +181,19 @@ pub fn enter(fds: &SessionFds) -> Vec<(String, String)> {
             // SAFETY: see `SessionFds::fail`.
             unsafe { libc::_exit(0) }
         }
-        Ok(ForkResult::Child) => init(fds, plan),
+        Ok(ForkResult::Child) => init(fds, plan, program),
     }
 }
 
-fn read_plan(control: BorrowedFd<'_>) -> io::Result<SessionPlan> {
+/// A name for a file directly in [`PROGRAM_DIR`].
+fn is_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\0'])
+}
+
+/// The plan and the descriptor its message carried (a one-shot run's program).
+fn read_plan(control: BorrowedFd<'_>) -> io::Result<(SessionPlan, Option<OwnedFd>)> {
     let mut buf = vec![0u8; MAX_PLAN_BYTES];
-    let (n, _) = sys::recv_message(control, &mut buf)?;
+    let (n, fd) = sys::recv_message(control, &mut buf)?;
     if n == 0 {
         return Err(io::Error::new(
             io::ErrorKind::UnexpectedEof,
@@ -172,7 +203,7 @@ fn read_plan(control: BorrowedFd<'_>) -> io::Result<SessionPlan> {
     let plan = serde_json::from_slice(&buf[..n]).map_err(io::Error::other);
     // The plan carries the session's environment: keep no copy of it but the parsed one.
     buf.fill(0);
-    plan
+    Ok((plan?, fd))
 }
 
 fn join_cgroup_file(fd: RawFd) -> io::Result<()> {
@@ -183,7 +214,7 @@ fn join_cgroup_file(fd: RawFd) -> io::Result<()> {
 }
 
 /// Pid 1 of the session.
-fn init(fds: &SessionFds, plan: SessionPlan) -> Vec<(String, String)> {
+fn init(fds: &SessionFds, plan: SessionPlan, program: Option<(String, OwnedFd)>) -> Entered {
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     if let Some((instances, watches)) = plan.inotify_limits {
@@ -193,6 +224,11 @@ fn init(fds: &SessionFds, plan: SessionPlan) -> Vec<(String, String)> {
     }
     if let Err(e) = build_filesystems(plan.disk_bytes) {
         fds.fail("building the session's filesystems", e);
+    }
+    if let Some((name, text)) = program {
+        if let Err(e) = place_program(&name, text) {
+            fds.fail("placing the program", e);
+        }
     }
     let workspace = match nix::fcntl::open(
         "/workspace",
@@ -248,7 +284,7 @@ fn init(fds: &SessionFds, plan: SessionPlan) -> Vec<(String, String)> {
 }
 
 /// The kernel process: standard streams and the protocol socket in place, then the lockdown.
-fn kernel(fds: &SessionFds, plan: SessionPlan) -> Vec<(String, String)> {
+fn kernel(fds: &SessionFds, plan: SessionPlan) -> Entered {
     // init is not dumpable; the kernel is, as any program is, so that it may read its own
     // /proc/self files (the session's code runs here; seccomp keeps ptrace out).
     // SAFETY: prctl with integer arguments only.
@@ -279,7 +315,10 @@ fn kernel(fds: &SessionFds, plan: SessionPlan) -> Vec<(String, String)> {
         // SAFETY: see `SessionFds::fail`.
         unsafe { libc::_exit(126) }
     }
-    plan.env
+    Entered {
+        env: plan.env,
+        program: plan.program.map(|name| format!("{PROGRAM_DIR}/{name}")),
+    }
 }
 
 /// Sends `tag` (with a descriptor) and `pid` as the sender's credentials, which the kernel
@@ -305,6 +344,36 @@ fn send_with_pid(control: BorrowedFd<'_>, tag: u8, fd: Option<RawFd>, pid: Pid) 
     Ok(())
 }
 
+/// A one-shot run's program, read from the descriptor the host sent, as the only file of a
+/// read-only filesystem at [`PROGRAM_DIR`] (which hides the zygote's runtime files there).
+fn place_program(name: &str, text: OwnedFd) -> io::Result<()> {
+    use std::io::{Read, Seek};
+    let mut file = std::fs::File::from(text);
+    file.rewind()?;
+    let mut contents = Vec::new();
+    file.read_to_end(&mut contents)?;
+    drop(file);
+    let dir = Path::new(PROGRAM_DIR);
+    rootfs::execute(
+        &[
+            rootfs::Op::Tmpfs {
+                target: dir.into(),
+                // A tmpfs of size 0 would be unbounded.
+                size: contents.len() as u64 + 4096,
+                mode: 0o755,
+                noexec: false,
+            },
+            rootfs::Op::File {
+                path: dir.join(name),
+                contents,
+                mode: 0o444,
+            },
+        ],
+        Path::new("/"),
+    )?;
+    sys::make_read_only(dir)
+}
+
 fn build_filesystems(disk_bytes: u64) -> io::Result<()> {
     nix::mount::mount(
         None::<&str>,
@@ -321,9 +390,10 @@ fn build_filesystems(disk_bytes: u64) -> io::Result<()> {
 }
 
 /// The C entry point of `libcorral_session.so`: `fds` holds the descriptors the zygote
-/// received with the fork request ([`SessionFds`]). Returns, in the kernel process only, the
-/// session's environment as a NUL-terminated JSON object (`{"NAME": "value", ...}`), which
-/// stays allocated for the life of the process.
+/// received with the fork request ([`SessionFds`]). Returns, in the kernel process only, a
+/// NUL-terminated JSON object that stays allocated for the life of the process:
+/// `{"env": {"NAME": "value", ...}, "program": "/run/corral/main.py"}`, `program` null for a
+/// session.
 ///
 /// # Safety
 /// `fds` must point to `count` readable descriptors numbers; the caller must be a freshly
@@ -339,11 +409,13 @@ pub unsafe extern "C" fn corral_session_enter(
         // SAFETY: see `SessionFds::fail`.
         unsafe { libc::_exit(126) }
     };
-    let env: serde_json::Map<String, serde_json::Value> = enter(&fds)
+    let entered = enter(&fds);
+    let env: serde_json::Map<String, serde_json::Value> = entered
+        .env
         .into_iter()
         .map(|(k, v)| (k, serde_json::Value::String(v)))
         .collect();
-    let json = serde_json::Value::Object(env).to_string();
+    let json = serde_json::json!({"env": env, "program": entered.program}).to_string();
     CString::new(json)
         .expect("JSON escapes NUL")
         .into_raw()

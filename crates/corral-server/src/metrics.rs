@@ -35,6 +35,8 @@ pub struct Metrics {
     pub runs_in_flight: Gauge,
     /// Room taken now in the budget of rich results held at once (`max_result_bytes_in_flight`).
     pub result_bytes_held: Gauge,
+    /// One-shot runs served by a sandbox forked from the warm pool's zygote.
+    pub runs_forked: Counter,
     pub executions: Family<ExecutionLabels, Counter>,
     pub execution_seconds: Histogram,
     pub session_create_seconds: Histogram,
@@ -56,6 +58,7 @@ impl Default for Metrics {
             memory_budget_bytes: Gauge::default(),
             runs_in_flight: Gauge::default(),
             result_bytes_held: Gauge::default(),
+            runs_forked: Counter::default(),
             executions: Family::default(),
             // 0.5 ms .. ~65 s
             execution_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 18)),
@@ -92,6 +95,11 @@ impl Default for Metrics {
             "Room taken now in the budget of rich results the server holds at once \
              (max_result_bytes_in_flight); each result counts twice its size",
             m.result_bytes_held.clone(),
+        );
+        registry.register(
+            "runs_forked",
+            "One-shot runs served by a sandbox forked from the warm pool's zygote",
+            m.runs_forked.clone(),
         );
         registry.register(
             "executions",

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use corral_image::{ImageError, ResolvedImage, Store};
 use corral_kernel::bytecode::BytecodeCache;
+use corral_kernel::oneshot;
 use corral_kernel::{
     Event, KernelError, Language, ManagerError, Pool, SessionManager, SessionOptions, ZygoteStatus,
 };
@@ -1021,27 +1022,53 @@ impl Service {
             spec.input_files.push(input_file(f)?);
         }
         spec.rootfs = image.rootfs.clone();
-        let bytecode = (language == Language::Python).then(|| self.bytecode_cache(&image));
         let file_name = match language {
             Language::Python => "main.py",
             Language::Javascript => "main.js",
             Language::Bash => "main.sh",
         };
-        let (mut result, workspace) = corral_kernel::oneshot::run(
-            spec,
-            language,
-            file_name,
-            req.code.clone().into_bytes(),
-            bytecode.as_deref(),
-            Some(self.result_share(tenant)),
-            on_output,
-        );
-        if let Some(ws) = workspace {
-            match ws.list() {
-                Ok(files) => result.files = files,
-                Err(e) => result.warnings.push(format!("listing the workspace: {e}")),
+        // Python on the warm pool's image: a sandbox forked from its zygote, where it can run
+        // the program exactly as a fresh interpreter would (else, or when the fork fails, a
+        // fresh interpreter).
+        let forked = self
+            .pool
+            .as_ref()
+            .filter(|_| language == Language::Python)
+            .and_then(|pool| {
+                oneshot::run_forked(
+                    pool,
+                    &spec,
+                    file_name,
+                    req.code.as_bytes(),
+                    Some(self.result_share(tenant)),
+                    on_output,
+                )
+            });
+        let result = match forked {
+            Some(result) => {
+                self.metrics.runs_forked.inc();
+                result
             }
-        }
+            None => {
+                let bytecode = (language == Language::Python).then(|| self.bytecode_cache(&image));
+                let (mut result, workspace) = oneshot::run(
+                    spec,
+                    language,
+                    file_name,
+                    req.code.clone().into_bytes(),
+                    bytecode.as_deref(),
+                    Some(self.result_share(tenant)),
+                    on_output,
+                );
+                if let Some(ws) = workspace {
+                    match ws.list() {
+                        Ok(files) => result.files = files,
+                        Err(e) => result.warnings.push(format!("listing the workspace: {e}")),
+                    }
+                }
+                result
+            }
+        };
         // The sandbox and its workspace are gone: its slot and memory are free.
         drop(permit);
         self.audit(tenant, None, "run", &req.code, &result);

@@ -31,7 +31,7 @@ fn options(image: &str, data_dir: Option<&Path>) -> Result<SessionOptions> {
 }
 
 /// Creates a session from `pool` and waits for the result of `print(1)`.
-fn create_and_print(pool: &Pool, options: &SessionOptions) -> Result<Duration> {
+fn create_and_print(pool: &Pool, options: &SessionOptions) -> Result<(Duration, Session)> {
     let t = Instant::now();
     let mut s = pool.acquire(options)?;
     let r = s.execute("print(1)", Duration::from_secs(30), &mut |_| {});
@@ -39,7 +39,43 @@ fn create_and_print(pool: &Pool, options: &SessionOptions) -> Result<Duration> {
     if r.stdout != "1\n" {
         bail!("print(1) gave {r:?}");
     }
-    Ok(elapsed)
+    Ok((elapsed, s))
+}
+
+/// Three bursts of 50 concurrent creations from a full pool. With `keep`, the 50 sessions
+/// live until the burst is over (as a client's would); without, each is closed as soon as
+/// its result is in, so the burst also pays for tearing the first ones down.
+fn bursts(pool: &Arc<Pool>, options: &SessionOptions, keep: bool) -> Result<Vec<Duration>> {
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        wait_for_pool(pool);
+        let barrier = Arc::new(Barrier::new(50));
+        let handles: Vec<_> = (0..50)
+            .map(|_| {
+                let (pool, options, barrier) = (pool.clone(), options.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let (t, session) = create_and_print(&pool, &options)?;
+                    Ok((t, keep.then_some(session)))
+                })
+            })
+            .collect();
+        let mut kept = Vec::new();
+        for h in handles {
+            let got: Result<(Duration, Option<Session>)> = h.join().expect("bench thread");
+            let (t, session) = got?;
+            times.push(t);
+            kept.extend(session);
+        }
+        drop(kept);
+    }
+    Ok(times)
+}
+
+fn p99(times: &[Duration]) -> Duration {
+    let mut v = times.to_vec();
+    v.sort();
+    v[((v.len() - 1) as f64 * 0.99).round() as usize]
 }
 
 fn wait_for_pool(pool: &Pool) {
@@ -116,27 +152,11 @@ pub fn sessions(image: &str, data_dir: Option<&Path>) -> Result<()> {
     // One at a time, the pool refilled in between.
     let mut single = Vec::new();
     for _ in 0..30 {
-        single.push(create_and_print(&pool, &options)?);
+        single.push(create_and_print(&pool, &options)?.0);
         wait_for_pool(&pool);
     }
-    // Bursts of 50 concurrent creations.
-    let mut burst = Vec::new();
-    for _ in 0..3 {
-        wait_for_pool(&pool);
-        let barrier = Arc::new(Barrier::new(50));
-        let handles: Vec<_> = (0..50)
-            .map(|_| {
-                let (pool, options, barrier) = (pool.clone(), options.clone(), barrier.clone());
-                std::thread::spawn(move || {
-                    barrier.wait();
-                    create_and_print(&pool, &options)
-                })
-            })
-            .collect();
-        for h in handles {
-            burst.push(h.join().expect("bench thread")?);
-        }
-    }
+    let burst = bursts(&pool, &options, false)?;
+    let burst_kept = bursts(&pool, &options, true)?;
     // Straight from the zygote, without the pool.
     let mut forked = Vec::new();
     for _ in 0..20 {
@@ -156,14 +176,11 @@ pub fn sessions(image: &str, data_dir: Option<&Path>) -> Result<()> {
             bail!("1+1 gave {r:?}");
         }
     }
-    let burst_p99 = {
-        let mut v = burst.clone();
-        v.sort();
-        v[((v.len() - 1) as f64 * 0.99).round() as usize]
-    };
-    let (single, burst, forked, warm) = (
+    let (burst_p99, kept_p99) = (p99(&burst), p99(&burst_kept));
+    let (single, burst, burst_kept, forked, warm) = (
         summarize(single),
         summarize(burst),
+        summarize(burst_kept),
         summarize(forked),
         summarize(warm),
     );
@@ -193,6 +210,13 @@ pub fn sessions(image: &str, data_dir: Option<&Path>) -> Result<()> {
         ms(burst.p50),
         ms(burst.p95),
         ms(burst_p99)
+    );
+    println!(
+        "  {:58} {:>9.2} {:>9.2}  p99 {:.2}",
+        "  the same, each session kept until the burst is over",
+        ms(burst_kept.p50),
+        ms(burst_kept.p95),
+        ms(kept_p99)
     );
     println!(
         "  {:58} {:>9.2} {:>9.2}",

@@ -2003,3 +2003,130 @@ fn rich_results_held_at_once_are_bounded_server_wide() {
     assert_eq!(again["results"].as_array().unwrap().len(), 8, "{again}");
     assert!(!dropped(&again), "{again}");
 }
+
+/// What a program can observe of the interpreter it runs in, printed as JSON: a one-shot run
+/// served from a fork must be indistinguishable from one in a fresh interpreter.
+const PROBE: &str = r#"
+import builtins, json, os, resource, signal, sys
+print(json.dumps({
+    "argv": sys.argv, "path": sys.path, "cwd": os.getcwd(), "file": __file__,
+    "env": sorted(os.environ.items()), "builtins": sorted(vars(builtins)),
+    "main": sorted(globals()), "modules_main": sys.modules["__main__"].__name__,
+    "signals": [str(signal.getsignal(s)) for s in signal.valid_signals()
+                if s not in (signal.SIGKILL, signal.SIGSTOP) and s < signal.SIGRTMIN],
+    "rlimits": [resource.getrlimit(getattr(resource, n)) for n in sorted(dir(resource))
+                if n.startswith("RLIMIT_")],
+    "ids": [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), os.getgroups()],
+    "umask": os.umask(0o22), "pid": os.getpid(), "ppid": os.getppid(),
+    "hooks": [repr(sys.excepthook), repr(sys.displayhook), repr(sys.breakpointhook)],
+    "stdio": [sys.stdout.line_buffering, sys.stdout.encoding, sys.stderr.encoding,
+              sys.stdin.read(), sorted(os.listdir("/proc/self/fd"))],
+    "status": [l for l in open("/proc/self/status") if l.split(":")[0] in
+               ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")],
+    "program": [oct(os.stat(__file__).st_mode), open(__file__).read() == open(sys.argv[0]).read()],
+    "hostname": os.uname().nodename, "get_ipython": "get_ipython" in dir(builtins),
+}, sort_keys=True))
+"#;
+
+/// `POST /v1/run` of Python on the warm pool's image is served from a fork of its zygote, with
+/// exactly the result a fresh interpreter gives: the same programs through a server with a
+/// pool and one without give the same result, field by field (but the timings and the memory
+/// used, which the fork shares with its zygote).
+#[test]
+fn runs_served_from_forks_give_the_results_of_fresh_interpreters() {
+    let forks = Server::start("pool_size = 1\ndefault_image = \"host\"");
+    let fresh = Server::start("default_image = \"host\"");
+    let programs: Vec<Value> = vec![
+        json!({"code": "print(1)"}),
+        json!({"code": PROBE}),
+        json!({"code": "import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.exit(3)"}),
+        json!({"code": "import sys\nsys.exit('bye')"}),
+        json!({"code": "def f():\n    raise ValueError('bad')\n\nf()"}),
+        json!({"code": "def (:\n"}),
+        json!({"code": "raise KeyboardInterrupt"}),
+        json!({"code": "x = 40\nx + 2"}),
+        json!({"code": concat!(
+            "class A:\n    def __repr__(self):\n        return 'A()'\n\n",
+            "    def _repr_html_(self):\n        return '<b>a</b>'\n\nA()"
+        )}),
+        json!({"code": "display(1)"}),
+        json!({"code": "import atexit\natexit.register(print, 'at exit')\nprint('main')"}),
+        json!({"code": "import threading, time\n\
+                        threading.Thread(target=lambda: (time.sleep(0.3), print('late'))).start()"}),
+        json!({"code": "import time\nprint('before', flush=True)\ntime.sleep(30)",
+               "limits": {"timeout_s": 1}}),
+        json!({"code": "b = bytearray(512 << 20)\nprint(len(b))", "limits": {"memory_mb": 64}}),
+        json!({"code": "print('x' * (2 << 20))"}),
+        json!({"code": "import os\nprint(open('data/in.txt').read(), os.environ['GREETING'])\n\
+                        open('out.txt', 'w').write('done')",
+               "env": {"GREETING": "hi"},
+               "files": [{"path": "data/in.txt", "content": "hello"}]}),
+    ];
+    let mut served = Vec::new();
+    for program in &programs {
+        let body = program.to_string();
+        let (s1, a) = forks.call("POST", "/v1/run", None, Some(&body));
+        let (s2, b) = fresh.call("POST", "/v1/run", None, Some(&body));
+        assert_eq!((s1, s2), (200, 200), "{program}: {a} {b}");
+        for field in [
+            "status",
+            "exit_code",
+            "signal",
+            "stdout",
+            "stderr",
+            "stdout_truncated",
+            "stderr_truncated",
+            "results",
+            "error",
+            "files",
+            "error_message",
+            "warnings",
+        ] {
+            assert_eq!(
+                a[field], b[field],
+                "{program}: {field}\nfork: {a}\nfresh: {b}"
+            );
+        }
+        served.push(a);
+    }
+    // What they agree on is what a fresh interpreter does.
+    let summary: Vec<(&Value, &Value)> = served
+        .iter()
+        .map(|r| (&r["status"], &r["exit_code"]))
+        .collect();
+    assert_eq!(summary[2], (&json!("error"), &json!(3)));
+    assert_eq!(served[4]["error"]["name"], "ValueError");
+    assert_eq!(served[8]["results"][0]["html"], "<b>a</b>");
+    assert_eq!(
+        served[9]["error"]["name"], "NameError",
+        "no IPython display()"
+    );
+    assert_eq!(served[10]["stdout"], "main\nat exit\n");
+    assert_eq!(served[11]["stdout"], "late\n");
+    assert_eq!(served[12]["status"], "timeout");
+    assert!(
+        matches!(
+            served[13]["status"].as_str(),
+            Some("memory_limit" | "error")
+        ),
+        "{}",
+        served[13]
+    );
+    assert_eq!(served[15]["stdout"], "hello hi\n");
+    // Rootless without cgroups a fork cannot measure memory as a fresh interpreter's rusage
+    // does: runs then get fresh interpreters.
+    let expected = if served[0]["warnings"]
+        .to_string()
+        .contains("cgroups unavailable")
+    {
+        0
+    } else {
+        programs.len()
+    };
+    assert_eq!(
+        metric(&forks, "corral_runs_forked_total"),
+        Some(expected as f64),
+        "every run was served from a fork where cgroups are available"
+    );
+    assert_eq!(metric(&fresh, "corral_runs_forked_total"), Some(0.0));
+}
