@@ -281,7 +281,7 @@ fn out_naming_an_existing_file_is_refused_before_the_run() {
         .out(&file)
         .run();
     assert_eq!(
-        o.exit.code(),
+        o.exit.and_then(|e| e.code()),
         Some(125),
         "--out naming a file must be an error\n{}",
         o.dump()
@@ -299,7 +299,12 @@ fn out_naming_an_existing_file_is_refused_before_the_run() {
         .out(&file)
         .without_json()
         .run();
-    assert_eq!(plain.exit.code(), Some(125), "{}", plain.dump());
+    assert_eq!(
+        plain.exit.and_then(|e| e.code()),
+        Some(125),
+        "{}",
+        plain.dump()
+    );
     assert!(
         plain.raw_stderr.contains("not a directory"),
         "{}",
@@ -337,7 +342,7 @@ fn result_pngs_take_the_next_free_name_and_are_never_overwritten() {
         .timeout(10)
         .without_json()
         .run();
-    assert_eq!(o.exit.code(), Some(0), "{}", o.dump());
+    assert_eq!(o.exit.and_then(|e| e.code()), Some(0), "{}", o.dump());
     assert!(o.raw_stdout.contains("DONE"), "{}", o.dump());
     assert!(fs::symlink_metadata(out.join("result-1.png"))
         .unwrap()
