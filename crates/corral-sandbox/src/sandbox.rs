@@ -329,6 +329,8 @@ pub struct Sandbox {
     workspace: Option<Workspace>,
     warnings: Vec<String>,
     limits: crate::spec::Limits,
+    /// The spec's `stop` descriptor (a duplicate), polled while the program runs.
+    stop: Option<OwnedFd>,
     /// Root mode: the lease on `host_ids`, released (after `Drop` has killed and reaped
     /// everything) when the sandbox is dropped.
     _id_lease: Option<IdLease>,
@@ -558,6 +560,15 @@ impl Sandbox {
             workspace: None,
             warnings,
             limits,
+            stop: spec
+                .stop
+                .as_ref()
+                .map(|fd| fd.try_clone())
+                .transpose()
+                .map_err(|source| SandboxError::Io {
+                    what: "duplicating the stop descriptor",
+                    source,
+                })?,
         };
         if direct {
             sandbox.init = first_child;
@@ -929,6 +940,10 @@ pub trait Supervised {
     fn finish(&mut self) -> Finish;
     /// Whether a cgroup bounds memory (else RLIMIT_DATA does, per process).
     fn has_cgroup(&self) -> bool;
+    /// Readable when the caller wants the run stopped (see `SandboxSpec::stop`).
+    fn stop_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
 }
 
 impl Supervised for Sandbox {
@@ -958,6 +973,9 @@ impl Supervised for Sandbox {
     }
     fn has_cgroup(&self) -> bool {
         !self.memory_rlimited()
+    }
+    fn stop_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.stop.as_ref().map(AsFd::as_fd)
     }
 }
 
@@ -998,6 +1016,7 @@ pub fn wait_for_program(
     let mut exit_status = None;
     let mut setup_error = None;
     let mut timed_out = false;
+    let mut stopped = false;
     let mut killed_at: Option<Instant> = None;
     let mut buf = vec![0u8; 64 << 10];
     while open[..3].iter().any(|o| *o) {
@@ -1016,19 +1035,22 @@ pub fn wait_for_program(
             continue;
         }
         let timeout = PollTimeout::try_from(wait_until - now).unwrap_or(PollTimeout::MAX);
-        let mut fds = Vec::with_capacity(4);
-        let mut which = Vec::with_capacity(4);
+        let mut fds = Vec::with_capacity(5);
+        let mut which = Vec::with_capacity(5);
         let socket_fd = socket.as_ref().map(|(fd, _)| *fd);
+        // The stop descriptor stays readable once it is: polled until it first is.
+        let stop_fd = program.stop_fd().filter(|_| !stopped);
         for (i, fd) in [
             Some(program.stdout_fd()),
             Some(program.stderr_fd()),
             Some(program.report_fd()),
             socket_fd,
+            stop_fd,
         ]
         .into_iter()
         .enumerate()
         {
-            if let (true, Some(fd)) = (open[i], fd) {
+            if let (true, Some(fd)) = (open.get(i).copied().unwrap_or(true), fd) {
                 fds.push(PollFd::new(fd, PollFlags::POLLIN));
                 which.push(i);
             }
@@ -1046,6 +1068,15 @@ pub fn wait_for_program(
             .map(|(_, &i)| i)
             .collect();
         for i in ready {
+            if i == 4 {
+                // The caller wants the run stopped: everything is killed, as on a timeout.
+                stopped = true;
+                if killed_at.is_none() {
+                    program.kill();
+                    killed_at = Some(Instant::now());
+                }
+                continue;
+            }
             if i == 3 {
                 let (fd, sink) = socket.as_mut().expect("polled only when present");
                 match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
@@ -1096,9 +1127,20 @@ pub fn wait_for_program(
     // Without a cgroup, memory is bounded by RLIMIT_DATA alone (the rlimit fallback).
     let rlimit_memory = !program.has_cgroup();
     let finish = program.finish();
-    let (exit_code, signal) = exit_status.map_or((None, None), child::decode_status);
+    let (exit_code, signal) = match exit_status {
+        Some(raw) => child::decode_status(raw),
+        // Killed by the host (timeout, a stop) before init could report it: SIGKILL is what
+        // ended it, whichever of the two went first.
+        None if timed_out || stopped => (None, Some(libc::SIGKILL)),
+        None => (None, None),
+    };
     let (status, message) = if let Some(msg) = setup_error {
         (Status::SandboxError, Some(msg))
+    } else if stopped {
+        (
+            Status::Error,
+            Some("the run was stopped by its caller: the sandbox was killed and torn down".into()),
+        )
     } else if timed_out {
         (
             Status::Timeout,

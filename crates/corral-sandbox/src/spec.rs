@@ -121,6 +121,10 @@ pub struct SandboxSpec {
     /// The workload's standard input: the read end of a pipe the caller feeds (never a
     /// terminal or another host descriptor); `None` is `/dev/null`.
     pub stdin: Option<std::os::fd::OwnedFd>,
+    /// Readable when the caller wants the run stopped (`corral run`: a signalfd of SIGINT,
+    /// SIGTERM and SIGHUP): the sandbox is then killed with every process in it and torn
+    /// down, and the run ends as `error`, saying so. Never read, only polled.
+    pub stop: Option<std::os::fd::OwnedFd>,
 }
 
 impl SandboxSpec {
@@ -138,6 +142,7 @@ impl SandboxSpec {
             role: Role::Workload,
             input_files: Vec::new(),
             stdin: None,
+            stop: None,
         }
     }
 }

@@ -207,6 +207,8 @@ fn feed_stdin(limit: u64) -> Result<Option<(OwnedFd, Arc<AtomicBool>)>> {
     let cut = Arc::new(AtomicBool::new(false));
     let flag = cut.clone();
     std::thread::spawn(move || {
+        // The run's stop signals go to the main thread's signalfd, never to this thread.
+        let _ = stop_signals().thread_block();
         let mut sink = File::from(write);
         let mut input = std::io::stdin().lock();
         let mut buf = vec![0u8; 64 << 10];
@@ -230,6 +232,18 @@ fn feed_stdin(limit: u64) -> Result<Option<(OwnedFd, Arc<AtomicBool>)>> {
         }
     });
     Ok(Some((read, cut)))
+}
+
+/// The signals that stop a run (Ctrl-C, `kill`, a closed terminal): while the program runs
+/// they are blocked and read from a signalfd, so that the sandbox is torn down before Corral
+/// exits (128 + the signal's number) and leaves nothing behind.
+fn stop_signals() -> nix::sys::signal::SigSet {
+    use nix::sys::signal::Signal;
+    let mut set = nix::sys::signal::SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(s);
+    }
+    set
 }
 
 /// A checked request: the sandbox and the program to run in it.
@@ -402,9 +416,24 @@ pub fn main(args: RunArgs) -> i32 {
     };
     let live = !args.json;
     let stdin_cut = prepared.stdin_cut;
+    let mut spec = prepared.spec;
+    // From here on a stop signal tears the sandbox down before Corral exits.
+    let stop = match stop_signals().thread_block().and_then(|()| {
+        nix::sys::signalfd::SignalFd::with_flags(
+            &stop_signals(),
+            nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
+        )
+    }) {
+        Ok(fd) => fd,
+        Err(e) => return fail(&args, &format!("setting up signal handling: {e}")),
+    };
+    match std::os::fd::AsFd::as_fd(&stop).try_clone_to_owned() {
+        Ok(fd) => spec.stop = Some(fd),
+        Err(e) => return fail(&args, &format!("setting up signal handling: {e}")),
+    }
     let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
     let (mut result, workspace) = corral_kernel::oneshot::run(
-        prepared.spec,
+        spec,
         prepared.language.kernel(),
         &prepared.file_name,
         prepared.code,
@@ -419,6 +448,16 @@ pub fn main(args: RunArgs) -> i32 {
             }
         },
     );
+    // Stopped by a signal: the sandbox is gone already; nothing is copied, and Corral ends
+    // as the signal asked (128 + its number, as a shell reports it).
+    if let Ok(Some(siginfo)) = stop.read_signal() {
+        drop(workspace);
+        tell!(
+            "stopped by signal {}: the sandbox was torn down",
+            siginfo.ssi_signo
+        );
+        return 128 + siginfo.ssi_signo as i32;
+    }
     let mut warnings = Vec::new();
     if stdin_cut.is_some_and(|cut| cut.load(Ordering::Relaxed)) {
         warnings.push(format!(

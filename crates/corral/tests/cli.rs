@@ -295,3 +295,57 @@ fn a_cut_stream_ends_with_a_marker() {
         &stderr[stderr.len() - 100..]
     );
 }
+
+/// Ctrl-C (SIGINT), `kill` (SIGTERM) or a closed terminal (SIGHUP) while the program runs:
+/// Corral tears the sandbox down before it exits, with 128 + the signal's number, and leaves
+/// no process or cgroup of its own behind.
+#[test]
+fn a_stop_signal_tears_the_sandbox_down_before_corral_exits() {
+    use std::io::BufRead;
+    for signal in [
+        nix::sys::signal::Signal::SIGINT,
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGHUP,
+    ] {
+        let mut child = corral()
+            .args([
+                "-c",
+                "import subprocess, time\nsubprocess.Popen(['sleep', '300'])\nprint('running', flush=True)\ntime.sleep(300)",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        assert_eq!(lines.next().unwrap().unwrap(), "running");
+        let started = std::time::Instant::now();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+        assert_eq!(
+            out.status.code(),
+            Some(128 + signal as i32),
+            "{signal}: {out:?}"
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("the sandbox was torn down"),
+            "{signal}: {stderr}"
+        );
+        // Nothing of the run is left: no cgroup named after this corral process, no sleep.
+        let left: Vec<String> = corral_sandbox::cgroup::Layout::detect()
+            .map(|l| l.sandbox_cgroups())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|name| name.split('-').next() == Some(pid.to_string().as_str()))
+            .collect();
+        assert!(left.is_empty(), "{signal}: cgroups left: {left:?}");
+        let sleeping = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path().join("cmdline")).ok())
+            .any(|c| c == "sleep\u{0}300\u{0}");
+        assert!(!sleeping, "{signal}: the program's child outlived the run");
+    }
+}

@@ -1956,8 +1956,12 @@ fn rich_results_held_at_once_are_bounded_server_wide() {
         .iter()
         .map(|a| a["results"].as_array().unwrap().len() as u64)
         .sum();
+    // Each kept result takes twice its size of the budget while the server holds it. An
+    // answer that fits in the kernel's socket buffers is written, and its room given back,
+    // although its client has not read it yet: so a little more than budget / 2 MiB may be
+    // kept in all, never the whole flood.
     assert!(
-        (1..=budget / (2 * MIB)).contains(&kept),
+        (1..=budget / MIB).contains(&kept),
         "{kept} results of 1 MiB kept in all"
     );
     let warnings: Vec<&str> = answers
