@@ -275,6 +275,16 @@ impl Pool {
     /// fork fails because it died, this waits for the new one (up to [`ZYGOTE_WAIT`] in all)
     /// and forks from it; past that it fails with [`KernelError::ZygoteUnavailable`].
     pub fn fork_session(&self, options: &SessionOptions) -> Result<Session, KernelError> {
+        self.fork_with(|generation| fork_from(generation, options))
+    }
+
+    /// `fork` from the current zygote; while the zygote is being replaced, or when `fork`
+    /// failed because it died, waits for the next one (up to [`ZYGOTE_WAIT`] in all) and
+    /// forks from that; past that it fails with [`KernelError::ZygoteUnavailable`].
+    fn fork_with<T>(
+        &self,
+        fork: impl Fn(&Arc<Generation>) -> Result<T, KernelError>,
+    ) -> Result<T, KernelError> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(KernelError::ZygoteUnavailable {
                 reason: "the server is shutting down".into(),
@@ -284,7 +294,8 @@ impl Pool {
         let deadline = Instant::now() + ZYGOTE_WAIT;
         loop {
             let generation = self.wait_for_zygote(deadline)?;
-            match fork_from(&generation, options) {
+            match fork(&generation) {
+                Err(e @ KernelError::NeedsFreshInterpreter(_)) => return Err(e),
                 Err(_) if self.died(&generation) => continue,
                 other => return other,
             }
@@ -311,29 +322,14 @@ impl Pool {
         file_name: &str,
         code: &[u8],
     ) -> Result<ForkedRun, KernelError> {
-        if self.closed.load(Ordering::SeqCst) {
-            return Err(KernelError::ZygoteUnavailable {
-                reason: "the server is shutting down".into(),
-                retry_after: BACKOFF_MAX,
-            });
-        }
-        let deadline = Instant::now() + ZYGOTE_WAIT;
-        loop {
-            let generation = self.wait_for_zygote(deadline)?;
-            let forked =
+        self.fork_with(|generation| {
+            let mut run =
                 generation
                     .zygote
-                    .fork_run(limits, self.template.policy, env, file_name, code);
-            match forked {
-                Err(e @ KernelError::NeedsFreshInterpreter(_)) => return Err(e),
-                Err(_) if self.died(&generation) => continue,
-                Ok(mut run) => {
-                    run.keep_alive(generation);
-                    return Ok(run);
-                }
-                Err(e) => return Err(e),
-            }
-        }
+                    .fork_run(limits, self.template.policy, env, file_name, code)?;
+            run.keep_alive(generation.clone());
+            Ok(run)
+        })
     }
 
     fn current(&self) -> Option<Arc<Generation>> {

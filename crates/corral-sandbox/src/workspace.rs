@@ -272,17 +272,7 @@ impl OutDir {
         }
         let dir = self.enter_parents(rel, parents)?;
         self.check_entries(rel)?;
-        let how = OpenHow::new()
-            .flags(
-                OFlag::O_WRONLY
-                    | OFlag::O_CREAT
-                    | OFlag::O_EXCL
-                    | OFlag::O_NOFOLLOW
-                    | OFlag::O_CLOEXEC
-                    | OFlag::O_NOCTTY,
-            )
-            .mode(Mode::from_bits_truncate(0o644))
-            .resolve(resolve());
+        let how = new_file();
         let fd = match openat2(dir.as_raw_fd(), Path::new(name), how) {
             Ok(fd) => fd,
             Err(nix::errno::Errno::EEXIST) => return Err(CopyError::Exists(rel.to_path_buf())),
@@ -437,17 +427,7 @@ fn create_temp(dir: &OwnedFd) -> io::Result<(PathBuf, File)> {
     let mut attempts = 0;
     loop {
         let name = PathBuf::from(format!(".corral-upload-{}", crate::unique_name()));
-        let how = OpenHow::new()
-            .flags(
-                OFlag::O_WRONLY
-                    | OFlag::O_CREAT
-                    | OFlag::O_EXCL
-                    | OFlag::O_NOFOLLOW
-                    | OFlag::O_CLOEXEC
-                    | OFlag::O_NOCTTY,
-            )
-            .mode(Mode::from_bits_truncate(0o644))
-            .resolve(resolve());
+        let how = new_file();
         match openat2(dir.as_raw_fd(), &name, how) {
             // SAFETY: openat2 returned a new descriptor that nothing else owns.
             Ok(fd) => return Ok((name, File::from(unsafe { OwnedFd::from_raw_fd(fd) }))),
@@ -456,6 +436,22 @@ fn create_temp(dir: &OwnedFd) -> io::Result<(PathBuf, File)> {
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// How a new file is created beneath a directory the host holds: exclusively (never an
+/// existing name, link or special file), never through a link, mode 0644.
+fn new_file() -> OpenHow {
+    OpenHow::new()
+        .flags(
+            OFlag::O_WRONLY
+                | OFlag::O_CREAT
+                | OFlag::O_EXCL
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_CLOEXEC
+                | OFlag::O_NOCTTY,
+        )
+        .mode(Mode::from_bits_truncate(0o644))
+        .resolve(resolve())
 }
 
 fn resolve() -> ResolveFlag {
