@@ -855,6 +855,14 @@ fn sigterm_finishes_running_work_then_tears_every_sandbox_down() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
+    // A stopping server takes no new connection (docs/api.md, 503 `shutting_down`), while
+    // the execution it is running goes on.
+    let addr = s.url.trim_start_matches("http://").to_string();
+    wait_until(
+        "new connections are refused",
+        Duration::from_secs(2),
+        || std::net::TcpStream::connect(&addr).is_err(),
+    );
     let finished = running
         .join()
         .unwrap()
