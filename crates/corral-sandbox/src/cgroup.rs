@@ -457,7 +457,10 @@ impl Cgroup {
         if !self.procs().is_empty() {
             self.kill_all();
         }
-        let until = Instant::now() + Duration::from_secs(2);
+        // Processes with large address spaces take a while to exit on a loaded host (a server
+        // tearing its warm pool down at once); past this, the next Corral process of this
+        // user sweeps the empty cgroup (`Layout::sweep_stale`).
+        let until = Instant::now() + Duration::from_secs(10);
         for (_, dir) in self.dirs.drain(..).rev() {
             loop {
                 match fs::remove_dir(&dir) {
