@@ -202,3 +202,41 @@ def test_a_client_that_goes_away_interrupts_its_execution(client, sbx):
     execution = sbx.run_code("'still here'")  # waits for the interrupted one to end
     assert execution.text == "still here"  # without quotes, as E2B shows strings
     assert time.monotonic() - started < 10
+
+
+def test_refusals_leave_the_connection_usable(corral_server, sbx):
+    """A request Corral refuses (a call it does not serve, a sandbox that is not there) is
+    refused after its body is read, so the client's kept-alive connection carries its next
+    request (the SDK pools connections)."""
+    request = json.dumps({"process": {"pid": 1000}}).encode()
+
+    def chunks():  # a streamed request body, as the SDK sends a server-streaming call
+        framed = struct.pack(">BI", 0, len(request)) + request
+        yield framed[:3]
+        yield framed[3:]
+
+    connect = {"Content-Type": "application/connect+json"}
+    unknown = {"E2b-Sandbox-Id": "sbx-unknown", "X-Access-Token": "x"}
+    refused = [
+        ("POST", "/process.Process/Connect", {"content": chunks, "headers": connect}, 501),
+        ("POST", "/filesystem.Filesystem/ListDir", {"json": {"path": "/home/user"}}, 501),
+        ("POST", "/contexts", {"json": {"language": "python", "cwd": "/home/user"}}, 501),
+        ("GET", "/sandboxes/x/metrics", {}, 501),
+        ("POST", "/execute", {"json": {"code": "1"}, "headers": unknown}, 502),
+        ("POST", "/process.Process/Start", {"content": chunks, "headers": {**connect, **unknown}}, 502),
+        ("POST", "/process.Process/SendSignal", {"json": {"process": {"pid": 1}}, "headers": unknown}, 502),
+    ]
+    one_connection = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    with httpx.Client(base_url=corral_server, timeout=60, limits=one_connection) as client:
+        for _ in range(3):
+            for method, path, kwargs, status in refused:
+                kwargs = dict(kwargs)
+                if callable(kwargs.get("content")):
+                    kwargs["content"] = kwargs["content"]()
+                headers = {**plane(sbx), "X-API-KEY": os.environ["E2B_API_KEY"]}
+                headers.update(kwargs.pop("headers", {}))
+                r = client.request(method, path, headers=headers, **kwargs)
+                assert r.status_code == status, (path, r.text)
+                if status == 501:
+                    assert "not supported by Corral" in r.json()["message"]
+                assert client.get("/health", headers=plane(sbx)).status_code == 204

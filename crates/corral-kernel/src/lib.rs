@@ -15,5 +15,5 @@ pub mod zygote;
 pub use event::Event;
 pub use manager::{ManagerError, SessionInfo, SessionManager};
 pub use pool::{Pool, ZygoteStatus};
-pub use session::{Death, Interrupter, KernelError, Language, Session, SessionOptions};
+pub use session::{Death, Interrupter, KernelError, Language, Session, SessionOptions, Stopper};
 pub use zygote::Zygote;

@@ -12,7 +12,7 @@ use corral_sandbox::{ExecutionResult, Workspace};
 
 use crate::event::Event;
 use crate::pool::Pool;
-use crate::session::{Interrupter, KernelError, Session, SessionOptions};
+use crate::session::{Interrupter, KernelError, Session, SessionOptions, Stopper};
 
 /// What a caller may see of a session.
 #[derive(Debug, Clone, PartialEq)]
@@ -172,7 +172,9 @@ impl SessionManager {
     }
 
     /// Runs a program in session `id`'s sandbox (see [`Session::run_command`]); serialized
-    /// with its executions. It does not count as an execution.
+    /// with its executions, and stopped by `stop` whether it waits for them or runs. It does
+    /// not count as an execution.
+    #[allow(clippy::too_many_arguments)]
     pub fn run_command(
         &self,
         id: &str,
@@ -180,11 +182,12 @@ impl SessionManager {
         cwd: Option<&str>,
         env: &[(String, String)],
         timeout: Duration,
+        stop: &Stopper,
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<ExecutionResult, ManagerError> {
         let entry = self.entry(id)?;
         let mut session = entry.session.lock().expect("session lock");
-        let result = session.run_command(argv, cwd, env, timeout, on_event)?;
+        let result = session.run_command(argv, cwd, env, timeout, stop, on_event)?;
         *entry.last_used.lock().expect("lock") = Instant::now();
         let mut info = entry.info.lock().expect("lock");
         info.last_used = SystemTime::now();

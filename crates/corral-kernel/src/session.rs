@@ -3,7 +3,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corral_sandbox::{
@@ -20,6 +20,10 @@ use crate::runtime;
 
 /// How long a kernel may take to answer an interrupt before its sandbox is killed.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
+/// How often the interrupt of a command is sent again until the command ends: a kernel
+/// ignores one that comes before it has set the command up (it cannot tell it from one meant
+/// for a run that has ended), and takes a command's interrupt any number of times.
+const COMMAND_INTERRUPT_AGAIN: Duration = Duration::from_millis(100);
 /// Startup stderr kept for the error message of a kernel that failed to start.
 const STARTUP_STDERR: usize = 8 << 10;
 
@@ -145,6 +149,75 @@ impl Interrupter {
     pub fn interrupt(&self) {
         let _ = nix::unistd::write(self.0.as_fd(), b"i");
     }
+}
+
+/// Stops one command and no other, from any thread (see [`Session::run_command`]): one that
+/// has not started yet never starts, one that runs has its process group killed. Unlike an
+/// [`Interrupter`], it never reaches the session's next run.
+#[derive(Debug, Clone, Default)]
+pub struct Stopper(Arc<Mutex<Stopping>>);
+
+#[derive(Debug, Default)]
+struct Stopping {
+    run: RunState,
+    stopped: bool,
+}
+
+#[derive(Debug, Default)]
+enum RunState {
+    #[default]
+    Waiting,
+    /// Running; the interrupter of its session.
+    Running(Interrupter),
+    Ended,
+}
+
+impl Stopper {
+    /// Stops the command; false when it had already ended (nothing was stopped).
+    pub fn stop(&self) -> bool {
+        let mut s = self.0.lock().expect("stopper lock");
+        match &s.run {
+            RunState::Ended => return false,
+            // Sent under the lock, so never after the run has ended (see `end`).
+            RunState::Running(interrupter) if !s.stopped => interrupter.interrupt(),
+            RunState::Running(_) | RunState::Waiting => {}
+        }
+        s.stopped = true;
+        true
+    }
+
+    /// The command starts, in the session `interrupter` interrupts; false (and it does not
+    /// start) when it was stopped before.
+    fn begin(&self, interrupter: Interrupter) -> bool {
+        let mut s = self.0.lock().expect("stopper lock");
+        if s.stopped {
+            s.run = RunState::Ended;
+            return false;
+        }
+        s.run = RunState::Running(interrupter);
+        true
+    }
+
+    /// The command has ended (called while its session is still held, so that an interrupt
+    /// sent before is either seen by the command or drained by the next run); whether it
+    /// was stopped.
+    fn end(&self) -> bool {
+        let mut s = self.0.lock().expect("stopper lock");
+        s.run = RunState::Ended;
+        s.stopped
+    }
+}
+
+/// The exit status the kernel reports for a command an interrupt killed (a shell's, after
+/// SIGINT).
+const INTERRUPTED_STATUS: i32 = 130;
+
+/// Makes `result` that of a command a [`Stopper`] stopped: killed by SIGKILL.
+fn stopped(result: &mut ExecutionResult) {
+    result.status = Status::Error;
+    result.exit_code = None;
+    result.signal = Some(nix::sys::signal::Signal::SIGKILL as i32);
+    result.error_message = Some("the command was stopped (killed by SIGKILL)".into());
 }
 
 /// Why a session can no longer execute.
@@ -488,7 +561,7 @@ impl Session {
     ) -> ExecutionResult {
         let id = self.next_id();
         let frame = encode(&HostMessage::Execute { id: &id, code });
-        self.exchange(&id, &frame, Kind::Cell, timeout, on_event)
+        self.exchange(&id, &frame, Kind::Cell, timeout, None, on_event)
     }
 
     /// Runs a cell that nobody sees and that leaves no trace in the interpreter (not in its
@@ -506,6 +579,7 @@ impl Session {
             &frame,
             Kind::WarmUp,
             Duration::from_secs(30),
+            None,
             &mut |_| {},
         );
     }
@@ -518,13 +592,15 @@ impl Session {
     /// program's exit status (128 + N after signal N; 130 when interrupted), and a non-zero
     /// status is `error` without a language error. A program that cannot be started
     /// (`CommandError`) is an error like a language error. Commands do not count as
-    /// executions.
+    /// executions. A command that `stop` stops, before it starts or while it runs, ends
+    /// killed by `SIGKILL` (no exit code).
     pub fn run_command(
         &mut self,
         argv: &[String],
         cwd: Option<&str>,
         env: &[(String, String)],
         timeout: Duration,
+        stop: &Stopper,
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<ExecutionResult, KernelError> {
         check_command(argv, cwd, env)?;
@@ -541,7 +617,7 @@ impl Session {
                 frame.len() - 4
             )));
         }
-        Ok(self.exchange(&id, &frame, Kind::Command, timeout, on_event))
+        Ok(self.exchange(&id, &frame, Kind::Command, timeout, Some(stop), on_event))
     }
 
     /// Makes a session taken from the warm pool (made with the pool's options, without an
@@ -583,6 +659,7 @@ impl Session {
         frame: &[u8],
         kind: Kind,
         timeout: Duration,
+        stop: Option<&Stopper>,
         on_event: &mut dyn FnMut(&Event),
     ) -> ExecutionResult {
         let started = Instant::now();
@@ -606,6 +683,11 @@ impl Session {
         // session was idle (a client that left just as its execution ended) must not stop
         // this one.
         self.drain_wake();
+        if stop.is_some_and(|stop| !stop.begin(self.interrupter())) {
+            stopped(&mut result);
+            self.emit_end(&mut result, started, cpu_before, on_event);
+            return result;
+        }
         // Each exchange may send back the whole budget of frames and results again.
         self.decoder.begin_execution();
         if let Err(e) = write_all(self.kernel.socket.as_fd(), frame) {
@@ -621,6 +703,8 @@ impl Session {
         let mut buf = vec![0u8; 64 << 10];
         let deadline = started + timeout;
         let mut interrupted_at: Option<Instant> = None;
+        // When the interrupt was last sent: a command's is sent again until the command ends.
+        let mut interrupt_sent = started;
         let mut timed_out = false;
         let mut done = false;
         while !done && self.dead.is_none() {
@@ -636,9 +720,17 @@ impl Session {
                 }
                 timed_out = true;
                 self.kernel.host.interrupt();
-                interrupted_at = Some(now);
+                (interrupted_at, interrupt_sent) = (Some(now), now);
                 continue;
             }
+            let again = (interrupted_at.is_some() && kind == Kind::Command)
+                .then(|| interrupt_sent + COMMAND_INTERRUPT_AGAIN);
+            if again.is_some_and(|t| now >= t) {
+                self.kernel.host.interrupt();
+                interrupt_sent = now;
+                continue;
+            }
+            let wake_at = again.map_or(until, |t| t.min(until));
             let sandbox = &self.kernel.host;
             let mut fds = [
                 PollFd::new(self.kernel.socket.as_fd(), PollFlags::POLLIN),
@@ -649,7 +741,8 @@ impl Session {
             ];
             match poll(
                 &mut fds,
-                PollTimeout::try_from(until - now).unwrap_or(PollTimeout::MAX),
+                PollTimeout::try_from(wake_at.saturating_duration_since(now))
+                    .unwrap_or(PollTimeout::MAX),
             ) {
                 Ok(_) | Err(nix::errno::Errno::EINTR) => {}
                 Err(e) => {
@@ -662,7 +755,8 @@ impl Session {
                 read_into(self.wake_read.as_fd(), &mut buf);
                 if interrupted_at.is_none() {
                     self.kernel.host.interrupt();
-                    interrupted_at = Some(Instant::now());
+                    let sent = Instant::now();
+                    (interrupted_at, interrupt_sent) = (Some(sent), sent);
                 }
             }
             if ready[1] {
@@ -696,9 +790,12 @@ impl Session {
 
         result.warnings.extend(self.decoder.warnings());
         result.reservation = self.decoder.take_held();
+        let was_stopped = stop.is_some_and(Stopper::end);
         if let Some(death) = &self.dead {
             result.status = death.status;
             result.error_message = Some(death.message.clone());
+        } else if was_stopped && result.exit_code == Some(INTERRUPTED_STATUS) {
+            stopped(&mut result);
         } else if timed_out {
             result.status = Status::Timeout;
             let (what, how) = match kind {

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use corral_kernel::{Event, Language, Session, SessionOptions, Zygote};
+use corral_kernel::{Event, Language, Session, SessionOptions, Stopper, Zygote};
 use corral_sandbox::{ExecutionResult, Rootfs, Status};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -531,7 +531,14 @@ fn strings(items: &[&str]) -> Vec<String> {
 
 fn command(session: &mut Session, argv: &[&str], cwd: Option<&str>) -> ExecutionResult {
     session
-        .run_command(&strings(argv), cwd, &[], 20 * SECOND, &mut |_| {})
+        .run_command(
+            &strings(argv),
+            cwd,
+            &[],
+            20 * SECOND,
+            &Stopper::default(),
+            &mut |_| {},
+        )
         .expect("a valid command")
 }
 
@@ -559,6 +566,7 @@ fn commands_run_in_the_sandbox_and_report_their_exit_code() {
                 None,
                 &[("GREETING".into(), "hi".into())],
                 20 * SECOND,
+                &Stopper::default(),
                 &mut |e| events.push(e.clone()),
             )
             .unwrap();
@@ -662,6 +670,7 @@ fn interrupt_and_timeout_kill_the_command_group_and_keep_the_session() {
                 None,
                 &[],
                 SECOND,
+                &Stopper::default(),
                 &mut |_| {},
             )
             .unwrap();
@@ -696,7 +705,9 @@ fn invalid_commands_are_refused_before_reaching_the_kernel() {
     ];
     for (argv, cwd, env) in cases {
         let mut events = 0;
-        let r = s.run_command(&argv, cwd, &env, SECOND, &mut |_| events += 1);
+        let r = s.run_command(&argv, cwd, &env, SECOND, &Stopper::default(), &mut |_| {
+            events += 1
+        });
         assert!(
             matches!(r, Err(KernelError::InvalidCommand(_))),
             "{argv:?} {cwd:?} {env:?}: {r:?}"
@@ -726,6 +737,7 @@ fn manager_runs_commands_beside_executions() {
             None,
             &[("A".into(), "b".into())],
             10 * SECOND,
+            &Stopper::default(),
             &mut |_| {},
         )
         .unwrap();
@@ -734,7 +746,15 @@ fn manager_runs_commands_beside_executions() {
     assert_eq!(got.executions, 1, "commands are not executions");
     assert!(got.last_used >= info.last_used && got.death.is_none());
     assert!(matches!(
-        manager.run_command(&info.id, &[], None, &[], SECOND, &mut |_| {}),
+        manager.run_command(
+            &info.id,
+            &[],
+            None,
+            &[],
+            SECOND,
+            &Stopper::default(),
+            &mut |_| {}
+        ),
         Err(ManagerError::Kernel(KernelError::InvalidCommand(_)))
     ));
     assert!(matches!(
@@ -744,11 +764,121 @@ fn manager_runs_commands_beside_executions() {
             None,
             &[],
             SECOND,
+            &Stopper::default(),
             &mut |_| {}
         ),
         Err(ManagerError::NotFound(_))
     ));
     manager.close(&info.id).unwrap();
+}
+
+/// A stopper stops its own command, running or still waiting for the session, and no other:
+/// not the one running while it waits, not the next one.
+#[test]
+fn a_stopper_stops_its_command_and_no_other() {
+    use corral_kernel::SessionManager;
+    use std::sync::mpsc;
+    let manager = SessionManager::new();
+    let info = manager
+        .create(
+            &SessionOptions::new(Language::Python),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+    let id = info.id.as_str();
+    let sh = |script: &str| strings(&["sh", "-c", script]);
+    // Runs `script` with `stop`, telling `started` at its first output.
+    let run = |script: &str, stop: &Stopper, started: mpsc::Sender<()>| {
+        manager.run_command(id, &sh(script), None, &[], 30 * SECOND, stop, &mut |e| {
+            if matches!(e, Event::Stdout { .. }) {
+                let _ = started.send(());
+            }
+        })
+    };
+    let (stop, first_stop, second_stop) =
+        (Stopper::default(), Stopper::default(), Stopper::default());
+    std::thread::scope(|scope| {
+        // Stopped while it runs: killed by SIGKILL, what it printed before is kept.
+        let (started_tx, started) = mpsc::channel();
+        let running =
+            scope.spawn(|| run("echo started; sleep 60; echo finished", &stop, started_tx));
+        started.recv().unwrap();
+        assert!(stop.stop());
+        let r = running.join().unwrap().unwrap();
+        assert_eq!(
+            (r.status, r.exit_code, r.signal, r.stdout.as_str()),
+            (Status::Error, None, Some(9), "started\n"),
+            "{r:?}"
+        );
+        assert!(!stop.stop(), "an ended command is not stopped again");
+
+        // Stopped while it waits for the one that runs: it never starts, the other finishes.
+        let (started_tx, started) = mpsc::channel();
+        let first = scope.spawn(|| run("echo one; sleep 2; echo two", &first_stop, started_tx));
+        started.recv().unwrap();
+        let (unused_tx, _) = mpsc::channel();
+        let second = scope.spawn(|| run("echo never > never.txt", &second_stop, unused_tx));
+        assert!(second_stop.stop());
+        let r = first.join().unwrap().unwrap();
+        assert_eq!(
+            (r.exit_code, r.stdout.as_str()),
+            (Some(0), "one\ntwo\n"),
+            "{r:?}"
+        );
+        let r = second.join().unwrap().unwrap();
+        assert_eq!((r.exit_code, r.signal), (None, Some(9)), "{r:?}");
+        assert!(!first_stop.stop() && !second_stop.stop());
+    });
+    // Nothing of the stops reaches the next command, which never ran the stopped one.
+    let r = manager
+        .run_command(
+            id,
+            &sh("ls never.txt"),
+            None,
+            &[],
+            10 * SECOND,
+            &Stopper::default(),
+            &mut |_| {},
+        )
+        .unwrap();
+    assert_eq!((r.status, r.exit_code), (Status::Error, Some(2)), "{r:?}");
+    manager.close(id).unwrap();
+}
+
+/// A command stopped just as it starts, before its kernel is ready to take the interrupt
+/// (the first command of a fresh kernel imports what it needs first), is killed all the same,
+/// and its session lives on.
+#[test]
+fn a_command_stopped_as_it_starts_is_killed_and_its_session_lives() {
+    for delay_ms in 0..12u64 {
+        let mut s = zygote()
+            .fork_session(&SessionOptions::new(Language::Python))
+            .expect("a forked session starts");
+        let stop = Stopper::default();
+        let r = std::thread::scope(|scope| {
+            let running = scope.spawn(|| {
+                s.run_command(
+                    &strings(&["sleep", "30"]),
+                    None,
+                    &[],
+                    20 * SECOND,
+                    &stop,
+                    &mut |_| {},
+                )
+            });
+            // Stops that land at different points of the command's start.
+            std::thread::sleep(Duration::from_millis(delay_ms * 3));
+            assert!(stop.stop());
+            running.join().unwrap().unwrap()
+        });
+        assert_eq!(
+            (r.exit_code, r.signal),
+            (None, Some(9)),
+            "{delay_ms}: {r:?}"
+        );
+        assert!(s.is_alive(), "{delay_ms}: {r:?}");
+        assert_eq!(run(&mut s, "print(1)").stdout, "1\n");
+    }
 }
 
 /// A session taken from the warm pool is a fresh interpreter to its client: the warm-up its

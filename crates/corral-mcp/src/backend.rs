@@ -6,6 +6,7 @@ use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
 
+use corral_kernel::Stopper;
 use corral_sandbox::{ExecutionResult, FileEntry};
 use corral_server::service::{
     CommandRequest, CreateSandboxRequest, ExecuteRequest, SandboxInfo, ServiceError,
@@ -149,7 +150,7 @@ impl Backend for InProcess {
     ) -> Result<ExecutionResult, BackendError> {
         Ok(self
             .service
-            .run_command(&caller.tenant, id, req, &mut |_| {})?)
+            .run_command(&caller.tenant, id, req, &Stopper::default(), &mut |_| {})?)
     }
 
     fn write_file(

@@ -2,7 +2,9 @@
 //! (<https://connectrpc.com/docs/protocol#streaming-rpcs>): each message is
 //! `[flags u8][length u32 big-endian][payload]`. Flag `0x01` marks a compressed payload (never
 //! accepted here: Corral announces only `identity`), flag `0x02` the end-of-stream message.
+//! Also the protocol's error codes (<https://connectrpc.com/docs/protocol#error-codes>).
 
+use axum::http::StatusCode;
 use bytes::{BufMut, Bytes, BytesMut};
 
 /// Flag bit of a compressed payload.
@@ -101,6 +103,48 @@ impl Decoder {
     }
 }
 
+/// The Connect error codes Corral answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    InvalidArgument,
+    NotFound,
+    FailedPrecondition,
+    ResourceExhausted,
+    DeadlineExceeded,
+    Unimplemented,
+    Internal,
+    Unavailable,
+}
+
+impl Code {
+    /// The code as it is written in an error's `code`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::InvalidArgument => "invalid_argument",
+            Code::NotFound => "not_found",
+            Code::FailedPrecondition => "failed_precondition",
+            Code::ResourceExhausted => "resource_exhausted",
+            Code::DeadlineExceeded => "deadline_exceeded",
+            Code::Unimplemented => "unimplemented",
+            Code::Internal => "internal",
+            Code::Unavailable => "unavailable",
+        }
+    }
+
+    /// The HTTP status of a unary call that fails with this code.
+    pub fn http_status(self) -> StatusCode {
+        match self {
+            Code::InvalidArgument | Code::FailedPrecondition => StatusCode::BAD_REQUEST,
+            Code::NotFound => StatusCode::NOT_FOUND,
+            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+            Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+            Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+            Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
 /// Frames `payload` as one envelope.
 pub fn encode(flags: u8, payload: &[u8]) -> Bytes {
     let len = u32::try_from(payload.len()).expect("a Connect message fits in 4 GiB");
@@ -129,6 +173,22 @@ mod tests {
             }
         }
         (out, decoder.finish())
+    }
+
+    #[test]
+    fn codes_have_the_protocol_names_and_statuses() {
+        assert_eq!(Code::Unimplemented.as_str(), "unimplemented");
+        assert_eq!(
+            Code::Unimplemented.http_status(),
+            StatusCode::NOT_IMPLEMENTED
+        );
+        assert_eq!(Code::NotFound.as_str(), "not_found");
+        assert_eq!(Code::NotFound.http_status(), StatusCode::NOT_FOUND);
+        assert_eq!(
+            Code::FailedPrecondition.http_status(),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(Code::DeadlineExceeded.as_str(), "deadline_exceeded");
     }
 
     #[test]

@@ -8,14 +8,17 @@
 //!   Errors are `{"code": <status>, "message": "..."}`, the shape the SDK parses.
 //! - Sandbox plane, selected by the `E2b-Sandbox-Id` header and authenticated by the
 //!   per-sandbox `X-Access-Token` handed out at creation: `POST /execute` (NDJSON),
-//!   `POST/GET /files`, `GET /health` and the Connect RPC `POST /process.Process/Start`.
+//!   `POST/GET /files`, `GET /health` and the Connect RPCs `POST /process.Process/Start` and
+//!   `POST /process.Process/SendSignal` (which kills a command started by `Start`).
 //!   A sandbox that is unknown or gone answers 502 "The sandbox … was not found", as E2B's
 //!   edge proxy does; the SDK reads that as "not running". So does a sandbox whose token is
 //!   missing or wrong, so that the answer never tells whether an id exists.
 //!
 //! E2B paths are mapped onto the session's workspace: relative paths and paths under
 //! `/home/user` (E2B's home) or `/workspace` name workspace files; other absolute paths are
-//! refused. Code contexts (`/contexts`), per-execution `env_vars` and PTYs are not supported.
+//! refused. The SDK calls Corral does not serve ([`Unsupported`]) are answered as E2B
+//! answers an operation it does not implement, with a message that says so: HTTP 501 on the
+//! REST routes, the Connect code `unimplemented` on the RPCs.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -28,17 +31,17 @@ use axum::extract::{DefaultBodyLimit, FromRequestParts, Multipart, Path, Query, 
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post, put};
 use axum::{Extension, Json, Router};
 use base64::Engine as _;
-use corral_kernel::Event;
+use corral_kernel::{Event, Stopper};
 use corral_sandbox::{ExecutionResult, Limits, Reservation, Status};
 use futures_util::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::config::Config;
-use crate::connect::{self, Decoder, FLAG_END_STREAM};
+use crate::connect::{self, Code, Decoder, FLAG_END_STREAM};
 use crate::error::ApiError;
 use crate::http::{authenticate, blocking, parse_json, stream_frames, stream_upload, AppState};
 use crate::service::{CommandRequest, CreateSandboxRequest, ExecuteRequest, ServiceError, Tenant};
@@ -57,6 +60,8 @@ const WORKSPACE: &str = "/workspace";
 const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 const CONNECT_JSON: &str = "application/connect+json";
+const PROCESS_SERVICE: &str = "process.Process";
+const FILESYSTEM_SERVICE: &str = "filesystem.Filesystem";
 /// Pids shown to the SDK (`start{pid}`) are counted from here; nothing else uses them.
 const FIRST_PID: u32 = 1000;
 
@@ -119,6 +124,115 @@ impl IntoResponse for E2bError {
     }
 }
 
+/// The E2B SDK calls Corral does not serve. Each is answered as E2B answers an operation it
+/// does not implement, never as something missing (which the SDK would report as a missing
+/// file or sandbox): 501 on the REST routes, the Connect code `unimplemented` on the RPCs.
+/// The messages name the SDK call, say that Corral does not support it, and what to do
+/// instead. docs/e2b.md lists them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum Unsupported {
+    #[error(
+        "Sandbox.list is not supported by Corral: keep the ids Sandbox.create returns \
+         (Corral's own API lists a key's sandboxes: GET /v1/sandboxes)"
+    )]
+    ListSandboxes,
+    #[error("get_metrics is not supported by Corral: it keeps no metrics history of a sandbox")]
+    Metrics,
+    #[error(
+        "pause is not supported by Corral: a sandbox cannot be paused; \
+         set_timeout keeps it alive longer"
+    )]
+    Pause,
+    #[error("fork is not supported by Corral: create another sandbox")]
+    Fork,
+    #[error(
+        "snapshots (create_snapshot, list_snapshots, delete_snapshot) are not supported by \
+         Corral"
+    )]
+    Snapshots,
+    #[error(
+        "update_network is not supported by Corral: its sandboxes have no network but loopback"
+    )]
+    Network,
+    #[error(
+        "code contexts (create_code_context, list_code_contexts, remove_code_context, \
+         restart_code_context, run_code(context=...)) are not supported by Corral: run_code \
+         runs in the sandbox's one interpreter; create another sandbox for separate state"
+    )]
+    CodeContexts,
+    #[error(
+        "run_code(envs=...) is not supported by Corral: pass envs to Sandbox.create(), \
+         or set os.environ in the code"
+    )]
+    ExecutionEnvs,
+    #[error(
+        "run_code(language={language:?}) is not supported by Corral: {reason}; a Corral \
+         sandbox runs the one language of its image"
+    )]
+    Language { language: String, reason: String },
+    #[error("PTYs (pty.create) are not supported by Corral: commands.run runs without a terminal")]
+    Pty,
+    #[error(
+        "sending {signal} is not supported by Corral: commands.kill and handle.kill (SIGKILL) are"
+    )]
+    Signal { signal: String },
+    #[error("{}", rpc_message(.service, .method))]
+    Rpc {
+        service: &'static str,
+        method: String,
+    },
+}
+
+/// The message of [`Unsupported::Rpc`]: the SDK calls that use `service/method`.
+fn rpc_message(service: &str, method: &str) -> String {
+    let rpc = format!("{service}/{method}");
+    let (calls, verb) = match (service, method) {
+        (PROCESS_SERVICE, "Connect") => {
+            return format!(
+                "commands.connect and pty.connect ({rpc}) are not supported by Corral: a \
+                 command's output goes to the call that started it; keep the handle that \
+                 commands.run(..., background=True) returns"
+            )
+        }
+        (PROCESS_SERVICE, "List") => {
+            return format!(
+                "commands.list ({rpc}) is not supported by Corral: keep the handles (and pids) \
+                 that commands.run(..., background=True) returns"
+            )
+        }
+        (PROCESS_SERVICE, "SendInput" | "StreamInput" | "CloseStdin") => {
+            return format!(
+                "writing to a command's stdin (send_stdin, stream_input, close_stdin: {rpc}) is \
+                 not supported by Corral: commands read stdin from /dev/null; write the input \
+                 to a file with files.write and redirect it (cmd < file)"
+            )
+        }
+        (PROCESS_SERVICE, "Update") => {
+            return format!("pty.resize ({rpc}) is not supported by Corral: it has no PTYs")
+        }
+        (FILESYSTEM_SERVICE, "Stat") => ("files.exists and files.get_info", "are"),
+        (FILESYSTEM_SERVICE, "ListDir") => ("files.list", "is"),
+        (FILESYSTEM_SERVICE, "MakeDir") => ("files.make_dir", "is"),
+        (FILESYSTEM_SERVICE, "Move") => ("files.rename", "is"),
+        (FILESYSTEM_SERVICE, "Remove") => ("files.remove", "is"),
+        (
+            FILESYSTEM_SERVICE,
+            "WatchDir" | "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher",
+        ) => ("files.watch_dir", "is"),
+        _ => return format!("{rpc} is not supported by Corral"),
+    };
+    format!(
+        "{calls} ({rpc}) {verb} not supported by Corral, which serves files.read and \
+         files.write: run a command instead, e.g. commands.run('ls -la')"
+    )
+}
+
+impl From<Unsupported> for E2bError {
+    fn from(e: Unsupported) -> E2bError {
+        E2bError::new(StatusCode::NOT_IMPLEMENTED, e.to_string())
+    }
+}
+
 /// A sandbox made through this face: who owns it, the token of its sandbox plane, and the
 /// template it was asked for.
 struct Registered {
@@ -128,11 +242,35 @@ struct Registered {
 }
 
 /// The sandboxes of the E2B face, by id. A sandbox closed elsewhere (native API, idle
-/// expiry) is forgotten when next seen gone, and on every creation.
+/// expiry) is forgotten when next seen gone, and on every creation. Also the commands
+/// started by `process.Process/Start`, by pid, from their start until their end.
 #[derive(Default)]
 struct Registry {
     sandboxes: Mutex<HashMap<String, Registered>>,
+    processes: Mutex<HashMap<u32, Process>>,
     next_pid: AtomicU32,
+}
+
+/// A command of `process.Process/Start`: its sandbox, and what stops it.
+struct Process {
+    sandbox: String,
+    stop: Stopper,
+}
+
+/// A command's entry in the [`Registry`], removed when this is dropped (its command ended).
+struct ProcessEntry {
+    registry: Arc<Registry>,
+    pid: u32,
+}
+
+impl Drop for ProcessEntry {
+    fn drop(&mut self) {
+        self.registry
+            .processes
+            .lock()
+            .expect("lock")
+            .remove(&self.pid);
+    }
 }
 
 impl Registry {
@@ -200,6 +338,39 @@ impl Registry {
     fn next_pid(&self) -> u32 {
         FIRST_PID.wrapping_add(self.next_pid.fetch_add(1, Ordering::Relaxed))
     }
+
+    /// A new command of sandbox `id`: its pid (as the SDK sees it), what stops it, and its
+    /// entry, which lasts until the command has ended.
+    fn start_process(self: &Arc<Self>, id: &str) -> (u32, Stopper, ProcessEntry) {
+        let stop = Stopper::default();
+        let mut processes = self.processes.lock().expect("lock");
+        let pid = loop {
+            let pid = self.next_pid();
+            if !processes.contains_key(&pid) {
+                break pid;
+            }
+        };
+        let process = Process {
+            sandbox: id.to_string(),
+            stop: stop.clone(),
+        };
+        processes.insert(pid, process);
+        let entry = ProcessEntry {
+            registry: self.clone(),
+            pid,
+        };
+        (pid, stop, entry)
+    }
+
+    /// What stops sandbox `id`'s command `pid`, if it has not ended.
+    fn process(&self, id: &str, pid: u32) -> Option<Stopper> {
+        self.processes
+            .lock()
+            .expect("lock")
+            .get(&pid)
+            .filter(|p| p.sandbox == id)
+            .map(|p| p.stop.clone())
+    }
 }
 
 /// Compares a secret without stopping at the first difference.
@@ -218,13 +389,50 @@ pub fn router(config: &Config) -> Router<AppState> {
         .route("/files", get(read_file).post(write_files))
         .layer(DefaultBodyLimit::max(config.max_body_bytes));
     Router::new()
-        .route("/v2/sandboxes", post(create_sandbox))
+        .route(
+            "/v2/sandboxes",
+            post(create_sandbox).get(|s, h, b| refuse(s, h, b, Unsupported::ListSandboxes)),
+        )
         .route("/v2/sandboxes/{id}/connect", post(connect_sandbox))
         .route("/sandboxes/{id}", get(sandbox_info).delete(kill_sandbox))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route(
+            "/sandboxes/{id}/metrics",
+            get(|s, h, b| refuse(s, h, b, Unsupported::Metrics)),
+        )
+        .route(
+            "/sandboxes/{id}/pause",
+            post(|s, h, b| refuse(s, h, b, Unsupported::Pause)),
+        )
+        .route(
+            "/sandboxes/{id}/fork",
+            post(|s, h, b| refuse(s, h, b, Unsupported::Fork)),
+        )
+        .route(
+            "/sandboxes/{id}/snapshots",
+            post(|s, h, b| refuse(s, h, b, Unsupported::Snapshots)),
+        )
+        .route(
+            "/snapshots",
+            get(|s, h, b| refuse(s, h, b, Unsupported::Snapshots)),
+        )
+        .route(
+            "/templates/{id}",
+            delete(|s, h, b| refuse(s, h, b, Unsupported::Snapshots)),
+        )
+        .route(
+            "/sandboxes/{id}/network",
+            put(|s, h, b| refuse(s, h, b, Unsupported::Network)),
+        )
         .route("/execute", post(execute))
+        .route("/contexts", get(code_contexts).post(code_contexts))
+        .route("/contexts/{id}", delete(code_contexts))
+        .route("/contexts/{id}/restart", post(code_contexts))
         .route("/health", get(health))
         .route("/process.Process/Start", post(process_start))
+        .route("/process.Process/SendSignal", post(send_signal))
+        .route("/process.Process/{method}", post(process_rpc))
+        .route("/filesystem.Filesystem/{method}", post(filesystem_rpc))
         .layer(DefaultBodyLimit::max(config.max_json_bytes))
         .merge(uploads)
         .layer(Extension(Arc::new(Registry::default())))
@@ -668,29 +876,36 @@ struct RunCode {
 /// `run_code`: NDJSON lines in the Jupyter server's format, one object per line.
 async fn execute(
     State(state): State<AppState>,
-    sandbox: PlaneSandbox,
+    sandbox: Result<PlaneSandbox, E2bError>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
+    // Refused only now that the body is read: a connection whose request was not read to its
+    // end is closed, and the client's next request on it cut off.
+    let sandbox = sandbox?;
     let req: RunCode = parse_json(&body).map_err(E2bError::bad_request)?;
     if req.context_id.is_some() {
-        return Err(E2bError::bad_request(
-            "code contexts are not supported: run code in the sandbox's default context",
-        ));
+        return Err(Unsupported::CodeContexts.into());
     }
     if req.env_vars.as_ref().is_some_and(|e| !e.is_empty()) {
-        return Err(E2bError::bad_request(
-            "per-execution env_vars are not supported: pass envs to Sandbox.create()",
-        ));
+        return Err(Unsupported::ExecutionEnvs.into());
     }
     let PlaneSandbox { id, tenant } = sandbox;
-    {
-        let (service, tenant, id) = (state.service.clone(), tenant.clone(), id.clone());
-        blocking(move || service.check_session(&tenant, &id)).await?;
-    }
     let run = ExecuteRequest {
         code: req.code,
-        language: req.language,
+        language: req.language.clone(),
         timeout_s: None,
+    };
+    let checked = {
+        let (service, tenant, id) = (state.service.clone(), tenant.clone(), id.clone());
+        blocking(move || Ok(service.prepare_execute(&tenant, &id, &run).map(|_| run))).await?
+    };
+    let run = match checked {
+        Ok(run) => run,
+        Err(ServiceError::UnsupportedLanguage(reason)) => {
+            let language = req.language.unwrap_or_default();
+            return Err(Unsupported::Language { language, reason }.into());
+        }
+        Err(e) => return Err(e.into()),
     };
     let service = state.service.clone();
     let (gone_service, gone_tenant, gone_id) = (service.clone(), tenant.clone(), id.clone());
@@ -735,8 +950,13 @@ async fn execute(
 }
 
 /// A Connect error: `{"code": "<connect code>", "message": "..."}`.
-fn connect_error(code: &str, message: impl Into<String>) -> Value {
-    json!({"code": code, "message": message.into()})
+fn connect_error(code: Code, message: impl Into<String>) -> Value {
+    json!({"code": code.as_str(), "message": message.into()})
+}
+
+/// A unary Connect call that fails: the HTTP status of `code`, and the error as JSON.
+fn connect_unary_error(code: Code, message: impl Into<String>) -> Response {
+    (code.http_status(), Json(connect_error(code, message))).into_response()
 }
 
 fn connect_error_of(e: &ServiceError) -> Value {
@@ -744,14 +964,14 @@ fn connect_error_of(e: &ServiceError) -> Value {
         ServiceError::BadRequest(_)
         | ServiceError::InvalidPath(_)
         | ServiceError::UnknownImage(_)
-        | ServiceError::UnsupportedLanguage(_) => "invalid_argument",
-        ServiceError::NotFound(_) | ServiceError::FileNotFound(_) => "not_found",
-        ServiceError::SandboxDead(_) => "failed_precondition",
+        | ServiceError::UnsupportedLanguage(_) => Code::InvalidArgument,
+        ServiceError::NotFound(_) | ServiceError::FileNotFound(_) => Code::NotFound,
+        ServiceError::SandboxDead(_) => Code::FailedPrecondition,
         ServiceError::TooManySandboxes { .. }
         | ServiceError::PayloadTooLarge(_)
-        | ServiceError::InsufficientStorage(_) => "resource_exhausted",
-        ServiceError::Sandbox(_) => "internal",
-        ServiceError::Unavailable { .. } | ServiceError::ShuttingDown => "unavailable",
+        | ServiceError::InsufficientStorage(_) => Code::ResourceExhausted,
+        ServiceError::Sandbox(_) => Code::Internal,
+        ServiceError::Unavailable { .. } | ServiceError::ShuttingDown => Code::Unavailable,
     };
     connect_error(code, e.to_string())
 }
@@ -783,10 +1003,20 @@ fn connect_failure(error: Value) -> Response {
         .into_response()
 }
 
+/// A signal as envd's status says it (Go's `ProcessState`: "signal: killed").
 fn signal_name(signal: i32) -> String {
-    nix::sys::signal::Signal::try_from(signal)
-        .map(|s| s.as_str().to_string())
-        .unwrap_or_else(|_| signal.to_string())
+    use nix::sys::signal::Signal;
+    let name = match Signal::try_from(signal) {
+        Ok(Signal::SIGKILL) => "killed",
+        Ok(Signal::SIGTERM) => "terminated",
+        Ok(Signal::SIGINT) => "interrupt",
+        Ok(Signal::SIGSEGV) => "segmentation fault",
+        Ok(Signal::SIGABRT) => "aborted",
+        Ok(Signal::SIGXCPU) => "CPU time limit exceeded",
+        Ok(Signal::SIGXFSZ) => "file size limit exceeded",
+        _ => return format!("signal {signal}"),
+    };
+    name.to_string()
 }
 
 /// The `end` event of a finished command, or the Connect error it ended with instead.
@@ -800,12 +1030,12 @@ fn process_end(result: &ExecutionResult) -> Result<Value, Value> {
     match result.status {
         Status::Timeout => {
             return Err(connect_error(
-                "deadline_exceeded",
+                Code::DeadlineExceeded,
                 message("the command timed out"),
             ))
         }
         Status::SandboxError => {
-            return Err(connect_error("internal", message("the sandbox failed")))
+            return Err(connect_error(Code::Internal, message("the sandbox failed")))
         }
         Status::Success | Status::Error | Status::MemoryLimit => {}
     }
@@ -852,7 +1082,7 @@ fn connect_timeout_s(headers: &HeaderMap) -> Option<f64> {
 
 /// Reads the one request message of a server-streaming call, from a body of any chunking.
 async fn read_request_message(body: Body, max_len: usize) -> Result<Vec<u8>, Value> {
-    let invalid = |m: String| connect_error("invalid_argument", m);
+    let invalid = |m: String| connect_error(Code::InvalidArgument, m);
     let mut decoder = Decoder::new(max_len);
     let mut messages = Vec::new();
     let mut chunks = body.into_data_stream();
@@ -878,11 +1108,14 @@ async fn read_request_message(body: Body, max_len: usize) -> Result<Vec<u8>, Val
 async fn process_start(
     State(state): State<AppState>,
     Extension(registry): Extension<Arc<Registry>>,
-    sandbox: PlaneSandbox,
+    sandbox: Result<PlaneSandbox, E2bError>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, E2bError> {
-    let payload = match read_request_message(body, state.service.config().max_json_bytes).await {
+    let payload = read_request_message(body, state.service.config().max_json_bytes).await;
+    // Refused only now that the body is read (as `execute` is), before anything of it counts.
+    let sandbox = sandbox?;
+    let payload = match payload {
         Ok(payload) => payload,
         Err(error) => return Ok(connect_failure(error)),
     };
@@ -890,15 +1123,15 @@ async fn process_start(
         Ok(start) => start,
         Err(e) => {
             return Ok(connect_failure(connect_error(
-                "invalid_argument",
+                Code::InvalidArgument,
                 format!("StartRequest: {e}"),
             )))
         }
     };
     if start.pty.as_ref().is_some_and(|p| !p.is_null()) {
         return Ok(connect_failure(connect_error(
-            "unimplemented",
-            "PTYs are not supported",
+            Code::Unimplemented,
+            Unsupported::Pty.to_string(),
         )));
     }
     let process = start.process;
@@ -914,15 +1147,15 @@ async fn process_start(
         let (service, tenant, id) = (state.service.clone(), tenant.clone(), id.clone());
         blocking(move || service.check_session(&tenant, &id)).await?;
     }
-    let pid = registry.next_pid();
+    let (pid, stop, entry) = registry.start_process(&id);
+    let gone = stop.clone();
     let service = state.service.clone();
-    let (gone_service, gone_tenant, gone_id) = (service.clone(), tenant.clone(), id.clone());
     let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text.as_bytes());
     Ok(stream_frames(
         CONNECT_JSON,
         move |emit| {
             emit(connect_message(&json!({"event": {"start": {"pid": pid}}})));
-            let outcome = service.run_command(&tenant, &id, &command, &mut |event| {
+            let outcome = service.run_command(&tenant, &id, &command, &stop, &mut |event| {
                 let data = match event {
                     Event::Stdout { text } => json!({"stdout": b64(text)}),
                     Event::Stderr { text } => json!({"stderr": b64(text)}),
@@ -930,6 +1163,9 @@ async fn process_start(
                 };
                 emit(connect_message(&json!({"event": {"data": data}})));
             });
+            // Ended: from now on the pid is not found, as envd forgets an exited process
+            // before the client sees its end.
+            drop(entry);
             let error = match outcome.as_ref().map(process_end) {
                 Ok(Ok(end)) => {
                     emit(connect_message(&end));
@@ -942,10 +1178,121 @@ async fn process_start(
             // A command's output is in the stream; nothing of its results is.
             Reservation::default()
         },
+        // A client that goes away stops its command (and no other run of the sandbox).
         move || {
-            let _ = gone_service.interrupt(&gone_tenant, &gone_id);
+            gone.stop();
         },
     ))
+}
+
+/// `process.Process/SendSignal`'s request, in protobuf-JSON: the signal by its enum name or
+/// number.
+#[derive(Debug, Deserialize)]
+struct SendSignalRequest {
+    process: ProcessSelector,
+    #[serde(default)]
+    signal: Value,
+}
+
+#[derive(Debug, Deserialize)]
+struct ProcessSelector {
+    pid: Option<u32>,
+    tag: Option<String>,
+}
+
+/// `commands.kill(pid)` and a handle's `kill()` (Connect, unary): what envd answers, `{}`
+/// when the command is killed (running, or still waiting for the sandbox: it then never
+/// runs) and `not_found` once it has ended, which the SDK returns as `False`. Only SIGKILL,
+/// the signal the SDK sends, is served.
+async fn send_signal(
+    Extension(registry): Extension<Arc<Registry>>,
+    sandbox: Result<PlaneSandbox, E2bError>,
+    body: Bytes,
+) -> Result<Response, E2bError> {
+    let sandbox = sandbox?; // once the body is read (see `execute`)
+    let req: SendSignalRequest = match parse_json(&body) {
+        Ok(req) => req,
+        Err(e) => {
+            return Ok(connect_unary_error(
+                Code::InvalidArgument,
+                format!("SendSignalRequest: {e}"),
+            ))
+        }
+    };
+    let not_found = |what: String| {
+        Ok(connect_unary_error(
+            Code::NotFound,
+            format!("{what} not found"),
+        ))
+    };
+    let pid = match req.process {
+        ProcessSelector { pid: Some(pid), .. } => pid,
+        // Commands are started without tags here.
+        ProcessSelector { tag: Some(tag), .. } => {
+            return not_found(format!("process with tag {tag}"))
+        }
+        ProcessSelector { .. } => {
+            return Ok(connect_unary_error(
+                Code::InvalidArgument,
+                "the process selector is empty",
+            ))
+        }
+    };
+    // As envd: the process first, then the signal.
+    let Some(stop) = registry.process(&sandbox.id, pid) else {
+        return not_found(format!("process with pid {pid}"));
+    };
+    let kill = req.signal == json!("SIGNAL_SIGKILL") || req.signal == json!(9);
+    if !kill {
+        let signal = match &req.signal {
+            Value::String(name) => name.clone(),
+            other => other.to_string(),
+        };
+        return Ok(connect_unary_error(
+            Code::Unimplemented,
+            Unsupported::Signal { signal }.to_string(),
+        ));
+    }
+    if !stop.stop() {
+        return not_found(format!("process with pid {pid}"));
+    }
+    Ok(Json(json!({})).into_response())
+}
+
+/// The other RPCs of envd's `process.Process` and `filesystem.Filesystem` services: not
+/// served (Connect `unimplemented`), whatever the sandbox, so the answer tells nothing of it.
+/// Every refusal here reads the request's body first (`_body`): a connection whose request
+/// was not read to its end is closed, and the SDK would find its next request cut off.
+async fn process_rpc(Path(method): Path<String>, _body: Bytes) -> Response {
+    unimplemented_rpc(PROCESS_SERVICE, method)
+}
+
+async fn filesystem_rpc(Path(method): Path<String>, _body: Bytes) -> Response {
+    unimplemented_rpc(FILESYSTEM_SERVICE, method)
+}
+
+fn unimplemented_rpc(service: &'static str, method: String) -> Response {
+    let e = Unsupported::Rpc { service, method };
+    connect_unary_error(Code::Unimplemented, e.to_string())
+}
+
+/// The Jupyter server's code contexts (`/contexts…`): not served, whatever the sandbox (the
+/// SDK sends these without the sandbox's token).
+async fn code_contexts(_body: Bytes) -> E2bError {
+    Unsupported::CodeContexts.into()
+}
+
+/// A control-plane call Corral does not serve: 501 once the key is checked.
+async fn refuse(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    _body: Bytes,
+    what: Unsupported,
+) -> E2bError {
+    match tenant_of(&state, &headers).await {
+        Ok(_) => what.into(),
+        Err(e) => e,
+    }
 }
 
 #[cfg(test)]
@@ -1061,6 +1408,79 @@ mod tests {
 
         registry.prune(|_, id| id != "sbx-2");
         assert!(registry.lookup(&Tenant("k1".into()), "sbx-2").is_none());
+    }
+
+    #[test]
+    fn commands_are_found_by_pid_in_their_own_sandbox_until_they_end() {
+        let registry = Arc::new(Registry::default());
+        let (pid, stop, entry) = registry.start_process("sbx-1");
+        let (other, _, other_entry) = registry.start_process("sbx-2");
+        assert_ne!(pid, other);
+        assert!(registry.process("sbx-1", pid).is_some());
+        assert!(
+            registry.process("sbx-2", pid).is_none(),
+            "another sandbox's pid"
+        );
+        assert!(registry.process("sbx-1", other).is_none());
+        // The registry's stopper is the command's.
+        assert!(registry.process("sbx-1", pid).unwrap().stop());
+        assert!(stop.stop());
+        drop(entry);
+        assert!(registry.process("sbx-1", pid).is_none(), "ended");
+        assert!(registry.process("sbx-2", other).is_some());
+        drop(other_entry);
+        assert!(registry.processes.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn unsupported_calls_are_501_or_unimplemented_and_say_so() {
+        let every = [
+            Unsupported::ListSandboxes,
+            Unsupported::Metrics,
+            Unsupported::Pause,
+            Unsupported::Fork,
+            Unsupported::Snapshots,
+            Unsupported::Network,
+            Unsupported::CodeContexts,
+            Unsupported::ExecutionEnvs,
+            Unsupported::Language {
+                language: "r".into(),
+                reason: "sandbox s runs python, not r".into(),
+            },
+            Unsupported::Pty,
+            Unsupported::Signal {
+                signal: "SIGNAL_SIGTERM".into(),
+            },
+        ];
+        for e in every {
+            let (status, body) = body_json(E2bError::from(e.clone()).into_response()).await;
+            assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{e:?}");
+            assert_eq!(body["code"], 501);
+            assert!(e.to_string().contains("not supported by Corral"), "{e}");
+        }
+        for (service, method) in [
+            (PROCESS_SERVICE, "Connect"),
+            (PROCESS_SERVICE, "List"),
+            (PROCESS_SERVICE, "SendInput"),
+            (PROCESS_SERVICE, "Update"),
+            (PROCESS_SERVICE, "Nope"),
+            (FILESYSTEM_SERVICE, "Stat"),
+            (FILESYSTEM_SERVICE, "ListDir"),
+            (FILESYSTEM_SERVICE, "WatchDir"),
+            (FILESYSTEM_SERVICE, "Nope"),
+        ] {
+            let response = unimplemented_rpc(service, method.into());
+            assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+            let (status, body) = body_json(response).await;
+            assert_eq!(status, StatusCode::NOT_IMPLEMENTED);
+            assert_eq!(body["code"], "unimplemented");
+            let message = body["message"].as_str().unwrap();
+            assert!(message.contains("not supported by Corral"), "{message}");
+            assert!(
+                message.contains(&format!("{service}/{method}")),
+                "{message}"
+            );
+        }
     }
 
     #[test]
@@ -1205,7 +1625,7 @@ mod tests {
         result.status = Status::MemoryLimit;
         let end = process_end(&result).unwrap();
         assert_eq!(end["event"]["end"]["exitCode"], -1);
-        assert_eq!(end["event"]["end"]["status"], "signal: SIGKILL");
+        assert_eq!(end["event"]["end"]["status"], "signal: killed");
         assert!(end["event"]["end"]["error"].is_string());
         result.status = Status::Timeout;
         assert_eq!(
@@ -1262,7 +1682,7 @@ mod tests {
 
     #[tokio::test]
     async fn connect_failures_are_end_of_stream_messages() {
-        let response = connect_failure(connect_error("not_found", "gone"));
+        let response = connect_failure(connect_error(Code::NotFound, "gone"));
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(response.headers()[header::CONTENT_TYPE], CONNECT_JSON);
         let bytes = axum::body::to_bytes(response.into_body(), 1024)

@@ -12,7 +12,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use corral_kernel::Event;
+use corral_kernel::{Event, Stopper};
 use corral_sandbox::{ExecutionResult, FileEntry, Reservation};
 use futures_util::StreamExt as _;
 use serde::de::DeserializeOwned;
@@ -727,7 +727,7 @@ async fn commands(
     if wants_json(&headers) {
         let answer = blocking(move || {
             service
-                .run_command(&tenant, &id, &req, &mut |_| {})
+                .run_command(&tenant, &id, &req, &Stopper::default(), &mut |_| {})
                 .map(result_answer)
         })
         .await?;
@@ -737,11 +737,13 @@ async fn commands(
         let (service, tenant, id) = (service.clone(), tenant.clone(), id.clone());
         blocking(move || service.prepare_command(&tenant, &id, &req).map(|_| req)).await?
     };
-    let (gone_service, gone_tenant, gone_id) = (service.clone(), tenant.clone(), id.clone());
+    // A client that goes away stops its command, and no other execution of the session.
+    let stop = Stopper::default();
+    let gone = stop.clone();
     Ok(ndjson_stream(
-        Box::new(move |on_event| service.run_command(&tenant, &id, &req, on_event)),
+        Box::new(move |on_event| service.run_command(&tenant, &id, &req, &stop, on_event)),
         move || {
-            let _ = gone_service.interrupt(&gone_tenant, &gone_id);
+            gone.stop();
         },
         true,
     ))

@@ -13,7 +13,8 @@ use corral_image::{ImageError, ResolvedImage, Store};
 use corral_kernel::bytecode::BytecodeCache;
 use corral_kernel::oneshot;
 use corral_kernel::{
-    Event, KernelError, Language, ManagerError, Pool, SessionManager, SessionOptions, ZygoteStatus,
+    Event, KernelError, Language, ManagerError, Pool, SessionManager, SessionOptions, Stopper,
+    ZygoteStatus,
 };
 use corral_sandbox::limits::show_bytes;
 use corral_sandbox::limits::timeout_from_secs;
@@ -882,17 +883,27 @@ impl Service {
     }
 
     /// Runs a command inside session `id`'s sandbox; the result's `exit_code` is the command's.
+    /// `stop` stops it (and only it), whether it waits for the session or runs.
     pub fn run_command(
         &self,
         tenant: &Tenant,
         id: &str,
         req: &CommandRequest,
+        stop: &Stopper,
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<ExecutionResult, ServiceError> {
         let p = self.prepare_command(tenant, id, req)?;
         let result = self
             .manager
-            .run_command(id, &p.argv, req.cwd.as_deref(), &p.env, p.timeout, on_event)
+            .run_command(
+                id,
+                &p.argv,
+                req.cwd.as_deref(),
+                &p.env,
+                p.timeout,
+                stop,
+                on_event,
+            )
             .map_err(|e| self.manager_error(id, e))?;
         self.audit(tenant, Some(id), "command", &p.argv.join(" "), &result);
         Ok(result)

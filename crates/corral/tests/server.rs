@@ -588,6 +588,78 @@ fn execution_streams_events_and_a_disconnected_client_interrupts_it() {
     );
 }
 
+/// Sends a streamed POST of `body` to `path` on a connection of its own; its reader.
+fn post_stream(addr: &str, path: &str, body: &str) -> (TcpStream, BufReader<TcpStream>) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let reader = BufReader::new(stream.try_clone().unwrap());
+    (stream, reader)
+}
+
+/// Reads lines until one contains `what`; all that was read.
+fn read_until(reader: &mut BufReader<TcpStream>, what: &str) -> String {
+    let mut read = String::new();
+    while !read.contains(what) {
+        assert!(
+            reader.read_line(&mut read).unwrap() > 0,
+            "the stream ended before {what:?}: {read}"
+        );
+    }
+    read
+}
+
+/// A client that goes away from a command's stream stops that command and nothing else of
+/// its session: not the execution the command waits for, and the command never runs.
+#[test]
+fn a_client_that_leaves_a_waiting_command_stops_only_that_command() {
+    let s = Server::start("");
+    let id = s.create(None);
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let code = "import time\nprint('started', flush=True)\ntime.sleep(3)\nprint('done')";
+    let (_execution, mut execution_reader) = post_stream(
+        &addr,
+        &format!("/v1/sandboxes/{id}/execute"),
+        &json!({ "code": code }).to_string(),
+    );
+    read_until(&mut execution_reader, "started");
+
+    // A command waiting for the session; its client leaves once the stream has begun.
+    let (command, mut command_reader) = post_stream(
+        &addr,
+        &format!("/v1/sandboxes/{id}/commands"),
+        &json!({"cmd": "touch never.txt"}).to_string(),
+    );
+    read_until(&mut command_reader, "HTTP/1.1 200");
+    drop(command_reader);
+    command.shutdown(std::net::Shutdown::Both).unwrap();
+
+    let rest = read_until(&mut execution_reader, "\"type\":\"end\"");
+    assert!(rest.contains("done"), "the execution was cut short: {rest}");
+    assert!(rest.contains("\"status\":\"success\""), "{rest}");
+    let (status, body) = s.call(
+        "GET",
+        &format!("/v1/sandboxes/{id}/files/never.txt"),
+        None,
+        None,
+    );
+    assert_eq!(
+        (status, error_code(&body)),
+        (404, "file_not_found"),
+        "the abandoned command ran"
+    );
+    let (status, after) = s.execute(&id, None, "print('next')");
+    assert_eq!(
+        (status, after["stdout"].as_str()),
+        (200, Some("next\n")),
+        "{after}"
+    );
+}
+
 /// A streamed execution whose rich results go over the per-execution bound ends with the same
 /// `warnings` as its folded result object; so does a streamed command.
 #[test]

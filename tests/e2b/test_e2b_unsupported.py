@@ -1,0 +1,129 @@
+"""What the unmodified E2B SDK gets for the calls Corral does not serve, and for killing a
+background command (issue 20).
+
+Every call Corral does not serve fails as E2B fails an operation it does not implement: a
+`SandboxException` whose message says it is not supported (Connect RPCs answer the Connect
+code `unimplemented`, REST routes HTTP 501), never a `NotFoundException` (which the SDK turns
+into "file not found", `exists() == False`, "sandbox not found" or `kill() == False`) and
+never a hang. docs/e2b.md lists them.
+"""
+
+import pytest
+
+from e2b import (
+    CommandExitException,
+    NotFoundException,
+    PtySize,
+    SandboxException,
+)
+from e2b_code_interpreter import Context, Sandbox
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    sbx = Sandbox.create()
+    yield sbx
+    sbx.kill()
+
+
+UNSUPPORTED = {
+    # filesystem.Filesystem/* (Connect)
+    "files.list": lambda s: s.files.list("."),
+    "files.exists": lambda s: s.files.exists("data.txt"),
+    "files.get_info": lambda s: s.files.get_info("data.txt"),
+    "files.remove": lambda s: s.files.remove("data.txt"),
+    "files.rename": lambda s: s.files.rename("a.txt", "b.txt"),
+    "files.make_dir": lambda s: s.files.make_dir("sub"),
+    "files.watch_dir": lambda s: s.files.watch_dir("."),
+    # process.Process/* other than Start and SendSignal (Connect)
+    "commands.list": lambda s: s.commands.list(),
+    "commands.connect": lambda s: s.commands.connect(1000),
+    "commands.send_stdin": lambda s: s.commands.send_stdin(1000, "input"),
+    "commands.stream_input": lambda s: s.commands.stream_input(1000, ["input"]),
+    "pty.create": lambda s: s.pty.create(PtySize(rows=24, cols=80)),
+    "pty.connect": lambda s: s.pty.connect(1000),
+    "pty.send_stdin": lambda s: s.pty.send_stdin(1000, b"input"),
+    "pty.resize": lambda s: s.pty.resize(1000, PtySize(rows=24, cols=80)),
+    # the Jupyter plane
+    "create_code_context": lambda s: s.create_code_context(),
+    "list_code_contexts": lambda s: s.list_code_contexts(),
+    "remove_code_context": lambda s: s.remove_code_context("ctx"),
+    "restart_code_context": lambda s: s.restart_code_context("ctx"),
+    "run_code(context=)": lambda s: s.run_code(
+        "1", context=Context(context_id="ctx", language="python", cwd="/home/user")
+    ),
+    "run_code(envs=)": lambda s: s.run_code("1", envs={"A": "b"}),
+    "run_code(language='javascript')": lambda s: s.run_code("1", language="javascript"),
+    "run_code(language='r')": lambda s: s.run_code("1", language="r"),
+    # the control plane
+    "get_metrics": lambda s: s.get_metrics(),
+    "Sandbox.list": lambda s: Sandbox.list().next_items(),
+    "pause": lambda s: s.pause(),
+    "beta_pause": lambda s: s.beta_pause(),
+    "fork": lambda s: s.fork(),
+    "create_snapshot": lambda s: s.create_snapshot(),
+    "Sandbox.list_snapshots": lambda s: Sandbox.list_snapshots().next_items(),
+    "Sandbox.delete_snapshot": lambda s: Sandbox.delete_snapshot("snapshot-id"),
+    "update_network": lambda s: s.update_network({}),
+}
+
+
+@pytest.mark.parametrize("call", UNSUPPORTED.values(), ids=UNSUPPORTED.keys())
+def test_unsupported_calls_say_so(sandbox, call):
+    with pytest.raises(SandboxException) as excinfo:
+        call(sandbox)
+    error = excinfo.value
+    assert not isinstance(error, NotFoundException), repr(error)
+    assert "not supported by Corral" in str(error), repr(error)
+    # The sandbox is untouched and still serves what Corral does serve.
+    assert sandbox.is_running()
+
+
+def test_killing_a_background_command(sandbox):
+    handle = sandbox.commands.run("echo started; sleep 50; echo finished", background=True)
+    first = next(iter(handle))  # the command is running
+    assert first == ("started\n", None, None)
+
+    assert handle.kill() is True  # SendSignal(SIGKILL) to a running process, as envd answers
+
+    # As envd reports a process killed by SIGKILL (Go's ProcessState): exit code -1.
+    with pytest.raises(CommandExitException) as excinfo:
+        handle.wait()
+    assert excinfo.value.exit_code == -1
+    assert excinfo.value.error == "signal: killed"
+    assert "finished" not in excinfo.value.stdout
+
+    # A process that has ended is not found: kill() says False.
+    assert handle.kill() is False
+    assert sandbox.commands.kill(handle.pid) is False
+    assert sandbox.commands.kill(987654) is False
+    assert sandbox.commands.run("echo next").stdout == "next\n"
+
+
+def test_killing_a_queued_background_command_kills_only_it(sandbox):
+    # Corral runs a sandbox's commands one at a time: the second waits for the first.
+    first = sandbox.commands.run("echo one; sleep 2; echo two", background=True)
+    second = sandbox.commands.run("echo never", background=True)
+    assert first.pid != second.pid
+
+    assert second.kill() is True
+    with pytest.raises(CommandExitException) as excinfo:
+        second.wait()
+    assert excinfo.value.exit_code == -1
+    assert excinfo.value.error == "signal: killed"
+    assert excinfo.value.stdout == ""
+
+    assert first.wait().stdout == "one\ntwo\n"  # untouched by the other's kill
+    assert first.kill() is False
+
+
+def test_a_command_of_another_sandbox_is_not_found(sandbox):
+    other = Sandbox.create()
+    try:
+        handle = other.commands.run("sleep 30", background=True)
+        assert sandbox.commands.kill(handle.pid) is False
+        assert handle.kill() is True
+        with pytest.raises(CommandExitException):
+            handle.wait()
+    finally:
+        other.kill()
