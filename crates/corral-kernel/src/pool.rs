@@ -150,10 +150,12 @@ impl Pool {
         rootfs: Rootfs,
         image_env: Vec<(String, String)>,
         policy: Policy,
+        limits: Limits,
         target: usize,
     ) -> Result<Arc<Pool>, KernelError> {
         let zygote = Zygote::start(&rootfs, &image_env, policy)?;
         let mut template = SessionOptions::new(Language::Python);
+        template.limits = limits;
         template.rootfs = rootfs;
         template.image_env = image_env;
         template.policy = policy;

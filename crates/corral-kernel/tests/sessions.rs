@@ -887,7 +887,14 @@ fn a_command_stopped_as_it_starts_is_killed_and_its_session_lives() {
 #[test]
 fn pooled_sessions_take_their_env_and_show_nothing_of_the_warm_up() {
     use corral_kernel::Pool;
-    let pool = Pool::start(Rootfs::Host, Vec::new(), Default::default(), 2).unwrap();
+    let pool = Pool::start(
+        Rootfs::Host,
+        Vec::new(),
+        Default::default(),
+        Default::default(),
+        2,
+    )
+    .unwrap();
     let deadline = Instant::now() + 60 * SECOND;
     while pool.ready_count() < 2 {
         assert!(Instant::now() < deadline, "the pool did not fill");

@@ -17,6 +17,10 @@ pub const MIN_DISK_BYTES: u64 = 1 << 20;
 pub const MAX_DISK_BYTES: u64 = 64 << 30;
 /// CPUs are in (0, `MAX_CPUS`].
 pub const MAX_CPUS: f64 = 64.0;
+/// Rich results per execution (bytes of frames buffered, and results kept): 0 keeps none.
+/// The server's budget of results held at once bounds them across executions too.
+pub const MAX_RESULT_BYTES: u64 = 1 << 30;
+pub const MAX_RESULT_COUNT: u64 = 4096;
 
 /// Which limit is out of range; front-ends name it in their own terms (`--memory`,
 /// `limits.memory_mb`).
@@ -27,6 +31,8 @@ pub enum LimitField {
     Cpus,
     Pids,
     Disk,
+    ResultBytes,
+    ResultCount,
 }
 
 impl LimitField {
@@ -37,6 +43,8 @@ impl LimitField {
             LimitField::Cpus => "cpus",
             LimitField::Pids => "pids",
             LimitField::Disk => "disk",
+            LimitField::ResultBytes => "result-bytes",
+            LimitField::ResultCount => "result-count",
         }
     }
 }
@@ -145,6 +153,20 @@ impl Limits {
             MIN_DISK_BYTES,
             MAX_DISK_BYTES,
             show_bytes,
+        )?;
+        range_u64(
+            LimitField::ResultBytes,
+            self.result_bytes as u64,
+            0,
+            MAX_RESULT_BYTES,
+            show_bytes,
+        )?;
+        range_u64(
+            LimitField::ResultCount,
+            self.result_count as u64,
+            0,
+            MAX_RESULT_COUNT,
+            |n| n.to_string(),
         )
     }
 

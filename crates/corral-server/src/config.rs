@@ -57,6 +57,9 @@ pub struct Config {
     pub allow_degraded: bool,
     /// Refuse to run where cgroups are unavailable, instead of falling back to rlimits.
     pub strict: bool,
+    /// The limits a request leaves out (a `[default_limits]` table with the fields of a
+    /// request's `limits`); what it leaves out takes `corral run`'s defaults.
+    pub default_limits: crate::service::LimitsRequest,
 }
 
 impl Default for Config {
@@ -84,6 +87,7 @@ impl Default for Config {
             shutdown_grace_s: 10,
             allow_degraded: false,
             strict: false,
+            default_limits: Default::default(),
         }
     }
 }

@@ -35,7 +35,7 @@ use axum::routing::{delete, get, post, put};
 use axum::{Extension, Json, Router};
 use base64::Engine as _;
 use corral_kernel::{Event, Stopper};
-use corral_sandbox::{ExecutionResult, Limits, Reservation, Status};
+use corral_sandbox::{ExecutionResult, Reservation, Status};
 use futures_util::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -540,7 +540,7 @@ async fn sandbox_info(
 ) -> Result<Json<Value>, E2bError> {
     let tenant = tenant_of(&state, &headers).await?;
     let info = state.service.get(&tenant, &id)?;
-    let limits = Limits::default();
+    let limits = *state.service.default_limits();
     let mut detail = json!({
         "templateID": info.image,
         "sandboxID": id,

@@ -135,13 +135,18 @@ pub struct LimitsRequest {
     pub pids: Option<u64>,
     /// Size of `/workspace` (and of `/tmp`).
     pub disk_mb: Option<u64>,
+    /// Rich results (their frames, buffered) per execution, in MiB; 0 keeps none.
+    pub result_mb: Option<u64>,
+    /// Rich results kept per execution.
+    pub result_count: Option<u64>,
 }
 
 impl LimitsRequest {
-    /// The limits asked for, checked against the engine's bounds (those of `corral run` too);
-    /// a limit out of range is a bad request naming its field.
-    pub fn to_limits(&self) -> Result<Limits, ServiceError> {
-        let mut limits = Limits::default();
+    /// The limits asked for on top of `defaults` (the server's), checked against the engine's
+    /// bounds (those of `corral run` too); a limit out of range is a bad request naming its
+    /// field.
+    pub fn to_limits(&self, defaults: &Limits) -> Result<Limits, ServiceError> {
+        let mut limits = *defaults;
         if let Some(t) = self.timeout_s {
             limits.timeout = timeout_from_secs(t).map_err(limits_error)?;
         }
@@ -157,6 +162,12 @@ impl LimitsRequest {
         if let Some(d) = self.disk_mb {
             limits.disk_bytes = d.saturating_mul(1 << 20);
         }
+        if let Some(r) = self.result_mb {
+            limits.result_bytes = usize::try_from(r.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+        }
+        if let Some(n) = self.result_count {
+            limits.result_count = usize::try_from(n).unwrap_or(usize::MAX);
+        }
         limits.validate().map_err(limits_error)?;
         Ok(limits)
     }
@@ -170,6 +181,8 @@ fn limits_error(e: LimitError) -> ServiceError {
         LimitField::Cpus => "cpus",
         LimitField::Pids => "pids",
         LimitField::Disk => "disk_mb",
+        LimitField::ResultBytes => "result_mb",
+        LimitField::ResultCount => "result_count",
     };
     ServiceError::BadRequest(e.naming(&format!("limits.{field}")))
 }
@@ -288,6 +301,8 @@ pub struct Service {
     /// The rich results held at once (`max_result_bytes_in_flight`), and each key's share.
     result_budget: Arc<ResultBudget>,
     result_shares: Mutex<HashMap<String, Arc<ResultBudget>>>,
+    /// The limits a request leaves out (`default_limits` in the config).
+    default_limits: Limits,
 }
 
 fn rfc3339(t: SystemTime) -> String {
@@ -373,10 +388,21 @@ impl Service {
             strict: config.strict,
             allow_degraded: config.allow_degraded,
         };
+        // The limits a request leaves out: the server's `default_limits`, checked once here.
+        let default_limits = config
+            .default_limits
+            .to_limits(&Limits::default())
+            .map_err(|e| anyhow::anyhow!("default_limits: {e}"))?;
         let manager = SessionManager::new();
         let pool = match store.resolve(&config.default_image) {
             Ok(image) if config.pool_size > 0 && image.languages.iter().any(|l| l == "python") => {
-                match Pool::start(image.rootfs, image.env, policy, config.pool_size) {
+                match Pool::start(
+                    image.rootfs,
+                    image.env,
+                    policy,
+                    default_limits,
+                    config.pool_size,
+                ) {
                     Ok(pool) => {
                         manager.add_pool(pool.clone());
                         Some(pool)
@@ -419,12 +445,18 @@ impl Service {
             bytecode: Mutex::new(HashMap::new()),
             result_budget,
             result_shares: Mutex::new(HashMap::new()),
+            default_limits,
         });
         let weak = Arc::downgrade(&service);
         std::thread::Builder::new()
             .name("corral-reconcile".into())
             .spawn(move || reconcile(weak))?;
         Ok(service)
+    }
+
+    /// The limits a request leaves out: the config's `default_limits` over the engine's.
+    pub fn default_limits(&self) -> &Limits {
+        &self.default_limits
     }
 
     pub fn config(&self) -> &Config {
@@ -614,7 +646,11 @@ impl Service {
         let language = parse_language(req.language.as_deref())?;
         let image = self.image(req.image.as_deref())?;
         Self::check_language(&image, language)?;
-        let limits = req.limits.clone().unwrap_or_default().to_limits()?;
+        let limits = req
+            .limits
+            .clone()
+            .unwrap_or_default()
+            .to_limits(&self.default_limits)?;
         let env = check_env(req.env.as_ref())?;
         let idle = req
             .idle_timeout_s
@@ -1004,7 +1040,11 @@ impl Service {
         req: &RunRequest,
     ) -> Result<RunPermit, ServiceError> {
         self.check_running()?;
-        let limits = req.limits.clone().unwrap_or_default().to_limits()?;
+        let limits = req
+            .limits
+            .clone()
+            .unwrap_or_default()
+            .to_limits(&self.default_limits)?;
         self.admission
             .admit_run(&tenant.0, limits.host_memory_bytes())
             .await
@@ -1025,7 +1065,11 @@ impl Service {
         let image = self.image(req.image.as_deref())?;
         Self::check_language(&image, language)?;
         let mut spec = SandboxSpec::new(Vec::new());
-        spec.limits = req.limits.clone().unwrap_or_default().to_limits()?;
+        spec.limits = req
+            .limits
+            .clone()
+            .unwrap_or_default()
+            .to_limits(&self.default_limits)?;
         spec.env = image.env.clone();
         spec.env.extend(check_env(req.env.as_ref())?);
         spec.policy = self.policy();

@@ -144,6 +144,7 @@ pub fn sessions(image: &str, data_dir: Option<&Path>) -> Result<()> {
         options.rootfs.clone(),
         options.image_env.clone(),
         options.policy,
+        options.limits,
         POOL_TARGET,
     )?;
     println!("  zygote preloaded: {}", pool.preloaded().join(", "));

@@ -127,6 +127,13 @@ pub struct RunArgs {
     /// Size of /workspace (and of /tmp).
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     disk: u64,
+    /// Rich results (plots, tables: the frames the program sends) kept per run, in bytes;
+    /// past it they are dropped with a warning; 0 keeps none.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    result_bytes: u64,
+    /// Rich results kept per run; later ones are dropped with a warning.
+    #[arg(long, default_value_t = 256)]
+    result_count: u64,
     /// Network: only `none` exists (a loopback interface of the sandbox's own).
     #[arg(long, default_value = "none")]
     net: String,
@@ -182,6 +189,8 @@ fn checked_limits(args: &RunArgs) -> Result<Limits> {
         cpus: args.cpus,
         pids: args.pids,
         disk_bytes: args.disk,
+        result_bytes: usize::try_from(args.result_bytes).unwrap_or(usize::MAX),
+        result_count: usize::try_from(args.result_count).unwrap_or(usize::MAX),
         ..Limits::default()
     };
     limits.validate().map_err(flag)?;

@@ -349,3 +349,31 @@ fn a_stop_signal_tears_the_sandbox_down_before_corral_exits() {
         assert!(!sleeping, "{signal}: the program's child outlived the run");
     }
 }
+
+/// `--result-count` and `--result-bytes` bound the rich results a run keeps; what they drop is
+/// named in `warnings`.
+#[test]
+fn result_flags_bound_what_a_run_keeps() {
+    let plots =
+        "import matplotlib.pyplot as plt\nfor i in range(3):\n    plt.figure(); plt.plot([i, 1])";
+    for (flags, kept) in [
+        (&["--result-count", "1"][..], 1),
+        (&["--result-bytes", "0"][..], 0),
+        (&[][..], 3),
+    ] {
+        let out = corral()
+            .arg("--json")
+            .args(flags)
+            .args(["-c", plots])
+            .output()
+            .unwrap();
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            r["results"].as_array().unwrap().len(),
+            kept,
+            "{flags:?}: {r}"
+        );
+        let warned = r["warnings"].to_string().contains("rich results");
+        assert_eq!(warned, kept < 3, "{flags:?}: {r}");
+    }
+}

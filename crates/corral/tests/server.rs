@@ -1520,6 +1520,20 @@ fn the_cli_and_the_api_check_limits_alike() {
             json!(90000),
             "must be more than 0 and at most 86400 seconds",
         ),
+        (
+            "--result-bytes",
+            "2G",
+            "result_mb",
+            json!(2048),
+            "must be between 0 bytes and 1 GiB",
+        ),
+        (
+            "--result-count",
+            "5000",
+            "result_count",
+            json!(5000),
+            "must be between 0 and 4096",
+        ),
     ];
     for (flag, value, field, api_value, requirement) in cases {
         let out = Command::new(BIN)
@@ -2213,4 +2227,65 @@ fn runs_served_from_forks_give_the_results_of_fresh_interpreters() {
         "every run was served from a fork where cgroups are available"
     );
     assert_eq!(metric(&fresh, "corral_runs_forked_total"), Some(0.0));
+}
+
+/// The bounds on rich results are settable per run and per session (`limits.result_mb`,
+/// `limits.result_count`), and per server (`[default_limits]` in the config, for what a
+/// request leaves out); what they drop is named in `warnings`.
+#[test]
+fn result_limits_are_set_per_run_per_session_and_per_server() {
+    let three_plots = "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n\
+                       for i in range(3):\n    plt.figure(); plt.plot([i, 1])\n";
+    let dropped = |r: &Value| {
+        r["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().starts_with("rich results"))
+    };
+    // Per server: one result kept unless a request says otherwise.
+    let s = Server::start("default_image = \"host\"\n[default_limits]\nresult_count = 1\n");
+    let (status, r) = s.call(
+        "POST",
+        "/v1/run",
+        None,
+        Some(&json!({ "code": three_plots }).to_string()),
+    );
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["results"].as_array().unwrap().len(), 1, "{r}");
+    assert!(dropped(&r), "{r}");
+    // Per run: the request's own bound.
+    let (_, r) = s.call(
+        "POST",
+        "/v1/run",
+        None,
+        Some(&json!({ "code": three_plots, "limits": {"result_count": 3} }).to_string()),
+    );
+    assert_eq!(r["results"].as_array().unwrap().len(), 3, "{r}");
+    assert!(!dropped(&r), "{r}");
+    let (_, r) = s.call(
+        "POST",
+        "/v1/run",
+        None,
+        Some(
+            &json!({ "code": three_plots, "limits": {"result_mb": 0, "result_count": 3} })
+                .to_string(),
+        ),
+    );
+    assert_eq!(r["results"].as_array().unwrap().len(), 0, "{r}");
+    assert!(dropped(&r), "{r}");
+    // Per session.
+    let (status, info) = s.call(
+        "POST",
+        "/v1/sandboxes",
+        None,
+        Some(&json!({"limits": {"result_count": 2}}).to_string()),
+    );
+    assert_eq!(status, 201, "{info}");
+    let id = info["id"].as_str().unwrap().to_string();
+    let three_tables = "from IPython.display import display, HTML\n\
+                        for i in range(3): display(HTML(f'<b>{i}</b>'))";
+    let (_, r) = s.execute(&id, None, three_tables);
+    assert_eq!(r["results"].as_array().unwrap().len(), 2, "{r}");
+    assert!(dropped(&r), "{r}");
 }
