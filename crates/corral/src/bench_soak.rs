@@ -574,10 +574,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         ));
     }
     if let Some(grown) = growth(&series) {
-        println!("server RSS floor growth over the run: {grown:.1} MiB");
+        println!("server RSS growth, median of the middle to the last third: {grown:.1} MiB");
         if grown > 16.0 {
             failures.push(format!(
-                "the server's RSS floor rose {grown:.1} MiB under the load"
+                "the server's typical RSS rose {grown:.1} MiB under the load"
             ));
         }
     }
