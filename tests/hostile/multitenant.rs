@@ -1500,3 +1500,106 @@ fn uploads_that_do_not_fit_leave_nothing_and_never_follow_links() {
     let host = s.stop();
     verdict("uploads escaped or left something behind", &found, &host);
 }
+
+// ---- 7. what a sandbox learns of the host's layout -----------------------------------------
+
+/// The host paths a mount table inside a sandbox must not name: the data directory the server
+/// keeps its compiled runtime and own images in, the shared image store (rootless, the server
+/// reads images from both), each stored image's id, and the caller's home (rootless, its data
+/// directory is below it).
+fn host_layout_strings() -> Vec<String> {
+    let data_dir = std::env::var_os("CORRAL_DATA_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("XDG_DATA_HOME")
+                .filter(|v| !v.is_empty())
+                .map(|x| PathBuf::from(x).join("corral"))
+        })
+        .unwrap_or_else(|| {
+            if running_as_root() {
+                PathBuf::from("/var/lib/corral")
+            } else {
+                PathBuf::from(std::env::var("HOME").unwrap()).join(".local/share/corral")
+            }
+        });
+    let stores = [data_dir.clone(), PathBuf::from("/var/lib/corral")];
+    let ids: Vec<String> = stores
+        .iter()
+        .filter_map(|store| fs::read_dir(store.join("images")).ok())
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.len() >= 16)
+        .collect();
+    assert!(!ids.is_empty(), "no stored image in {stores:?}");
+    let mut strings: Vec<String> = stores
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    strings.extend(ids);
+    if !running_as_root() {
+        strings.extend(std::env::var("HOME").ok().filter(|h| h.len() > 1));
+    }
+    strings
+}
+
+/// No mount table a sandbox can read names where the host keeps its images: the image's
+/// directories are overlays whose entries name only descriptors, for one-shot runs served
+/// from forks, one-shot runs in fresh interpreters, pooled sessions and freshly forked ones.
+#[test]
+fn mount_tables_name_no_host_path() {
+    let _g = exclusive();
+    let s = Server::start(1);
+    s.wait_pool(1);
+    let key = s.key("A");
+    let forbidden = host_layout_strings();
+    let attack = program(include_str!("attacks/mt_mount_tables.py"), &json!({}));
+    let mut seen = Vec::new();
+    seen.push((
+        "one-shot run (fork)",
+        s.run(&key, &json!({ "code": attack })),
+    ));
+    // A variable read at the interpreter's start: served by a fresh interpreter.
+    seen.push((
+        "one-shot run (fresh interpreter)",
+        s.run(
+            &key,
+            &json!({ "code": attack, "env": {"PYTHONDONTWRITEBYTECODE": "1"} }),
+        ),
+    ));
+    let pooled = s.session(&key, &json!({}));
+    seen.push(("pooled session", s.exec(&key, &pooled, &attack)));
+    let forked = s.session(&key, &json!({"limits": {"memory_mb": 700}}));
+    seen.push(("forked session", s.exec(&key, &forked, &attack)));
+
+    let mut found = Vec::new();
+    for (label, o) in &seen {
+        o.assert_completed();
+        let tables: BTreeMap<&str, String> = o
+            .values("TABLE")
+            .into_iter()
+            .filter_map(|line| line.split_once(' '))
+            .map(|(path, text)| (path, String::from_utf8_lossy(&unhex(text)).into_owned()))
+            .collect();
+        // The attack ran as meant: the sandbox's own table is readable and lists its mounts.
+        let own = &tables["/proc/self/mountinfo"];
+        assert!(
+            own.contains(" /workspace ") && own.contains(" /usr "),
+            "{label}: /proc/self/mountinfo is not the sandbox's mount table:\n{own}"
+        );
+        for (path, text) in &tables {
+            for needle in &forbidden {
+                if let Some(line) = text.lines().find(|l| l.contains(needle.as_str())) {
+                    found.push(format!("{label}: {path} names {needle:?}: {line}"));
+                }
+            }
+        }
+    }
+    let host = s.stop();
+    verdict(
+        "SANDBOX HOLE: a mount table shows the host's image store",
+        &found,
+        &host,
+    );
+}

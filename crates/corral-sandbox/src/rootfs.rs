@@ -148,6 +148,16 @@ pub enum Op {
         source: PathBuf,
         target: PathBuf,
     },
+    /// A host directory shown read-only at `target` (an empty directory of the plan) as an
+    /// overlay whose only other layer is `target` itself. Unlike a bind, whose entry in
+    /// `/proc/self/mountinfo` names the source's path on its filesystem (the image store's
+    /// path on the host), the overlay's entry names only the descriptors it was given
+    /// (`lowerdir=/proc/self/fd/N:/proc/self/fd/M`). Not recursive: image directories have no
+    /// mounts below them.
+    OverlayReadOnly {
+        source: PathBuf,
+        target: PathBuf,
+    },
     /// A host device node bound onto an empty file.
     BindDevice {
         source: PathBuf,
@@ -190,7 +200,12 @@ pub fn plan(
         match lookup(&source) {
             Entry::Directory => {
                 ops.push(Op::Mkdir(target.clone(), 0o755));
-                ops.push(Op::BindReadOnly { source, target });
+                ops.push(match rootfs {
+                    // The same paths inside as outside: a bind shows nothing new, and keeps
+                    // the host's mounts below them.
+                    Rootfs::Host => Op::BindReadOnly { source, target },
+                    Rootfs::Directory(_) => Op::OverlayReadOnly { source, target },
+                });
             }
             Entry::Symlink(to) => ops.push(Op::Symlink {
                 link: target,
@@ -243,7 +258,7 @@ pub fn plan(
                 }
             }
         }
-        Rootfs::Directory(dir) => ops.push(Op::BindReadOnly {
+        Rootfs::Directory(dir) => ops.push(Op::OverlayReadOnly {
             source: dir.join("etc"),
             target: "/etc".into(),
         }),
@@ -345,7 +360,7 @@ pub fn bind_runtime_dir(dir: BorrowedFd<'_>, new_root: &Path) -> io::Result<()> 
     execute(
         &[
             Op::Mkdir(RUNTIME_DIR.into(), 0o755),
-            Op::BindReadOnly {
+            Op::OverlayReadOnly {
                 source: format!("/proc/self/fd/{}", dir.as_raw_fd()).into(),
                 target: RUNTIME_DIR.into(),
             },
@@ -457,6 +472,29 @@ fn execute_one(op: &Op, root: &Path) -> io::Result<()> {
                 None::<&str>,
             )?;
             crate::sys::make_read_only(&t)
+        }
+        Op::OverlayReadOnly { source, target } => {
+            let t = inside(root, target);
+            let open = |path: &Path| {
+                fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+                    .open(path)
+            };
+            let (lower, empty) = (open(source)?, open(&t)?);
+            let data = format!(
+                "lowerdir=/proc/self/fd/{}:/proc/self/fd/{}",
+                lower.as_raw_fd(),
+                empty.as_raw_fd()
+            );
+            mount(
+                Some("overlay"),
+                &t,
+                Some("overlay"),
+                MsFlags::MS_RDONLY | nosuid_nodev,
+                Some(data.as_str()),
+            )
+            .map_err(io::Error::from)
         }
         Op::BindDevice { source, target } => mount(
             Some(source.as_path()),
@@ -710,7 +748,7 @@ mod tests {
     }
 
     #[test]
-    fn directory_image_binds_its_etc_and_skips_host_state_dirs() {
+    fn directory_image_overlays_its_etc_and_skips_host_state_dirs() {
         let image = tempfile::tempdir().unwrap();
         for d in ["usr", "etc", "var", "home", "root", "proc", "opt"] {
             fs::create_dir(image.path().join(d)).unwrap();
@@ -723,14 +761,16 @@ mod tests {
             true,
             Entry::of,
         );
-        let binds: Vec<_> = ops
+        // Overlays, not binds: a bind's mount table entry would name the image store's path.
+        let shown: Vec<_> = ops
             .iter()
             .filter_map(|op| match op {
-                Op::BindReadOnly { target, .. } => Some(target.to_str().unwrap()),
+                Op::OverlayReadOnly { target, .. } => Some(target.to_str().unwrap()),
+                Op::BindReadOnly { .. } => panic!("an image directory is bound: {op:?}"),
                 _ => None,
             })
             .collect();
-        assert_eq!(binds, ["/opt", "/usr", "/var", "/etc"]);
+        assert_eq!(shown, ["/opt", "/usr", "/var", "/etc"]);
         assert!(ops.contains(&Op::Symlink {
             link: "/bin".into(),
             target: "usr/bin".into()
