@@ -12,7 +12,11 @@ use sha2::{Digest, Sha256};
 
 fn main() {
     let mut digest = Sha256::new();
-    for name in ["corral_oneshot.py", "corral_kernel_lib.py"] {
+    for name in [
+        "corral_oneshot.py",
+        "corral_kernel_lib.py",
+        "corral_policy.py",
+    ] {
         let path = format!("runtime/{name}");
         println!("cargo:rerun-if-changed={path}");
         let source = std::fs::read(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));

@@ -236,7 +236,11 @@ impl Run {
                     let code = self.code.clone().into_bytes();
                     let python = corral_kernel::Language::Python;
                     let quiet = &mut |_, _: &[u8]| {};
-                    corral_kernel::oneshot::run(spec, python, "main.py", code, None, None, quiet).0
+                    let policy = &corral_kernel::CodePolicy::default();
+                    corral_kernel::oneshot::run(
+                        spec, python, "main.py", code, policy, None, None, quiet,
+                    )
+                    .0
                 })
                 .join()
                 .expect("the engine panicked")

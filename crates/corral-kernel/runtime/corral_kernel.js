@@ -27,6 +27,9 @@ const WORKSPACE = '/workspace'; // where commands run unless told otherwise
 
 const socket = new net.Socket({ fd: 3, readable: true, writable: true });
 let cellCount = 0;
+// The code policy (corral_policy.js), once the host sent one: every cell is checked against it.
+let codePolicy = null;
+let policyRules = null;
 // Rejects the cell being awaited, or kills the running command, when an interrupt arrives.
 let interruptPending = null;
 
@@ -97,7 +100,7 @@ function sendResult(id, value) {
 function userStack(stack) {
   return stack
     .split('\n')
-    .filter((line) => !(/^\s+at /.test(line) && (/[( ]node:/.test(line) || line.includes(__filename))))
+    .filter((line) => !(/^\s+at /.test(line) && (/[( ]node:/.test(line) || line.includes(__dirname + '/corral_'))))
     .join('\n');
 }
 
@@ -109,7 +112,9 @@ function sendError(id, thrown) {
     typeof thrown.message === 'string';
   if (isErrorLike) {
     const stack = typeof thrown.stack === 'string' ? thrown.stack : `${thrown.name}: ${thrown.message}`;
-    send(encode({ type: 'error', id, name: thrown.name, value: thrown.message, traceback: userStack(stack) }));
+    const error = { type: 'error', id, name: thrown.name, value: thrown.message, traceback: userStack(stack) };
+    if (codePolicy !== null && thrown instanceof codePolicy.PolicyViolation) error.violations = thrown.violations;
+    send(encode(error));
   } else {
     const shown = util.inspect(thrown);
     send(encode({ type: 'error', id, name: 'Uncaught', value: shown, traceback: `Uncaught ${shown}` }));
@@ -154,6 +159,13 @@ function drained(stream) {
 }
 
 async function execute(id, code) {
+  const refused = codePolicy === null ? null : codePolicy.refusal(policyRules, code);
+  if (refused !== null) {
+    const text = `PolicyViolation: ${refused.message}`;
+    send(encode({ type: 'error', id, name: refused.name, value: refused.message, traceback: text, violations: refused.violations }));
+    send(encode({ type: 'done', id, status: 'error' }));
+    return;
+  }
   cellCount += 1;
   let ok = true;
   try {
@@ -263,9 +275,29 @@ function handleFrame(payload) {
       return;
     }
     queue = queue.then(() => command(message.id, message.argv, message.cwd, message.env));
+  } else if (kind === 'policy') {
+    queue = queue.then(() => setPolicy(message));
   } else {
     log(`ignoring a frame of unknown type ${JSON.stringify(kind)}`);
   }
+}
+
+// Checks every cell against the code policy of a `policy` frame from now on, and hooks
+// `require` (docs/code-policy.md). Only the first one counts.
+function setPolicy(message) {
+  if (codePolicy !== null) {
+    log('ignoring a second policy frame');
+    return;
+  }
+  const library = require(path.join(__dirname, 'corral_policy.js'));
+  try {
+    policyRules = library.fromMessage(message);
+  } catch (error) {
+    log(`ignoring a policy frame: ${error.message}`);
+    return;
+  }
+  codePolicy = library;
+  library.install(policyRules, [__filename]);
 }
 
 // True when `message` has the fields of a `command` frame, well typed.

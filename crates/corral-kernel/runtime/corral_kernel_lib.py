@@ -14,6 +14,7 @@ import signal
 import sys
 import traceback
 
+_THIS_FILE = sys._getframe().f_code.co_filename  # not user code, for the code policy's hook
 MAX_FRAME = 64 << 20
 MAX_RESULT = 32 << 20
 # The MIME types the host keeps (docs/results.md, rich results); a bundle is trimmed to these.
@@ -179,6 +180,7 @@ class _Kernel:
         self.exec_id = None
         self.failed = False
         self.interrupt_deferred = False
+        self.policy = None  # the code policy's rules (corral_policy.Policy), once the host sent them
 
     def _defer_sigint(self, signum, frame):
         self.interrupt_deferred = True
@@ -202,14 +204,44 @@ class _Kernel:
         self.failed |= too_large
         self.send(payload)
 
-    def send_error(self, name, value, traceback):
+    def send_error(self, name, value, traceback, extra=None):
         self.failed = True
         if self.exec_id is not None:
             message = {"type": "error", "id": self.exec_id, "name": name, "value": value}
-            self.send(_encode({**message, "traceback": traceback}))
+            self.send(_encode({**message, "traceback": traceback, **(extra or {})}))
+
+    def set_policy(self, rules):
+        """Checks every execution against the code policy `rules` (a `policy` frame's) from now
+        on, and installs its import hook (docs/code-policy.md). Only the first one counts."""
+        if self.policy is not None:
+            _log("ignoring a second policy frame")
+            return
+        import corral_policy
+
+        self.policy = corral_policy.Policy.from_message(rules)
+        # Kept here: a cell that replaces them in the module does not change the next check.
+        self.precheck, self.refusal = corral_policy.precheck, corral_policy.refusal
+        corral_policy.install(self.policy, (_THIS_FILE,))
+
+    def refused(self, code):
+        """The refusal of the cell `code` by the code policy's pre-check, if it breaks it."""
+        try:
+            source = self.shell.transform_cell(code)  # magics become calls, `!cmd` too
+        except Exception:
+            source = code
+        violations = self.precheck(self.policy, source, "<cell>")
+        return self.refusal(self.policy, violations) if violations else None
 
     def execute(self, exec_id, code):
         self.exec_id, self.failed = exec_id, False
+        refusal = None if self.policy is None else self.refused(code)
+        if refusal is not None:
+            value = str(refusal)
+            extra = {"violations": refusal.violations}
+            self.send_error("PolicyViolation", value, f"PolicyViolation: {value}", extra)
+            self.send(_encode({"type": "done", "id": exec_id, "status": "error"}))
+            self.exec_id = None
+            return
         try:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             try:
@@ -284,6 +316,9 @@ class _Kernel:
             if message["type"] == "environment":
                 _set_environment(message["env"])
                 continue
+            if message["type"] == "policy":
+                self.set_policy(message)
+                continue
             if message["type"] == "command":
                 self.command(message["id"], message["argv"], message.get("cwd"), message.get("env"))
                 continue
@@ -317,8 +352,12 @@ def _set_environment(env):
             _log(f"ignoring the environment variable {name!r}: {error}")
 
 
+def _names(value):
+    return isinstance(value, list) and all(isinstance(name, str) for name in value)
+
+
 def _decode_host_frame(payload):
-    """The `execute` or `command` frame in `payload`, or None (logged) for anything else."""
+    """The well-formed host frame in `payload`, or None (logged) for anything else."""
     try:
         message = json.loads(payload)
     except ValueError as error:
@@ -338,6 +377,11 @@ def _decode_host_frame(payload):
         if isinstance(env, dict) and all(isinstance(v, str) for v in env.values()):
             return message
         _log("ignoring an environment frame without an env of strings")
+    elif kind == "policy":
+        allowed = message.get("allowed_modules")
+        if (allowed is None or _names(allowed)) and _names(message.get("denied_modules", [])):
+            return message
+        _log("ignoring a policy frame without lists of module names")
     else:
         _log(f"ignoring a frame of unknown type {kind!r}")
     return None
@@ -347,6 +391,15 @@ def _exception_value(error):
     """The text after "Name: " in a traceback's last line. A SyntaxError's str() also
     names the file and line, which its traceback shows anyway."""
     return error.msg if isinstance(error, SyntaxError) and error.msg else str(error)
+
+
+def _violations(error):
+    """The `violations` field of the error frame for `error`: what a code policy refused, when
+    it is a PolicyViolation of corral_policy.py (docs/code-policy.md); else nothing."""
+    policy = sys.modules.get("corral_policy")
+    if policy is not None and isinstance(error, policy.PolicyViolation):
+        return {"violations": error.violations}
+    return {}
 
 
 def _log(text):
@@ -409,7 +462,8 @@ def _make_shell():
 
         def _showtraceback(self, etype, evalue, stb):
             value = _exception_value(evalue)
-            self.kernel.send_error(etype.__name__, value, self.InteractiveTB.stb2text(stb))
+            text = self.InteractiveTB.stb2text(stb)
+            self.kernel.send_error(etype.__name__, value, text, _violations(evalue))
 
         def show_usage_error(self, exc):
             self.kernel.send_error("UsageError", str(exc), f"UsageError: {exc}")
@@ -685,6 +739,7 @@ def report_oneshot(fd, value, error):
         failed = True
         text = "".join(traceback.format_exception(error))
         message = {"type": "error", "id": ONESHOT_ID, "name": type(error).__name__}
+        message.update(_violations(error))
         _send_frame(fd, _encode({**message, "value": _exception_value(error), "traceback": text}))
     status = "error" if failed else "ok"
     _send_frame(fd, _encode({"type": "done", "id": ONESHOT_ID, "status": status}))

@@ -1,9 +1,10 @@
 """Corral's one-shot Python runner; it runs inside the sandbox (docs/kernel-protocol.md).
 
-``python3 corral_oneshot.py PROGRAM [ARGS...]``, or the same with this file's precompiled
-bytecode as the script: runs PROGRAM like ``python3 PROGRAM``; when fd 3 is a socket it also
-reports the final expression's value, open matplotlib figures and an uncaught exception as
-frames, then ``done``.
+``python3 corral_oneshot.py [--policy FILE] PROGRAM [ARGS...]``, or the same with this file's
+precompiled bytecode as the script: runs PROGRAM like ``python3 PROGRAM``; when fd 3 is a
+socket it also reports the final expression's value, open matplotlib figures and an uncaught
+exception as frames, then ``done``. With ``--policy``, under the code policy in FILE
+(corral_policy.py, docs/code-policy.md).
 
 A ``print(1)`` pays for every line here, so this file holds only the one-shot path: result
 formatting and the frame protocol live in corral_kernel_lib.py, imported only when there is
@@ -21,15 +22,29 @@ from _frozen_importlib_external import SourceFileLoader
 _WORKSPACE = "/workspace"
 
 
-def _library():
+def _runtime(name):
+    """The runtime module `name` (corral_kernel_lib, corral_policy), from beside this file."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
     here = os.path.dirname(os.path.abspath(__file__))
     if os.path.basename(here) == "__pycache__":  # run from the bytecode
         here = os.path.dirname(here)
     if here not in sys.path:
         sys.path.insert(0, here)
-    import corral_kernel_lib
+    return __import__(name)
 
-    return corral_kernel_lib
+
+def _library():
+    return _runtime("corral_kernel_lib")
+
+
+def _load_policy(path):
+    """The code policy in the file the host placed at `path` (its module rules)."""
+    import json
+
+    with open(path, "rb") as rules:
+        return _runtime("corral_policy").Policy.from_message(json.load(rules))
 
 
 def _frames_fd():
@@ -138,8 +153,11 @@ def _run_program(namespace, source, path, split_final_expression):
         return None, error.with_traceback(error.__traceback__.tb_next)
 
 
-def run(path, args):
-    """Runs the program at `path` as `__main__`; returns its exit status."""
+def run(path, args, policy=None):
+    """Runs the program at `path` as `__main__`; returns its exit status. Under a code
+    `policy` (corral_policy.Policy), a program that imports what the policy forbids is
+    refused before any of it runs (docs/code-policy.md), and the rest runs under the policy's
+    import hook."""
     filename = os.path.abspath(path)
     try:
         with open(filename, "rb") as program:
@@ -163,6 +181,17 @@ def run(path, args):
     sys.modules["__main__"] = main
 
     frames_fd = _frames_fd()
+    if policy is not None:
+        checker = _runtime("corral_policy")
+        violations = checker.precheck(policy, source, filename)
+        if violations:
+            refusal = checker.refusal(policy, violations)
+            sys.stderr.write(f"PolicyViolation: {refusal}\n")
+            sys.stderr.flush()
+            if frames_fd is not None:
+                _library().report_oneshot(frames_fd, None, refusal)
+            return 1
+        checker.install(policy, (run.__code__.co_filename,))
     value, error = _run_program(main.__dict__, source, filename, frames_fd is not None)
     if error is not None and not isinstance(error, SystemExit):
         sys.excepthook(type(error), error, error.__traceback__)
@@ -202,11 +231,13 @@ def run_forked(path, env, frames_fd=3):
 
     The zygote's session set-up is put back first (corral_kernel_lib.unprepare), then `env` is
     set; the kernel announces itself on `frames_fd` and runs the program once the host says so
-    (after it has verified the lockdown and filled the workspace). At the end, as the
+    (after it has verified the lockdown and filled the workspace), under the code policy that
+    `run` frame carries, if any. At the end, as the
     interpreter's own exit: non-daemon threads are waited for, the exit functions registered
     since the fork run, the standard streams are flushed; the zygote's own exit (its modules
     torn down one by one) is skipped."""
     import atexit
+    import json
 
     library = _library()
     library.unprepare()
@@ -216,10 +247,13 @@ def run_forked(path, env, frames_fd=3):
     version = "%d.%d.%d" % sys.version_info[:3]
     library._send_frame(frames_fd, library._encode({"type": "ready", "language": "python", "version": version}))
     go = library._read_exactly(frames_fd, 4)
-    if go is None or library._read_exactly(frames_fd, int.from_bytes(go, "big")) is None:
+    go = go and library._read_exactly(frames_fd, int.from_bytes(go, "big"))
+    if go is None:
         os._exit(1)  # the host gave up on this run
+    rules = json.loads(go).get("policy")
+    policy = None if rules is None else _runtime("corral_policy").Policy.from_message(rules)
     try:
-        status = run(path, [])
+        status = run(path, [], policy)
     except SystemExit as error:
         status = _exit_status(error)
     threading = sys.modules.get("threading")
@@ -235,7 +269,11 @@ def run_forked(path, env, frames_fd=3):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.stderr.write("usage: corral_oneshot.py PROGRAM [ARGS...]\n")
+    argv = sys.argv[1:]
+    rules = None
+    if argv[:1] == ["--policy"] and len(argv) > 2:
+        rules, argv = argv[1], argv[2:]
+    if not argv or argv[0].startswith("--"):
+        sys.stderr.write("usage: corral_oneshot.py [--policy FILE] PROGRAM [ARGS...]\n")
         sys.exit(2)
-    sys.exit(run(sys.argv[1], sys.argv[2:]))
+    sys.exit(run(argv[0], argv[1:], None if rules is None else _load_policy(rules)))

@@ -57,6 +57,7 @@ def main():
     enter.restype = ctypes.c_char_p
     import corral_kernel
     import corral_oneshot
+    import corral_policy  # noqa: F401 (forked children find it here: their /run/corral is not this one)
     corral_kernel.prepare()
     preloaded = [m for m in ("IPython", "numpy", "pandas", "matplotlib.pyplot") if m in sys.modules]
     gc.collect()

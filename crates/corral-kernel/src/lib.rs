@@ -6,6 +6,7 @@ pub mod bytecode;
 pub mod event;
 pub mod manager;
 pub mod oneshot;
+pub mod policy;
 pub mod pool;
 pub mod protocol;
 mod runtime;
@@ -14,6 +15,7 @@ pub mod zygote;
 
 pub use event::Event;
 pub use manager::{ManagerError, SessionInfo, SessionManager};
+pub use policy::{CodePolicy, PolicyError, Widening};
 pub use pool::{Pool, ZygoteStatus};
 pub use session::{Death, Interrupter, KernelError, Language, Session, SessionOptions, Stopper};
 pub use zygote::Zygote;

@@ -8,32 +8,48 @@ use std::sync::Arc;
 
 use corral_sandbox::{
     ControlSocket, ExecutionResult, LanguageError, Limits, ResultBudget, SandboxError, SandboxSpec,
-    SocketSink, Status, Stream, Workspace,
+    SocketSink, Status, Stream, Workspace, POLICY_VIOLATION,
 };
 
 use crate::bytecode::BytecodeCache;
 use crate::event::into_rich_result;
+use crate::policy::CodePolicy;
 use crate::pool::Pool;
 use crate::protocol::{Decoder, KernelMessage, ResultLimits};
-use crate::runtime::{as_support_files, PYTHON_ONESHOT, PYTHON_ONESHOT_RUNTIME};
+use crate::runtime::{
+    as_support_files, JAVASCRIPT_POLICY, POLICY_RULES, PYTHON_ONESHOT, PYTHON_ONESHOT_RUNTIME,
+};
 use crate::session::Language;
 
 /// Runs `code` (named `file_name` inside the sandbox) in a fresh sandbox built from `spec`
-/// (whose argv, program file and control socket this function sets). Python runs use and,
-/// after their first successful run, fill `bytecode`, the image's runtime bytecode cache.
-/// Rich results take their room from `result_budget`, the host's budget of results held at
-/// once, when there is one.
+/// (whose argv, program file and control socket this function sets), under the code `policy`
+/// (docs/code-policy.md): code longer than its `max_code_bytes` is refused here, before any
+/// sandbox exists; its module rules go to the runtime in the sandbox, which refuses a program
+/// that breaks them before any of it runs (bash has no modules: only the length applies).
+/// Python runs use and, after their first successful run, fill `bytecode`, the image's
+/// runtime bytecode cache. Rich results take their room from `result_budget`, the host's
+/// budget of results held at once, when there is one.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     mut spec: SandboxSpec,
     language: Language,
     file_name: &str,
     code: Vec<u8>,
+    policy: &CodePolicy,
     bytecode: Option<&BytecodeCache>,
     result_budget: Option<Arc<ResultBudget>>,
     on_output: &mut dyn FnMut(Stream, &[u8]),
 ) -> (ExecutionResult, Option<Workspace>) {
+    if let Some(refusal) = refused(policy, &code) {
+        return (refusal, None);
+    }
     let program = format!("/run/corral/{file_name}");
     spec.program_file = Some((file_name.to_string(), code));
+    let rules = policy.module_rules(language).map(|rules| {
+        let json = serde_json::to_vec(&rules).expect("module rules serialize");
+        spec.support_files.push((POLICY_RULES.into(), json));
+        format!("/run/corral/{POLICY_RULES}")
+    });
     let mut fill = None;
     spec.argv = match language {
         Language::Python => {
@@ -52,7 +68,24 @@ pub fn run(
                 }
             };
             spec.control_socket = Some(ControlSocket::Stream);
-            vec!["python3".into(), runner, program]
+            match rules {
+                Some(rules) => vec!["python3".into(), runner, "--policy".into(), rules, program],
+                None => vec!["python3".into(), runner, program],
+            }
+        }
+        // Under module rules, the policy's preload checks the program first (its parser is
+        // one of Node's internal modules) and reports a refusal on the control socket.
+        Language::Javascript if rules.is_some() => {
+            spec.support_files
+                .extend(as_support_files([JAVASCRIPT_POLICY]));
+            spec.control_socket = Some(ControlSocket::Stream);
+            vec![
+                "node".into(),
+                "--expose-internals".into(),
+                "--require".into(),
+                format!("/run/corral/{}", JAVASCRIPT_POLICY.0),
+                program,
+            ]
         }
         Language::Javascript => vec!["node".into(), program],
         Language::Bash => vec!["bash".into(), program],
@@ -105,22 +138,37 @@ pub const READ_AT_START: &[&str] = &[
     "FONTCONFIG",
 ];
 
-/// A Python one-shot run ([`run`]'s `spec`, `file_name` and `code`) served by a sandbox
-/// forked from `pool`'s zygote instead of a fresh interpreter, with the same result (its
-/// `files` listed, the workspace gone with the sandbox): `None`
+/// The refusal of `code` by `policy`'s `max_code_bytes`, before anything starts.
+fn refused(policy: &CodePolicy, code: &[u8]) -> Option<ExecutionResult> {
+    let error = policy.length_violation(code.len())?;
+    Some(ExecutionResult {
+        status: Status::Error,
+        error_message: Some(format!("{}: {}", error.name, error.value)),
+        error: Some(error),
+        ..ExecutionResult::sandbox_error("")
+    })
+}
+
+/// A Python one-shot run ([`run`]'s `spec`, `file_name`, `code` and `policy`) served by a
+/// sandbox forked from `pool`'s zygote instead of a fresh interpreter, with the same result
+/// (its `files` listed, the workspace gone with the sandbox): `None`
 /// when the pool cannot serve it so (another image, policy or image environment, or an `env`
 /// naming a variable of [`READ_AT_START`]) or when the fork failed (the zygote is being
 /// replaced, say); run it with [`run`] then. The fork has the run's limits, its own uid,
-/// cgroup, namespaces and workspace, and the lockdown of a session; the code and `env`
-/// reach only the forked child, after the fork.
+/// cgroup, namespaces and workspace, and the lockdown of a session; the code, `env` and the
+/// code policy reach only the forked child, after the fork.
 pub fn run_forked(
     pool: &Pool,
     spec: &SandboxSpec,
     file_name: &str,
     code: &[u8],
+    policy: &CodePolicy,
     result_budget: Option<Arc<ResultBudget>>,
     on_output: &mut dyn FnMut(Stream, &[u8]),
 ) -> Option<ExecutionResult> {
+    if let Some(refusal) = refused(policy, code) {
+        return Some(refusal);
+    }
     let env = pool.run_env(spec)?;
     if env
         .iter()
@@ -129,6 +177,7 @@ pub fn run_forked(
         return None;
     }
     let mut forked = pool.fork_run(&spec.limits, env, file_name, code).ok()?;
+    forked.set_code_policy(policy.clone());
     for input in &spec.input_files {
         let mut source = &input.source;
         if let Err(e) = forked.workspace().write_file(&input.dest, &mut source) {
@@ -181,12 +230,14 @@ fn with_frames<T>(
                     name,
                     value,
                     traceback,
+                    violations,
                     ..
                 })) => {
                     error = Some(LanguageError {
                         name,
                         value,
                         traceback,
+                        violations,
                     })
                 }
                 Ok(Some(_)) => {}
@@ -200,6 +251,10 @@ fn with_frames<T>(
     };
     let (mut result, rest) = f(&mut on_socket);
     result.results = results;
+    // A program the code policy refused: what the policy said, not only its exit code.
+    if let Some(e) = error.as_ref().filter(|e| e.name == POLICY_VIOLATION) {
+        result.error_message = Some(format!("{}: {}", e.name, e.value));
+    }
     result.error = error;
     result.warnings.extend(decoder.warnings());
     result.reservation = decoder.take_held();

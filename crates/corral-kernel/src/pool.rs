@@ -245,8 +245,8 @@ impl Pool {
     }
 
     /// A session with `options`: from the pool when its limits, policy and image are the
-    /// pool's (the client's `env` is then given to the session taken, before its first
-    /// execution), else forked now from the zygote (see [`Pool::fork_session`]).
+    /// pool's (the client's `env` and code policy are then given to the session taken, before
+    /// its first execution), else forked now from the zygote (see [`Pool::fork_session`]).
     pub fn acquire(&self, options: &SessionOptions) -> Result<Session, KernelError> {
         check_env(&options.env)?;
         let pooled = options.limits == self.template.limits

@@ -7,9 +7,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use corral_sandbox::{Limits, Reservation, ResultBudget};
+use corral_sandbox::{Limits, Reservation, ResultBudget, Violation};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+
+use crate::policy::ModuleRules;
 
 /// The largest frame either side accepts; a longer one from the kernel is a protocol error.
 pub const MAX_FRAME: usize = 64 << 20;
@@ -42,6 +44,9 @@ pub enum KernelMessage {
         value: String,
         #[serde(default)]
         traceback: String,
+        /// What a code policy refused, in a `PolicyViolation` (docs/code-policy.md).
+        #[serde(default)]
+        violations: Vec<Violation>,
     },
     Done {
         id: String,
@@ -84,9 +89,15 @@ pub enum HostMessage<'a> {
     Environment {
         env: BTreeMap<&'a str, &'a str>,
     },
+    /// Check every execution against these module rules from now on (docs/code-policy.md);
+    /// no answer. Sent once, before the first execution, when the session has a code policy.
+    Policy(ModuleRules<'a>),
     /// Run the program now: a one-shot run forked from a zygote, whose kernel reported
-    /// `ready` and was verified.
-    Run,
+    /// `ready` and was verified; under `policy`, when the run has module rules.
+    Run {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        policy: Option<ModuleRules<'a>>,
+    },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]

@@ -13,6 +13,12 @@ pub const PYTHON_KERNEL_LIB: (&str, &str) = (
     "corral_kernel_lib.py",
     include_str!("../runtime/corral_kernel_lib.py"),
 );
+/// The code policy's pre-check and import hook (docs/code-policy.md), loaded by the Python
+/// kernels and the one-shot runner when there is a policy.
+pub const PYTHON_POLICY: (&str, &str) = (
+    "corral_policy.py",
+    include_str!("../runtime/corral_policy.py"),
+);
 /// The one-shot runner, run as the script itself: from its precompiled bytecode when the
 /// image's cache has it (see [`crate::bytecode`]), else from this source.
 pub const PYTHON_ONESHOT: (&str, &str) = (
@@ -20,7 +26,8 @@ pub const PYTHON_ONESHOT: (&str, &str) = (
     include_str!("../runtime/corral_oneshot.py"),
 );
 /// The Python runtime of a one-shot run (whose bytecode the image's cache holds).
-pub const PYTHON_ONESHOT_RUNTIME: [(&str, &str); 2] = [PYTHON_ONESHOT, PYTHON_KERNEL_LIB];
+pub const PYTHON_ONESHOT_RUNTIME: [(&str, &str); 3] =
+    [PYTHON_ONESHOT, PYTHON_KERNEL_LIB, PYTHON_POLICY];
 /// Compiles the one-shot runtime to bytecode inside a sandbox of the image.
 pub const PYTHON_COMPILER: (&str, &str) = (
     "corral_compile.py",
@@ -30,6 +37,15 @@ const JAVASCRIPT_KERNEL: (&str, &str) = (
     "corral_kernel.js",
     include_str!("../runtime/corral_kernel.js"),
 );
+/// The code policy for JavaScript: loaded by the kernel when there is a policy, and the
+/// preload of a one-shot run under one.
+pub const JAVASCRIPT_POLICY: (&str, &str) = (
+    "corral_policy.js",
+    include_str!("../runtime/corral_policy.js"),
+);
+/// Where a one-shot run under a code policy finds its module rules (JSON, as a `policy`
+/// frame's fields).
+pub const POLICY_RULES: &str = "corral_code_policy.json";
 pub const ZYGOTE: (&str, &str) = (
     "corral_zygote.py",
     include_str!("../runtime/corral_zygote.py"),
@@ -60,8 +76,8 @@ pub fn kernel_argv(language: Language) -> Vec<String> {
 /// The runtime files a `language` kernel needs under `/run/corral`.
 pub fn support_files(language: Language) -> Vec<(String, Vec<u8>)> {
     let files: &[(&str, &str)] = match language {
-        Language::Python => &[PYTHON_KERNEL, PYTHON_KERNEL_LIB],
-        Language::Javascript => &[JAVASCRIPT_KERNEL],
+        Language::Python => &[PYTHON_KERNEL, PYTHON_KERNEL_LIB, PYTHON_POLICY],
+        Language::Javascript => &[JAVASCRIPT_KERNEL, JAVASCRIPT_POLICY],
         Language::Bash => &[BASH_KERNEL],
     };
     as_support_files(files.iter().copied())

@@ -13,6 +13,7 @@ use corral_sandbox::{
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::event::{into_rich_result, Event, Utf8Stream};
+use crate::policy::CodePolicy;
 use crate::protocol::{
     encode, Decoder, DoneStatus, HostMessage, KernelMessage, ResultLimits, MAX_FRAME,
 };
@@ -64,6 +65,9 @@ pub struct SessionOptions {
     pub limits: Limits,
     pub env: Vec<(String, String)>,
     pub policy: Policy,
+    /// What the session's code may import and how long it may be (docs/code-policy.md); it
+    /// applies to every execution, and the kernel learns its module rules before the first.
+    pub code_policy: CodePolicy,
     /// How long the kernel may take to become ready.
     pub startup_timeout: Duration,
     /// The host's budget of results held at once, shared with other sessions and runs (none:
@@ -80,6 +84,7 @@ impl SessionOptions {
             limits: Limits::default(),
             env: Vec::new(),
             policy: Policy::default(),
+            code_policy: CodePolicy::default(),
             startup_timeout: Duration::from_secs(60),
             result_budget: None,
         }
@@ -402,7 +407,22 @@ impl Session {
             keepalive: None,
         };
         session.await_ready()?;
+        session.send_code_policy()?;
         Ok(session)
+    }
+
+    /// Tells the kernel the module rules of the session's code policy, if it has any: it
+    /// checks every execution against them from then on (it handles frames in order, so
+    /// before the first execution) and installs the policy's import hook. No answer.
+    fn send_code_policy(&mut self) -> Result<(), KernelError> {
+        let language = self.options.language;
+        if let Some(rules) = self.options.code_policy.module_rules(language) {
+            write_all(
+                self.kernel.socket.as_fd(),
+                &encode(&HostMessage::Policy(rules)),
+            )?;
+        }
+        Ok(())
     }
 
     fn await_ready(&mut self) -> Result<(), KernelError> {
@@ -552,16 +572,41 @@ impl Session {
 
     /// Runs `code`, streaming events to `on_event` (which sees `End` last) and returning the
     /// folded result. A timeout interrupts the code and keeps the session; a kernel that does
-    /// not answer the interrupt, or that dies, ends the session.
+    /// not answer the interrupt, or that dies, ends the session. Code longer than the code
+    /// policy's `max_code_bytes` is refused without reaching the kernel; the kernel refuses
+    /// code that breaks its module rules before running any of it.
     pub fn execute(
         &mut self,
         code: &str,
         timeout: Duration,
         on_event: &mut dyn FnMut(&Event),
     ) -> ExecutionResult {
+        if let Some(error) = self.options.code_policy.length_violation(code.len()) {
+            return self.refuse(error, on_event);
+        }
         let id = self.next_id();
         let frame = encode(&HostMessage::Execute { id: &id, code });
         self.exchange(&id, &frame, Kind::Cell, timeout, None, on_event)
+    }
+
+    /// The result of an execution refused on the host by the code policy: nothing was sent.
+    fn refuse(
+        &mut self,
+        error: LanguageError,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> ExecutionResult {
+        let (started, cpu_before) = (Instant::now(), self.kernel.host.cpu_time());
+        self.executions += 1;
+        let mut result = ExecutionResult {
+            status: Status::Error,
+            warnings: self.warnings.clone(),
+            error_message: Some(format!("{}: {}", error.name, error.value)),
+            ..ExecutionResult::sandbox_error("")
+        };
+        on_event(&Event::Error(error.clone()));
+        result.error = Some(error);
+        self.emit_end(&mut result, started, cpu_before, on_event);
+        result
     }
 
     /// Runs a cell that nobody sees and that leaves no trace in the interpreter (not in its
@@ -621,10 +666,11 @@ impl Session {
     }
 
     /// Makes a session taken from the warm pool (made with the pool's options, without an
-    /// environment) the session `options` ask for: the kernel sets `options.env` in its
-    /// environment, as a session forked with it does right after the fork, before the first
-    /// execution (frames are handled in order; the kernel answers nothing). `options` must
-    /// differ from the pool's in `env` only.
+    /// environment or a code policy) the session `options` ask for: the kernel sets
+    /// `options.env` in its environment, as a session forked with it does right after the
+    /// fork, and takes the code policy's module rules, before the first execution (frames are
+    /// handled in order; the kernel answers nothing). `options` must differ from the pool's
+    /// in `env` and `code_policy` only.
     pub(crate) fn adopt(&mut self, options: &SessionOptions) -> Result<(), KernelError> {
         if !options.env.is_empty() {
             let frame = encode(&HostMessage::Environment {
@@ -643,7 +689,7 @@ impl Session {
             write_all(self.kernel.socket.as_fd(), &frame)?;
         }
         self.options = options.clone();
-        Ok(())
+        self.send_code_policy()
     }
 
     fn next_id(&mut self) -> String {
@@ -913,11 +959,13 @@ impl Session {
                     name,
                     value,
                     traceback,
+                    violations,
                 })) if eid == id => {
                     let e = LanguageError {
                         name,
                         value,
                         traceback,
+                        violations,
                     };
                     on_event(&Event::Error(e.clone()));
                     result.error = Some(e);
@@ -934,6 +982,7 @@ impl Session {
                             name: "Error".into(),
                             value: "the execution failed".into(),
                             traceback: String::new(),
+                            violations: Vec::new(),
                         });
                     }
                     return true;

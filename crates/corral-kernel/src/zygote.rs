@@ -26,6 +26,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{setsockopt, socketpair, sockopt, AddressFamily, SockFlag, SockType};
 use nix::unistd::Pid;
 
+use crate::policy::CodePolicy;
 use crate::protocol::{encode, Decoder, HostMessage, KernelMessage, ResultLimits};
 use crate::runtime::{as_support_files, support_files, PYTHON_ONESHOT, SESSION_LIBRARY, ZYGOTE};
 use crate::session::{KernelError, KernelHost, KernelProcess, Language, Session, SessionOptions};
@@ -209,6 +210,7 @@ impl Zygote {
             kernel_pid: forked.kernel_pid,
             limits: *limits,
             warnings: forked.warnings,
+            code_policy: CodePolicy::default(),
             keepalive: None,
         })
     }
@@ -416,6 +418,8 @@ pub struct ForkedRun {
     kernel_pid: i32,
     limits: Limits,
     warnings: Vec<String>,
+    /// Its module rules go to the kernel with `run`, on the run's own socket.
+    code_policy: CodePolicy,
     /// What the run needs kept as long as it lives: its zygote's sandbox, whose init is the
     /// ancestor of its pid namespace. Declared last, so it is dropped after the kernel.
     keepalive: Option<Arc<dyn std::any::Any + Send + Sync>>,
@@ -424,6 +428,11 @@ pub struct ForkedRun {
 impl ForkedRun {
     pub(crate) fn keep_alive(&mut self, what: Arc<dyn std::any::Any + Send + Sync>) {
         self.keepalive = Some(what);
+    }
+
+    /// Runs the program under `policy`'s module rules (docs/code-policy.md).
+    pub(crate) fn set_code_policy(&mut self, policy: CodePolicy) {
+        self.code_policy = policy;
     }
 
     /// The host's end of the program's fd 3 (its result frames).
@@ -494,7 +503,9 @@ impl Supervised for ForkedRun {
             .map_err(|e| fail(format!("isolation check failed: {e}")))?;
         nix::sys::socket::send(
             self.protocol.as_raw_fd(),
-            &encode(&HostMessage::Run),
+            &encode(&HostMessage::Run {
+                policy: self.code_policy.module_rules(Language::Python),
+            }),
             nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
         )
         .map_err(|e| fail(e.to_string()))?;

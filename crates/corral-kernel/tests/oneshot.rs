@@ -2,7 +2,7 @@
 
 use corral_kernel::bytecode::BytecodeCache;
 use corral_kernel::oneshot;
-use corral_kernel::Language;
+use corral_kernel::{CodePolicy, Language};
 use corral_sandbox::{ExecutionResult, Rootfs, SandboxSpec, Status};
 
 fn run(code: &str, cache: &BytecodeCache) -> ExecutionResult {
@@ -14,6 +14,7 @@ fn run(code: &str, cache: &BytecodeCache) -> ExecutionResult {
         Language::Python,
         "main.py",
         code.as_bytes().to_vec(),
+        &CodePolicy::default(),
         Some(cache),
         None,
         &mut |_, _| {},
@@ -44,7 +45,11 @@ fn the_first_run_fills_the_cache_and_later_runs_load_the_runtime_from_it() {
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
-    assert_eq!(pycs.len(), 2, "{pycs:?}");
+    assert_eq!(
+        pycs.len(),
+        3,
+        "the runner, its library and the code policy: {pycs:?}"
+    );
     let runner = compiled.runner;
     assert!(
         runner.starts_with("/run/corral/lib/__pycache__/corral_oneshot.")
@@ -135,6 +140,7 @@ fn workspace_modules_are_importable() {
         Language::Python,
         "main.py",
         code.as_bytes().to_vec(),
+        &CodePolicy::default(),
         Some(&cache),
         None,
         &mut |_, _| {},

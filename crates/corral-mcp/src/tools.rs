@@ -806,6 +806,7 @@ mod tests {
             name: "ZeroDivisionError".into(),
             value: "division by zero".into(),
             traceback: "Traceback...\n".into(),
+            violations: Vec::new(),
         });
         let out = execution_content(&r, &[]);
         assert_eq!(out.is_error, Some(true));

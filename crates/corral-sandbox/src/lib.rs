@@ -34,7 +34,10 @@ pub use budget::{Reservation, ResultBudget};
 pub use charge::Charge;
 pub use ids::ROOT_MODE_ID_BASE;
 pub use limits::{LimitError, LimitField};
-pub use result::{ExecutionResult, FileEntry, LanguageError, RichResult, Status};
+pub use result::{
+    ExecutionResult, FileEntry, LanguageError, RichResult, Status, Violation, ViolationRule,
+    POLICY_VIOLATION,
+};
 pub use sandbox::{
     cgroup_layout, children_peak_memory, hit_rlimit_data, landlock_warning, rlimit_data_message,
     run, sandbox_cgroup, sweep_stale_cgroups_once, unique_name, wait_for_program, Capture, Finish,

@@ -53,6 +53,41 @@ pub struct LanguageError {
     pub name: String,
     pub value: String,
     pub traceback: String,
+    /// Only in a `PolicyViolation` (docs/code-policy.md): what the code policy refused, one
+    /// entry per import (empty when the policy could not check the code at all). Absent from
+    /// every other error.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub violations: Vec<Violation>,
+}
+
+/// The `name` of the error a code policy refuses code with.
+pub const POLICY_VIOLATION: &str = "PolicyViolation";
+
+/// One thing a code policy refused (docs/code-policy.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Violation {
+    pub rule: ViolationRule,
+    /// The line of the code (1-based); `null` for `max_code_bytes`.
+    pub line: Option<u32>,
+    /// The module as the code names it (`socket`, `os.path`, `node:fs` as `fs`, `.helpers`
+    /// for a relative import); `null` for `max_code_bytes`.
+    pub module: Option<String>,
+}
+
+/// Which rule of a code policy was broken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ViolationRule {
+    /// An import of a module outside `allowed_modules`.
+    NotAllowed,
+    /// An import of a module of `denied_modules`.
+    Denied,
+    /// A relative import (Python), which the policy cannot judge in submitted code.
+    Relative,
+    /// Code longer than `max_code_bytes`; nothing was started.
+    MaxCodeBytes,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1573,6 +1573,7 @@ mod tests {
             name: "ZeroDivisionError".into(),
             value: "division by zero".into(),
             traceback: "Traceback ...".into(),
+            violations: Vec::new(),
         };
         assert_eq!(
             line(&Event::Error(error)).unwrap(),

@@ -13,8 +13,8 @@ use corral_image::{ImageError, ResolvedImage, Store};
 use corral_kernel::bytecode::BytecodeCache;
 use corral_kernel::oneshot;
 use corral_kernel::{
-    Event, KernelError, Language, ManagerError, Pool, SessionManager, SessionOptions, Stopper,
-    ZygoteStatus,
+    CodePolicy, Event, KernelError, Language, ManagerError, Pool, SessionManager, SessionOptions,
+    Stopper, ZygoteStatus,
 };
 use corral_sandbox::limits::show_bytes;
 use corral_sandbox::limits::timeout_from_secs;
@@ -1095,6 +1095,7 @@ impl Service {
                     &spec,
                     file_name,
                     req.code.as_bytes(),
+                    &CodePolicy::default(),
                     Some(self.result_share(tenant)),
                     on_output,
                 )
@@ -1111,6 +1112,7 @@ impl Service {
                     language,
                     file_name,
                     req.code.clone().into_bytes(),
+                    &CodePolicy::default(),
                     bytecode.as_deref(),
                     Some(self.result_share(tenant)),
                     on_output,

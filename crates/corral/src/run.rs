@@ -446,6 +446,7 @@ pub fn main(args: RunArgs) -> i32 {
         prepared.language.kernel(),
         &prepared.file_name,
         prepared.code,
+        &corral_kernel::CodePolicy::default(),
         Some(&prepared.bytecode),
         None,
         &mut |stream, bytes| {
