@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use corral_image::{ImageError, Recipe, ResolvedImage, Store};
 use corral_kernel::bytecode::BytecodeCache;
+use corral_kernel::policy::{CodePolicy, PolicyField};
 use corral_sandbox::workspace::{CopyError, CopyLimits, OutDir, MAX_ENTRIES};
 use corral_sandbox::{ExecutionResult, InputFile, Limits, Policy, SandboxSpec, Status, Stream};
 
@@ -137,6 +138,16 @@ pub struct RunArgs {
     /// Network: only `none` exists (a loopback interface of the sandbox's own).
     #[arg(long, default_value = "none")]
     net: String,
+    /// Code policy: a module the program may import (repeatable, or comma-separated); given
+    /// any, it may import only these. Defence in depth, not a boundary (docs/code-policy.md).
+    #[arg(long = "allow-module", value_name = "MODULE", value_delimiter = ',')]
+    allow_modules: Vec<String>,
+    /// Code policy: a module the program may not import (repeatable, or comma-separated).
+    #[arg(long = "deny-module", value_name = "MODULE", value_delimiter = ',')]
+    deny_modules: Vec<String>,
+    /// Code policy: the longest program (e.g. 100K), refused before anything starts.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    max_code_bytes: Option<u64>,
     /// Environment variable for the program (repeatable).
     #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
     env: Vec<(String, String)>,
@@ -195,6 +206,25 @@ fn checked_limits(args: &RunArgs) -> Result<Limits> {
     };
     limits.validate().map_err(flag)?;
     Ok(limits)
+}
+
+/// The code policy the flags ask for, checked by the engine's one validator (the server's
+/// too) for the program's language; the error names the flag.
+fn checked_policy(args: &RunArgs, lang: Language) -> Result<CodePolicy> {
+    let allowed = (!args.allow_modules.is_empty()).then(|| args.allow_modules.clone());
+    let policy =
+        CodePolicy::new(allowed, args.deny_modules.clone(), args.max_code_bytes).map_err(|e| {
+            let flag = match e.field() {
+                Some(PolicyField::AllowedModules) => "--allow-module",
+                Some(PolicyField::DeniedModules) => "--deny-module",
+                Some(PolicyField::MaxCodeBytes) | None => "--max-code-bytes",
+            };
+            anyhow::anyhow!(e.naming(flag))
+        })?;
+    policy
+        .check_language(lang.kernel())
+        .context("--allow-module and --deny-module")?;
+    Ok(policy)
 }
 
 /// Feeds the program's standard input from Corral's own when the program did not come from
@@ -263,6 +293,7 @@ struct Prepared {
     language: Language,
     file_name: String,
     code: Vec<u8>,
+    policy: CodePolicy,
     bytecode: BytecodeCache,
 }
 
@@ -307,6 +338,7 @@ fn build_spec(args: &RunArgs) -> Result<Prepared> {
         Some(lang) => lang,
         None => Language::from_shebang(&code)?.unwrap_or(Language::Python),
     };
+    let policy = checked_policy(args, lang)?;
     if !image.languages.iter().any(|l| l == lang.name()) {
         bail!(
             "image `{}` has no {} interpreter (it has: {}): choose another --lang, or an image \
@@ -321,7 +353,9 @@ fn build_spec(args: &RunArgs) -> Result<Prepared> {
         .and_then(|p| p.file_name())
         .and_then(|n| n.to_str())
         .filter(|n| {
+            // Not a name of Corral's runtime beside it in /run/corral.
             !n.starts_with('.')
+                && !n.starts_with("corral_")
                 && n.chars()
                     .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
         })
@@ -375,6 +409,7 @@ fn build_spec(args: &RunArgs) -> Result<Prepared> {
         language: lang,
         file_name: name,
         code,
+        policy,
         bytecode,
     })
 }
@@ -446,7 +481,7 @@ pub fn main(args: RunArgs) -> i32 {
         prepared.language.kernel(),
         &prepared.file_name,
         prepared.code,
-        &corral_kernel::CodePolicy::default(),
+        &prepared.policy,
         Some(&prepared.bytecode),
         None,
         &mut |stream, bytes| {
@@ -622,7 +657,10 @@ fn report(args: &RunArgs, result: &ExecutionResult) -> i32 {
         if result.stderr_truncated {
             tell!("stderr was cut at {cap} bytes; the rest was dropped");
         }
-        if result.status != Status::Success && result.status != Status::Error {
+        // A program that ran said what went wrong itself; one refused before it started
+        // (the code policy's max_code_bytes) did not.
+        let started = result.exit_code.is_some() || result.signal.is_some();
+        if result.status != Status::Success && (result.status != Status::Error || !started) {
             if let Some(msg) = &result.error_message {
                 tell!("{msg}");
             }

@@ -378,3 +378,92 @@ fn result_flags_bound_what_a_run_keeps() {
         assert_eq!(warned, kept < 3, "{flags:?}: {r}");
     }
 }
+
+/// The code policy flags (docs/code-policy.md): a program that imports a module outside
+/// `--allow-module` is refused before it starts, with the line; `--max-code-bytes` refuses a
+/// longer program before any sandbox exists, and says so; bad values and module rules for bash
+/// are refused like any bad flag.
+#[test]
+fn the_code_policy_flags_refuse_a_program_before_it_starts() {
+    let program = "print('started')\nimport json\nimport socket\n";
+    for json in [true, false] {
+        let mut cmd = corral();
+        cmd.args(["-c", program, "--allow-module", "json,math"]);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "json {json}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let message = "line 3: import of 'socket' is not allowed (allowed modules: json, math). \
+                       The code was not run.";
+        if json {
+            let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(r["status"], "error", "{r}");
+            assert_eq!(r["stdout"], "", "nothing ran: {r}");
+            assert_eq!(r["error"]["name"], "PolicyViolation");
+            assert_eq!(r["error"]["value"], message);
+            assert_eq!(
+                r["error"]["violations"],
+                serde_json::json!([{"rule": "not_allowed", "line": 3, "module": "socket"}])
+            );
+        } else {
+            assert_eq!(out.stdout, b"", "nothing ran");
+            assert_eq!(stderr, format!("PolicyViolation: {message}\n"));
+        }
+    }
+    let ok = corral()
+        .args([
+            "-c",
+            "import json\nprint(json.dumps([1]))",
+            "--deny-module",
+            "socket",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        (ok.status.code(), ok.stdout.as_slice()),
+        (Some(0), &b"[1]\n"[..])
+    );
+
+    let long = corral()
+        .args(["-c", "print(1)\n# padding", "--max-code-bytes", "10"])
+        .output()
+        .unwrap();
+    assert_eq!(long.status.code(), Some(1));
+    assert_eq!(long.stdout, b"");
+    let stderr = String::from_utf8_lossy(&long.stderr);
+    assert!(
+        stderr.contains("corral: PolicyViolation: the code is 18 bytes, more than the 10 bytes"),
+        "{stderr}"
+    );
+
+    for (flags, said) in [
+        (
+            &["--allow-module", "os/path"][..],
+            "--allow-module: \"os/path\" is not a module name",
+        ),
+        (
+            &["--deny-module", ""][..],
+            "--deny-module: \"\" is not a module name",
+        ),
+        (
+            &["--max-code-bytes", "0"][..],
+            "--max-code-bytes must be between 1 and",
+        ),
+        (
+            &["--lang", "bash", "--deny-module", "socket"][..],
+            "bash has no modules",
+        ),
+    ] {
+        let out = corral().args(["-c", "true"]).args(flags).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{flags:?}: {stderr}");
+        assert!(stderr.contains(said), "{flags:?}: {stderr}");
+    }
+    let bash = corral()
+        .args(["--lang", "bash", "-c", "echo ok", "--max-code-bytes", "100"])
+        .output()
+        .unwrap();
+    assert_eq!(bash.stdout, b"ok\n");
+}
