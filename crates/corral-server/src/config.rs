@@ -60,6 +60,12 @@ pub struct Config {
     /// The limits a request leaves out (a `[default_limits]` table with the fields of a
     /// request's `limits`); what it leaves out takes `corral run`'s defaults.
     pub default_limits: crate::service::LimitsRequest,
+    /// The code policy of every key and of keyless local use (a `[code_policy]` table with
+    /// the fields of a request's `policy`); requests can only narrow it (docs/code-policy.md).
+    pub code_policy: crate::service::PolicyRequest,
+    /// The code policy of the keys named NAME, instead of `code_policy` (`[key_code_policy.NAME]`
+    /// tables).
+    pub key_code_policy: std::collections::BTreeMap<String, crate::service::PolicyRequest>,
 }
 
 impl Default for Config {
@@ -88,6 +94,8 @@ impl Default for Config {
             allow_degraded: false,
             strict: false,
             default_limits: Default::default(),
+            code_policy: Default::default(),
+            key_code_policy: Default::default(),
         }
     }
 }

@@ -109,6 +109,7 @@ pub enum Code {
     InvalidArgument,
     NotFound,
     FailedPrecondition,
+    PermissionDenied,
     ResourceExhausted,
     DeadlineExceeded,
     Unimplemented,
@@ -123,6 +124,7 @@ impl Code {
             Code::InvalidArgument => "invalid_argument",
             Code::NotFound => "not_found",
             Code::FailedPrecondition => "failed_precondition",
+            Code::PermissionDenied => "permission_denied",
             Code::ResourceExhausted => "resource_exhausted",
             Code::DeadlineExceeded => "deadline_exceeded",
             Code::Unimplemented => "unimplemented",
@@ -136,6 +138,7 @@ impl Code {
         match self {
             Code::InvalidArgument | Code::FailedPrecondition => StatusCode::BAD_REQUEST,
             Code::NotFound => StatusCode::NOT_FOUND,
+            Code::PermissionDenied => StatusCode::FORBIDDEN,
             Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
             Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,

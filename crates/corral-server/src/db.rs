@@ -158,6 +158,16 @@ impl Db {
             .map_err(DbError)
     }
 
+    /// The name of key `id` (None when there is no such key: the keyless tenant `local`).
+    pub fn key_name(&self, id: &str) -> Result<Option<String>, DbError> {
+        self.conn()
+            .query_row("SELECT name FROM keys WHERE id = ?1", params![id], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(DbError)
+    }
+
     pub fn session_started(
         &self,
         id: &str,

@@ -498,6 +498,8 @@ async fn create_sandbox(
         limits: None,
         env: req.env_vars,
         idle_timeout_s: req.timeout,
+        // E2B's SDKs know no code policy: the key's applies.
+        policy: None,
     };
     let (service, owner) = (state.service.clone(), tenant.clone());
     let info = blocking(move || service.create_session(&owner, &create)).await?;
@@ -967,6 +969,7 @@ fn connect_error_of(e: &ServiceError) -> Value {
         | ServiceError::UnsupportedLanguage(_) => Code::InvalidArgument,
         ServiceError::NotFound(_) | ServiceError::FileNotFound(_) => Code::NotFound,
         ServiceError::SandboxDead(_) => Code::FailedPrecondition,
+        ServiceError::Forbidden(_) => Code::PermissionDenied,
         ServiceError::TooManySandboxes { .. }
         | ServiceError::PayloadTooLarge(_)
         | ServiceError::InsufficientStorage(_) => Code::ResourceExhausted,

@@ -67,6 +67,7 @@ impl From<ServiceError> for ApiError {
         let message = e.to_string();
         let (status, code) = match &e {
             ServiceError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            ServiceError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             ServiceError::InvalidPath(_) => (StatusCode::BAD_REQUEST, "invalid_path"),
             ServiceError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ServiceError::FileNotFound(_) => (StatusCode::NOT_FOUND, "file_not_found"),

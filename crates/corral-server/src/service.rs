@@ -13,8 +13,8 @@ use corral_image::{ImageError, ResolvedImage, Store};
 use corral_kernel::bytecode::BytecodeCache;
 use corral_kernel::oneshot;
 use corral_kernel::{
-    CodePolicy, Event, KernelError, Language, ManagerError, Pool, SessionManager, SessionOptions,
-    Stopper, ZygoteStatus,
+    CodePolicy, Event, KernelError, Language, ManagerError, PolicyError, Pool, SessionManager,
+    SessionOptions, Stopper, ZygoteStatus,
 };
 use corral_sandbox::limits::show_bytes;
 use corral_sandbox::limits::timeout_from_secs;
@@ -43,6 +43,9 @@ impl Tenant {
 pub enum ServiceError {
     #[error("{0}")]
     BadRequest(String),
+    /// Asked for more than the key may have (a request that would widen its code policy).
+    #[error("{0}")]
+    Forbidden(String),
     #[error("{0}")]
     InvalidPath(String),
     /// No such sandbox (or another tenant's).
@@ -187,6 +190,77 @@ fn limits_error(e: LimitError) -> ServiceError {
     ServiceError::BadRequest(e.naming(&format!("limits.{field}")))
 }
 
+/// A code policy as requests and the server's settings give it (docs/code-policy.md): what
+/// the code may import and how long it may be. Defence in depth, never a boundary. A
+/// request's policy can only narrow its key's (403 otherwise); what it leaves out is the key's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyRequest {
+    /// The only modules the code may import (with their submodules); absent: any module. An
+    /// empty list allows none.
+    pub allowed_modules: Option<Vec<String>>,
+    /// Modules the code may not import (with their submodules); they win over allowed ones.
+    pub denied_modules: Option<Vec<String>>,
+    /// The longest code, in bytes; longer code is refused before anything starts.
+    pub max_code_bytes: Option<u64>,
+}
+
+impl PolicyRequest {
+    /// The policy asked for, checked by the engine's one validator; an error is a bad request
+    /// naming the field as `{prefix}.allowed_modules` and so on.
+    pub fn to_policy(&self, prefix: &str) -> Result<CodePolicy, ServiceError> {
+        CodePolicy::new(
+            self.allowed_modules.clone(),
+            self.denied_modules.clone().unwrap_or_default(),
+            self.max_code_bytes,
+        )
+        .map_err(|e| policy_error(prefix, &e))
+    }
+
+    /// `policy` as the API shows it: every field filled.
+    pub fn of(policy: &CodePolicy) -> PolicyRequest {
+        PolicyRequest {
+            allowed_modules: policy
+                .allowed_modules()
+                .map(|m| m.iter().cloned().collect()),
+            denied_modules: Some(policy.denied_modules().iter().cloned().collect()),
+            max_code_bytes: policy.max_code_bytes().map(|n| n as u64),
+        }
+    }
+}
+
+/// An engine policy error as a bad request naming the field under `prefix`.
+fn policy_error(prefix: &str, e: &PolicyError) -> ServiceError {
+    ServiceError::BadRequest(match e.field() {
+        Some(field) => e.naming(&format!("{prefix}.{field}")),
+        None => format!("{prefix}: {e}"),
+    })
+}
+
+/// The code policies of the server's settings: `code_policy` for every key, and
+/// `key_code_policy.NAME` instead of it for the keys named NAME.
+#[derive(Debug, Clone, Default)]
+struct CodePolicies {
+    default: CodePolicy,
+    by_key_name: HashMap<String, CodePolicy>,
+}
+
+impl CodePolicies {
+    fn of(config: &Config) -> Result<CodePolicies, ServiceError> {
+        let mut by_key_name = HashMap::new();
+        for (name, policy) in &config.key_code_policy {
+            by_key_name.insert(
+                name.clone(),
+                policy.to_policy(&format!("key_code_policy.{name}"))?,
+            );
+        }
+        Ok(CodePolicies {
+            default: config.code_policy.to_policy("code_policy")?,
+            by_key_name,
+        })
+    }
+}
+
 /// A file for a one-shot run's workspace: text in `content`, or bytes in `content_base64`.
 #[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -208,6 +282,8 @@ pub struct RunRequest {
     pub limits: Option<LimitsRequest>,
     pub env: Option<BTreeMap<String, String>>,
     pub files: Option<Vec<InputFileRequest>>,
+    /// Narrows the key's code policy for this run (docs/code-policy.md).
+    pub policy: Option<PolicyRequest>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, utoipa::ToSchema)]
@@ -219,6 +295,8 @@ pub struct CreateSandboxRequest {
     pub env: Option<BTreeMap<String, String>>,
     /// The session is closed after this long without use (default 600).
     pub idle_timeout_s: Option<u64>,
+    /// Narrows the key's code policy for every execution of the session (docs/code-policy.md).
+    pub policy: Option<PolicyRequest>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
@@ -262,6 +340,8 @@ pub struct SandboxInfo {
     pub death: Option<String>,
     /// Protections weaker than requested for this session (also in every execution's result).
     pub warnings: Vec<String>,
+    /// The code policy every execution is held to: the key's, narrowed by the request's.
+    pub policy: PolicyRequest,
 }
 
 /// A checked command: what runs, with what, for how long.
@@ -282,6 +362,8 @@ struct Owned {
     promised_bytes: u64,
     /// What of it a dead session still holds: its workspace, until it is closed.
     workspace_bytes: u64,
+    /// Its code policy, as the API shows it.
+    policy: PolicyRequest,
 }
 
 pub struct Service {
@@ -303,6 +385,8 @@ pub struct Service {
     result_shares: Mutex<HashMap<String, Arc<ResultBudget>>>,
     /// The limits a request leaves out (`default_limits` in the config).
     default_limits: Limits,
+    /// The code policies of keys, which requests narrow (`code_policy`, `key_code_policy`).
+    code_policies: CodePolicies,
 }
 
 fn rfc3339(t: SystemTime) -> String {
@@ -393,6 +477,7 @@ impl Service {
             .default_limits
             .to_limits(&Limits::default())
             .map_err(|e| anyhow::anyhow!("default_limits: {e}"))?;
+        let code_policies = CodePolicies::of(&config).map_err(anyhow::Error::from)?;
         let manager = SessionManager::new();
         let pool = match store.resolve(&config.default_image) {
             Ok(image) if config.pool_size > 0 && image.languages.iter().any(|l| l == "python") => {
@@ -446,6 +531,7 @@ impl Service {
             result_budget,
             result_shares: Mutex::new(HashMap::new()),
             default_limits,
+            code_policies,
         });
         let weak = Arc::downgrade(&service);
         std::thread::Builder::new()
@@ -536,6 +622,39 @@ impl Service {
             strict: self.config.strict,
             allow_degraded: self.config.allow_degraded,
         }
+    }
+
+    /// The code policy of `tenant`'s key (`key_code_policy` of its name, else `code_policy`),
+    /// narrowed by the request's `asked` for code of `language`: a request may only narrow it
+    /// (403 naming what it would widen), and module rules for bash, which has none, are a bad
+    /// request; the key's module rules do not apply to bash.
+    fn code_policy(
+        &self,
+        tenant: &Tenant,
+        asked: Option<&PolicyRequest>,
+        language: Language,
+    ) -> Result<CodePolicy, ServiceError> {
+        let asked = asked
+            .map(|p| p.to_policy("policy"))
+            .transpose()?
+            .unwrap_or_default();
+        asked
+            .check_language(language)
+            .map_err(|e| ServiceError::BadRequest(format!("policy: {e}")))?;
+        let name = match self.db.key_name(&tenant.0) {
+            Ok(name) => name,
+            Err(e) => return Err(ServiceError::Sandbox(e.to_string())),
+        };
+        let policies = &self.code_policies;
+        let base = name
+            .and_then(|n| policies.by_key_name.get(&n))
+            .unwrap_or(&policies.default);
+        let policy = base.narrowed_by(&asked).map_err(|e| {
+            ServiceError::Forbidden(format!(
+                "policy.{e}: a request can only narrow its key's code policy"
+            ))
+        })?;
+        Ok(policy.for_language(language))
     }
 
     fn check_running(&self) -> Result<(), ServiceError> {
@@ -652,6 +771,7 @@ impl Service {
             .unwrap_or_default()
             .to_limits(&self.default_limits)?;
         let env = check_env(req.env.as_ref())?;
+        let code_policy = self.code_policy(tenant, req.policy.as_ref(), language)?;
         let idle = req
             .idle_timeout_s
             .unwrap_or(self.config.default_idle_timeout_s);
@@ -670,6 +790,8 @@ impl Service {
         let started = Instant::now();
         let mut options = session_options(&image, language, limits, env, self.policy());
         options.result_budget = Some(self.result_share(tenant));
+        let policy = PolicyRequest::of(&code_policy);
+        options.code_policy = code_policy;
         let created = self.manager.create(&options, Duration::from_secs(idle));
         self.metrics
             .session_create_seconds
@@ -688,6 +810,7 @@ impl Service {
             default_timeout: limits.timeout,
             promised_bytes: promised,
             workspace_bytes: limits.disk_bytes,
+            policy,
         };
         self.sessions
             .lock()
@@ -719,6 +842,7 @@ impl Service {
             executions: info.executions,
             death: info.death.clone(),
             warnings: info.warnings.clone(),
+            policy: owned.policy.clone(),
         }
     }
 
@@ -1045,6 +1169,8 @@ impl Service {
             .clone()
             .unwrap_or_default()
             .to_limits(&self.default_limits)?;
+        let language = parse_language(req.language.as_deref())?;
+        self.code_policy(tenant, req.policy.as_ref(), language)?;
         self.admission
             .admit_run(&tenant.0, limits.host_memory_bytes())
             .await
@@ -1064,6 +1190,7 @@ impl Service {
         let language = parse_language(req.language.as_deref())?;
         let image = self.image(req.image.as_deref())?;
         Self::check_language(&image, language)?;
+        let code_policy = self.code_policy(tenant, req.policy.as_ref(), language)?;
         let mut spec = SandboxSpec::new(Vec::new());
         spec.limits = req
             .limits
@@ -1095,7 +1222,7 @@ impl Service {
                     &spec,
                     file_name,
                     req.code.as_bytes(),
-                    &CodePolicy::default(),
+                    &code_policy,
                     Some(self.result_share(tenant)),
                     on_output,
                 )
@@ -1112,7 +1239,7 @@ impl Service {
                     language,
                     file_name,
                     req.code.clone().into_bytes(),
-                    &CodePolicy::default(),
+                    &code_policy,
                     bytecode.as_deref(),
                     Some(self.result_share(tenant)),
                     on_output,
@@ -1306,5 +1433,41 @@ fn reconcile(service: Weak<Service>) {
                 service.release_dead(&info.id);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_configured_code_policies_are_checked_naming_their_table() {
+        let config: Config = toml::from_str(
+            "[code_policy]\ndenied_modules = [\"socket\"]\n\
+             [key_code_policy.ci]\nallowed_modules = [\"json\"]\nmax_code_bytes = 100\n",
+        )
+        .unwrap();
+        let policies = CodePolicies::of(&config).unwrap();
+        assert_eq!(
+            PolicyRequest::of(&policies.default),
+            PolicyRequest {
+                allowed_modules: None,
+                denied_modules: Some(vec!["socket".into()]),
+                max_code_bytes: None,
+            }
+        );
+        assert_eq!(
+            policies.by_key_name["ci"].allowed_modules(),
+            Some(&["json".to_string()].into())
+        );
+        let config: Config =
+            toml::from_str("[key_code_policy.ci]\nallowed_modules = [\"a b\"]\n").unwrap();
+        let err = CodePolicies::of(&config).unwrap_err().to_string();
+        assert!(
+            err.starts_with("key_code_policy.ci.allowed_modules: \"a b\" is not a module name"),
+            "{err}"
+        );
+        let unknown = toml::from_str::<Config>("[code_policy]\nallowed = [\"json\"]\n");
+        assert!(unknown.unwrap_err().to_string().contains("allowed"));
     }
 }

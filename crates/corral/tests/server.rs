@@ -2289,3 +2289,173 @@ fn result_limits_are_set_per_run_per_session_and_per_server() {
     assert_eq!(r["results"].as_array().unwrap().len(), 2, "{r}");
     assert!(dropped(&r), "{r}");
 }
+
+/// The code policy through the API (docs/code-policy.md): the server's `[code_policy]` for
+/// every key, `[key_code_policy.NAME]` instead of it for keys named NAME, and a request's
+/// `policy` that can only narrow its key's (403 otherwise); runs and every execution of a
+/// session are held to the result.
+#[test]
+fn a_keys_code_policy_holds_and_requests_can_only_narrow_it() {
+    let s = Server::start(
+        "default_image = \"host\"\npool_size = 1\n\
+         [code_policy]\ndenied_modules = [\"socket\"]\nmax_code_bytes = 4096\n\
+         [key_code_policy.analyst]\nallowed_modules = [\"json\", \"math\", \"numpy\"]\n",
+    );
+    let analyst = s.key("analyst");
+    let other = s.key("other");
+    let run =
+        |key: Option<&str>, body: Value| s.call("POST", "/v1/run", key, Some(&body.to_string()));
+    let violations = |r: &Value| r["error"]["violations"].clone();
+
+    // The server's policy, for keyless use and for keys without one of their own.
+    for key in [None, Some(other.as_str())] {
+        let (status, r) = run(key, json!({"code": "print('ran')\nimport socket"}));
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(
+            (r["status"].as_str(), r["stdout"].as_str()),
+            (Some("error"), Some(""))
+        );
+        assert_eq!(r["error"]["name"], "PolicyViolation");
+        assert_eq!(
+            violations(&r),
+            json!([{"rule": "denied", "line": 2, "module": "socket"}])
+        );
+        let (_, r) = run(key, json!({"code": "#".repeat(4097)}));
+        assert_eq!(
+            violations(&r),
+            json!([{"rule": "max_code_bytes", "line": null, "module": null}]),
+            "{r}"
+        );
+    }
+    // The analyst key's own policy instead: an allow-list (and no denied socket).
+    let (_, r) = run(Some(&analyst), json!({"code": "import math, os"}));
+    assert_eq!(
+        violations(&r),
+        json!([{"rule": "not_allowed", "line": 1, "module": "os"}]),
+        "{r}"
+    );
+    let (_, r) = run(
+        Some(&analyst),
+        json!({"code": "import json\nprint(json.dumps(2))"}),
+    );
+    assert_eq!(
+        (r["status"].as_str(), r["stdout"].as_str()),
+        (Some("success"), Some("2\n"))
+    );
+
+    // A request narrows…
+    let narrower = json!({"code": "import math", "policy": {"allowed_modules": ["json"]}});
+    let (status, r) = run(Some(&analyst), narrower);
+    assert_eq!(status, 200);
+    assert_eq!(violations(&r)[0]["module"], "math", "{r}");
+    // …never widens, and says what it would widen.
+    for (key, policy, said) in [
+        (
+            Some(analyst.as_str()),
+            json!({"allowed_modules": ["json", "requests"]}),
+            "`requests` is not allowed by the policy in force (it allows only: json, math, numpy)",
+        ),
+        (
+            None,
+            json!({"allowed_modules": ["socket"]}),
+            "`socket` is denied",
+        ),
+        (
+            None,
+            json!({"max_code_bytes": 5000}),
+            "5000 is more than the 4096",
+        ),
+    ] {
+        let (status, e) = run(key, json!({"code": "1", "policy": policy}));
+        assert_eq!((status, error_code(&e)), (403, "forbidden"), "{e}");
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(message.contains(said), "{message}");
+        assert!(
+            message.starts_with("policy.allowed_modules")
+                || message.starts_with("policy.max_code_bytes"),
+            "{message}"
+        );
+    }
+    // What cannot be a policy is a bad request naming the field.
+    for (policy, said) in [
+        (
+            json!({"allowed_modules": ["os/path"]}),
+            "policy.allowed_modules: \"os/path\" is not a module name",
+        ),
+        (json!({"denied_modules": [""]}), "policy.denied_modules"),
+        (
+            json!({"max_code_bytes": 0}),
+            "policy.max_code_bytes must be between 1",
+        ),
+        (json!({"allowed": ["json"]}), "unknown field `allowed`"),
+    ] {
+        let (status, e) = run(None, json!({"code": "1", "policy": policy}));
+        assert_eq!((status, error_code(&e)), (400, "bad_request"), "{e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(said),
+            "{e}"
+        );
+    }
+    // Bash has no modules: a request's module rules are refused, the key's do not apply.
+    let (status, e) = run(
+        None,
+        json!({"code": "true", "language": "bash", "policy": {"denied_modules": ["x"]}}),
+    );
+    assert_eq!((status, error_code(&e)), (400, "bad_request"), "{e}");
+    let (_, r) = run(
+        Some(&analyst),
+        json!({"code": "echo ok", "language": "bash"}),
+    );
+    assert_eq!(r["stdout"], "ok\n", "{r}");
+
+    // A session: its policy is shown, and holds for every execution.
+    let (status, info) = s.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(&analyst),
+        Some(&json!({"policy": {"denied_modules": ["numpy"], "max_code_bytes": 64}}).to_string()),
+    );
+    assert_eq!(status, 201, "{info}");
+    assert_eq!(
+        info["policy"],
+        json!({"allowed_modules": ["json", "math", "numpy"], "denied_modules": ["numpy"], "max_code_bytes": 64})
+    );
+    let id = info["id"].as_str().unwrap();
+    assert_eq!(
+        s.execute(id, Some(&analyst), "x = 1").1["status"],
+        "success"
+    );
+    let (_, r) = s.execute(id, Some(&analyst), "x = 2\nimport numpy");
+    assert_eq!(
+        violations(&r),
+        json!([{"rule": "denied", "line": 2, "module": "numpy"}]),
+        "{r}"
+    );
+    let streamed = ureq::post(&format!("{}/v1/sandboxes/{id}/execute", s.url))
+        .set("Authorization", &format!("Bearer {analyst}"))
+        .send_string(&json!({"code": "print(x)\n__import__('nu' + 'mpy')"}).to_string())
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let events: Vec<Value> = streamed
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        events[0],
+        json!({"type": "stdout", "text": "1\n"}),
+        "x is still 1"
+    );
+    assert_eq!(events[1]["type"], "error");
+    assert_eq!(
+        events[1]["violations"],
+        json!([{"rule": "denied", "line": 2, "module": "numpy"}])
+    );
+    let (status, e) = s.call(
+        "POST",
+        "/v1/sandboxes",
+        None,
+        Some(&json!({"policy": {"max_code_bytes": 1_000_000}}).to_string()),
+    );
+    assert_eq!((status, error_code(&e)), (403, "forbidden"), "{e}");
+}
