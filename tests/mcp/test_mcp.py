@@ -207,3 +207,49 @@ async def test_http_refuses_an_authorization_it_cannot_read(tmp_path: Path, star
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+async def policed(client: Client) -> None:
+    """What a model sees of the code policy: code importing a module outside the allowed ones
+    is a tool error naming the line and the allowed modules, and nothing of it ran; the
+    session's state is kept; bash sessions take only the length."""
+    assert not (await client.call_tool("run_code", {"code": "x = 1"})).is_error
+    refused = await client.call_tool("run_code", {"code": "x = 2\nimport socket"})
+    assert refused.is_error
+    assert "line 2: import of 'socket' is not allowed (allowed modules: json, math)" in texts(refused)
+    error = refused.structured_content["error"]
+    assert error["name"] == "PolicyViolation"
+    assert error["violations"] == [{"rule": "not_allowed", "line": 2, "module": "socket"}]
+    kept = await client.call_tool("run_code", {"code": "import json\njson.dumps(x)"})
+    assert "1" in texts(kept) and not kept.is_error, texts(kept)
+    bash = await client.call_tool("run_code", {"code": "echo ok", "language": "bash"})
+    assert not bash.is_error and "ok" in texts(bash), texts(bash)
+
+
+@pytest.mark.anyio
+async def test_a_code_policy_holds_in_process_and_through_a_running_server(
+    tmp_path: Path, start_listening: Any
+) -> None:
+    flags = ["--allow-module", "json,math", "--max-code-bytes", "1000"]
+    params = StdioServerParameters(
+        command=str(corral_bin()), args=[*mcp_args(tmp_path), *flags], env=dict(os.environ)
+    )
+    async with Client(params) as client:
+        await policed(client)
+    port = free_port()
+    start_listening(["serve", "--listen", f"127.0.0.1:{port}", "--db", str(tmp_path / "s.db"), "--pool-size", "0"], port)
+    env = {k: v for k, v in os.environ.items() if k != "CORRAL_API_KEY"}
+    args = ["mcp", "--server", f"http://127.0.0.1:{port}", *flags]
+    async with Client(StdioServerParameters(command=str(corral_bin()), args=args, env=env)) as client:
+        await policed(client)
+
+
+def test_a_policy_that_cannot_be_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [str(corral_bin()), *mcp_args(tmp_path), "--allow-module", "os/path"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert '--allow-module: "os/path" is not a module name' in done.stderr

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
 use corral_sandbox::{ExecutionResult, Status};
-use corral_server::service::{CommandRequest, CreateSandboxRequest, ExecuteRequest};
+use corral_server::service::{CommandRequest, CreateSandboxRequest, ExecuteRequest, PolicyRequest};
 use corral_server::Tenant;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -259,13 +259,17 @@ impl Conns {
 /// What every handler of one server shares.
 pub struct Shared {
     pub backend: Arc<dyn Backend>,
+    /// The code policy every session the tools make asks for (docs/code-policy.md): it
+    /// narrows the caller's key's (`corral mcp --allow-module ...`).
+    pub policy: Option<PolicyRequest>,
     pub stateless: Conns,
 }
 
 impl Shared {
-    pub fn new(backend: Arc<dyn Backend>) -> Arc<Shared> {
+    pub fn new(backend: Arc<dyn Backend>, policy: Option<PolicyRequest>) -> Arc<Shared> {
         Arc::new(Shared {
             backend,
+            policy,
             stateless: Conns::default(),
         })
     }
@@ -443,6 +447,19 @@ impl CorralMcp {
         }
     }
 
+    /// The code policy a session of `language` asks for: the server's own (`--allow-module`
+    /// ...), without its module rules for bash, which has no modules.
+    fn policy_for(&self, language: Language) -> Option<PolicyRequest> {
+        let policy = self.shared.policy.clone()?;
+        Some(match language {
+            Language::Bash => PolicyRequest {
+                max_code_bytes: policy.max_code_bytes,
+                ..PolicyRequest::default()
+            },
+            Language::Python | Language::Javascript => policy,
+        })
+    }
+
     /// Who calls, and the connection state the call belongs to: stdio and HTTP sessions
     /// (`Mcp-Session-Id`) have their own; stateless HTTP requests share their tenant's.
     fn context(&self, ext: &Extensions) -> Result<(Caller, Arc<Conn>), CallToolResult> {
@@ -499,6 +516,7 @@ impl CorralMcp {
         let c = caller.clone();
         let req = CreateSandboxRequest {
             language: Some(language.name().into()),
+            policy: self.policy_for(language),
             ..Default::default()
         };
         let info = blocking(move || backend.create_session(&c, &req)).await?;
@@ -588,9 +606,11 @@ impl CorralMcp {
             Ok(c) => c,
             Err(e) => return Ok(e),
         };
+        let language = p.language.unwrap_or(Language::Python);
         let req = CreateSandboxRequest {
-            language: Some(p.language.unwrap_or(Language::Python).name().into()),
+            language: Some(language.name().into()),
             image: p.image,
+            policy: self.policy_for(language),
             ..Default::default()
         };
         let backend = self.shared.backend.clone();

@@ -10,6 +10,7 @@ use clap::{Args, ValueEnum};
 use corral_mcp::http::{Auth, KeyCheck};
 use corral_mcp::schema::{function_tools, Format};
 use corral_mcp::{Backend, InProcess, Remote, Shared};
+use corral_server::service::PolicyRequest;
 use corral_server::{Config, Service, Tenant};
 
 /// Warm sessions kept ready when neither `--pool-size` nor a config file says otherwise: an
@@ -45,6 +46,31 @@ pub struct McpArgs {
     /// Python sessions of the default image kept forked ahead (default 2 here; 0: none).
     #[arg(long, value_name = "N", conflicts_with = "server")]
     pool_size: Option<usize>,
+    /// Code policy of the sessions the tools make: a module the code may import (repeatable,
+    /// or comma-separated); given any, it may import only these. It narrows the key's policy
+    /// (`[code_policy]` of the config, or the server's). Defence in depth, not a boundary.
+    #[arg(long = "allow-module", value_name = "MODULE", value_delimiter = ',')]
+    allow_modules: Vec<String>,
+    /// Code policy: a module the code may not import (repeatable, or comma-separated).
+    #[arg(long = "deny-module", value_name = "MODULE", value_delimiter = ',')]
+    deny_modules: Vec<String>,
+    /// Code policy: the longest code of one call (e.g. 100K).
+    #[arg(long, value_name = "SIZE", value_parser = crate::run::parse_size)]
+    max_code_bytes: Option<u64>,
+}
+
+/// The code policy the flags ask for, if any, checked before anything starts.
+fn policy(args: &McpArgs) -> Result<Option<PolicyRequest>> {
+    let (allow, deny) = (&args.allow_modules, &args.deny_modules);
+    if allow.is_empty() && deny.is_empty() && args.max_code_bytes.is_none() {
+        return Ok(None);
+    }
+    crate::run::policy_of_flags(allow, deny, args.max_code_bytes)?;
+    Ok(Some(PolicyRequest {
+        allowed_modules: (!allow.is_empty()).then(|| allow.clone()),
+        denied_modules: (!deny.is_empty()).then(|| deny.clone()),
+        max_code_bytes: args.max_code_bytes,
+    }))
 }
 
 fn config(args: &McpArgs) -> Result<Config> {
@@ -86,6 +112,7 @@ pub fn mcp(args: McpArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    let policy = policy(&args)?;
     runtime.block_on(async move {
         let listener = match args.http {
             Some(addr) => Some(
@@ -125,7 +152,7 @@ pub fn mcp(args: McpArgs) -> Result<()> {
                     )
                 }
             };
-        let shared = Shared::new(backend);
+        let shared = Shared::new(backend, policy);
         let served = match listener {
             Some(listener) => {
                 let addr = listener.local_addr()?;

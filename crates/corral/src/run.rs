@@ -176,7 +176,7 @@ pub struct RunArgs {
     data_dir: Option<PathBuf>,
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, String> {
     parse_size::Config::new()
         .with_binary()
         .parse_size(s)
@@ -211,20 +211,25 @@ fn checked_limits(args: &RunArgs) -> Result<Limits> {
 /// The code policy the flags ask for, checked by the engine's one validator (the server's
 /// too) for the program's language; the error names the flag.
 fn checked_policy(args: &RunArgs, lang: Language) -> Result<CodePolicy> {
-    let allowed = (!args.allow_modules.is_empty()).then(|| args.allow_modules.clone());
-    let policy =
-        CodePolicy::new(allowed, args.deny_modules.clone(), args.max_code_bytes).map_err(|e| {
-            let flag = match e.field() {
-                Some(PolicyField::AllowedModules) => "--allow-module",
-                Some(PolicyField::DeniedModules) => "--deny-module",
-                Some(PolicyField::MaxCodeBytes) | None => "--max-code-bytes",
-            };
-            anyhow::anyhow!(e.naming(flag))
-        })?;
+    let policy = policy_of_flags(&args.allow_modules, &args.deny_modules, args.max_code_bytes)?;
     policy
         .check_language(lang.kernel())
         .context("--allow-module and --deny-module")?;
     Ok(policy)
+}
+
+/// The code policy of `--allow-module`, `--deny-module` and `--max-code-bytes` (of `corral
+/// run` and `corral mcp`), checked; the error names the flag.
+pub fn policy_of_flags(allow: &[String], deny: &[String], max: Option<u64>) -> Result<CodePolicy> {
+    let allowed = (!allow.is_empty()).then(|| allow.to_vec());
+    CodePolicy::new(allowed, deny.to_vec(), max).map_err(|e| {
+        let flag = match e.field() {
+            Some(PolicyField::AllowedModules) => "--allow-module",
+            Some(PolicyField::DeniedModules) => "--deny-module",
+            Some(PolicyField::MaxCodeBytes) | None => "--max-code-bytes",
+        };
+        anyhow::anyhow!(e.naming(flag))
+    })
 }
 
 /// Feeds the program's standard input from Corral's own when the program did not come from
