@@ -342,6 +342,42 @@ def test_one_shot_results(corral_url: str) -> None:
     assert any(r.png and r.png_bytes().startswith(b"\x89PNG") for r in result.results)
 
 
+# ---- code policy --------------------------------------------------------------------------
+
+
+def test_a_policy_refuses_code_before_it_runs(corral_url: str) -> None:
+    result = corral.run(
+        "print('ran')\nimport socket",
+        policy=corral.Policy(allowed_modules=["json", "math"]),
+    )
+    assert (result.status, result.stdout) == ("error", "")
+    assert result.error is not None and result.error.name == "PolicyViolation"
+    assert result.error.violations == [corral.Violation("not_allowed", 2, "socket")]
+    assert "allowed modules: json, math" in result.error.value
+
+    with Sandbox(corral_url, policy={"denied_modules": ["socket"], "max_code_bytes": 200}) as sb:
+        assert sb.info.policy == corral.Policy(None, ["socket"], 200)
+        sb.run_code("x = 1")
+        refused = sb.run_code("x = 2\nimport socket")
+        assert refused.error is not None and refused.error.name == "PolicyViolation"
+        assert refused.error.violations == [corral.Violation("denied", 2, "socket")]
+        assert sb.run_code("x").text == "1"
+        too_long = sb.run_code("#" * 201)
+        assert too_long.error is not None
+        assert too_long.error.violations == [corral.Violation("max_code_bytes")]
+
+
+def test_a_policy_that_cannot_be_or_would_widen_the_keys_is_refused(serve_with: Any) -> None:
+    with serve_with('pool_size = 0\n[code_policy]\nallowed_modules = ["json"]\n') as url:
+        with pytest.raises(corral.ForbiddenError) as widened:
+            corral.run("1", url=url, policy={"allowed_modules": ["json", "socket"]})
+        assert widened.value.status_code == 403 and widened.value.code == "forbidden"
+        assert "`socket` is not allowed by the policy in force" in widened.value.message
+        with pytest.raises(InvalidRequestError) as bad:
+            Sandbox(url, image="host", policy={"denied_modules": ["not a module"]})
+        assert "policy.denied_modules" in bad.value.message
+
+
 # ---- errors and lifetime ------------------------------------------------------------------
 
 

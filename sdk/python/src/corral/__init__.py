@@ -17,6 +17,7 @@ from ._errors import (
     CorralConnectionError,
     CorralError,
     CorralTimeoutError,
+    ForbiddenError,
     InsufficientStorageError,
     InvalidPathError,
     InvalidRequestError,
@@ -36,9 +37,11 @@ from ._models import (
     FileInfo,
     Limits,
     Logs,
+    Policy,
     Result,
     RunResult,
     SandboxInfo,
+    Violation,
 )
 from ._sync import Commands, Files, Sandbox, run
 
@@ -57,6 +60,8 @@ __all__ = [
     "async_run",
     # data
     "Limits",
+    "Policy",
+    "Violation",
     "Execution",
     "Logs",
     "Result",
@@ -71,6 +76,7 @@ __all__ = [
     "InsufficientStorageError",
     "InvalidPathError",
     "AuthenticationError",
+    "ForbiddenError",
     "NotFoundError",
     "SandboxError",
     "SandboxDeadError",

@@ -40,6 +40,8 @@ from ._models import (
     Limits,
     LimitsLike,
     Logs,
+    Policy,
+    PolicyLike,
     Result,
 )
 
@@ -124,6 +126,14 @@ def limits_dict(limits: Optional[LimitsLike]) -> Optional[Dict[str, Any]]:
     return {k: v for k, v in dict(limits).items() if v is not None}
 
 
+def policy_dict(policy: Optional[PolicyLike]) -> Optional[Dict[str, Any]]:
+    if policy is None:
+        return None
+    if isinstance(policy, Policy):
+        return policy.to_dict()
+    return {k: v for k, v in dict(policy).items() if v is not None}
+
+
 def _drop_none(body: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in body.items() if v is not None}
 
@@ -134,6 +144,7 @@ def create_body(
     limits: Optional[LimitsLike],
     env: Optional[Mapping[str, str]],
     idle_timeout_s: Optional[int],
+    policy: Optional[PolicyLike] = None,
 ) -> Dict[str, Any]:
     return _drop_none(
         {
@@ -142,6 +153,7 @@ def create_body(
             "limits": limits_dict(limits),
             "env": dict(env) if env is not None else None,
             "idle_timeout_s": idle_timeout_s,
+            "policy": policy_dict(policy),
         }
     )
 
@@ -191,6 +203,7 @@ def run_body(
     limits: Optional[LimitsLike],
     files: Optional[RunFiles],
     env: Optional[Mapping[str, str]],
+    policy: Optional[PolicyLike] = None,
 ) -> Dict[str, Any]:
     return _drop_none(
         {
@@ -200,6 +213,7 @@ def run_body(
             "limits": limits_dict(limits),
             "env": dict(env) if env is not None else None,
             "files": run_files(files),
+            "policy": policy_dict(policy),
         }
     )
 

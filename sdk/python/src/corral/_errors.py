@@ -19,6 +19,7 @@ __all__ = [
     "InsufficientStorageError",
     "InvalidPathError",
     "AuthenticationError",
+    "ForbiddenError",
     "NotFoundError",
     "SandboxError",
     "SandboxDeadError",
@@ -68,6 +69,11 @@ class InvalidPathError(InvalidRequestError):
 
 class AuthenticationError(CorralError):
     """401 ``unauthorized``: missing or unknown API key."""
+
+
+class ForbiddenError(AuthenticationError):
+    """403 ``forbidden``: a keyless request that is not from a local program, or a ``policy``
+    that would widen the API key's code policy (the message names what it would widen)."""
 
 
 class NotFoundError(CorralError):
@@ -153,6 +159,7 @@ _BY_CODE: Mapping[str, Type[CorralError]] = {
     "unknown_image": InvalidRequestError,
     "unsupported_language": InvalidRequestError,
     "unauthorized": AuthenticationError,
+    "forbidden": ForbiddenError,
     "not_found": NotFoundError,
     "file_not_found": NotFoundError,
     "sandbox_dead": SandboxDeadError,
@@ -168,7 +175,7 @@ _BY_CODE: Mapping[str, Type[CorralError]] = {
 _BY_STATUS: Mapping[int, Type[CorralError]] = {
     400: InvalidRequestError,
     401: AuthenticationError,
-    403: AuthenticationError,
+    403: ForbiddenError,
     404: NotFoundError,
     409: SandboxDeadError,
     413: PayloadTooLargeError,

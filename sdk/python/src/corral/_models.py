@@ -9,6 +9,8 @@ from typing import Any, Dict, List, Mapping, Optional, Union
 
 __all__ = [
     "Limits",
+    "Policy",
+    "Violation",
     "Result",
     "Logs",
     "ExecutionError",
@@ -41,6 +43,51 @@ class Limits:
 
 
 LimitsLike = Union[Limits, Mapping[str, Any]]
+
+
+@dataclass
+class Policy:
+    """A code policy (docs/code-policy.md): the modules code may import and its longest length.
+
+    ``allowed_modules``: the only modules allowed (with their submodules; ``[]`` allows none);
+    ``denied_modules``: modules refused (they win); ``max_code_bytes``: the longest code. What
+    is left out is the API key's; a policy can only narrow the key's (403 otherwise). Defence in
+    depth, never a boundary: the sandbox is. A plain ``dict`` with the same keys is accepted
+    wherever ``policy`` is.
+    """
+
+    allowed_modules: Optional[List[str]] = None
+    denied_modules: Optional[List[str]] = None
+    max_code_bytes: Optional[int] = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Policy":
+        allowed = data.get("allowed_modules")
+        return cls(
+            allowed_modules=None if allowed is None else [str(m) for m in allowed],
+            denied_modules=[str(m) for m in data.get("denied_modules") or []],
+            max_code_bytes=data.get("max_code_bytes"),
+        )
+
+
+PolicyLike = Union[Policy, Mapping[str, Any]]
+
+
+@dataclass
+class Violation:
+    """One thing the code policy refused: ``rule`` is ``not_allowed``, ``denied``,
+    ``relative`` or ``max_code_bytes``; ``line`` and ``module`` are ``None`` for the last."""
+
+    rule: str
+    line: Optional[int] = None
+    module: Optional[str] = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Violation":
+        return cls(rule=str(data.get("rule", "")), line=data.get("line"), module=data.get("module"))
 
 
 @dataclass
@@ -101,11 +148,16 @@ class Logs:
 
 @dataclass
 class ExecutionError:
-    """A language-level exception raised by the executed code."""
+    """A language-level exception raised by the executed code.
+
+    A ``PolicyViolation`` (the code policy refused the code, or an import while it ran) also
+    lists what it refused in ``violations``; other errors have none.
+    """
 
     name: str
     value: str
     traceback: str
+    violations: List[Violation] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ExecutionError":
@@ -113,6 +165,7 @@ class ExecutionError:
             name=str(data.get("name", "")),
             value=str(data.get("value", "")),
             traceback=str(data.get("traceback", "")),
+            violations=[Violation.from_dict(v) for v in data.get("violations") or []],
         )
 
 
@@ -261,9 +314,12 @@ class SandboxInfo:
     executions: Optional[int] = None
     death: Optional[str] = None
     warnings: List[str] = field(default_factory=list)
+    #: The session's code policy: its key's, narrowed by the one it was created with.
+    policy: Optional[Policy] = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SandboxInfo":
+        policy = data.get("policy")
         return cls(
             id=str(data["id"]),
             image=str(data.get("image", "")),
@@ -275,4 +331,5 @@ class SandboxInfo:
             executions=data.get("executions"),
             death=data.get("death"),
             warnings=[str(w) for w in data.get("warnings") or []],
+            policy=Policy.from_dict(policy) if isinstance(policy, dict) else None,
         )

@@ -40,6 +40,7 @@ from ._models import (
     Execution,
     FileInfo,
     LimitsLike,
+    PolicyLike,
     RunResult,
     SandboxInfo,
 )
@@ -123,7 +124,10 @@ class Sandbox:
     ``url`` defaults to ``$CORRAL_URL``, else ``http://127.0.0.1:8420``; ``api_key`` to
     ``$CORRAL_API_KEY`` (no ``Authorization`` header when neither is set). ``timeout`` is the
     client-side timeout of ordinary requests (seconds or an ``httpx.Timeout``); executions and
-    commands wait for their own server-side timeout instead.
+    commands wait for their own server-side timeout instead. ``policy`` (a :class:`Policy` or a
+    dict) narrows the API key's code policy for every execution of the session (``info.policy``
+    shows the result); code it refuses is an execution with ``error.name ==
+    "PolicyViolation"``, none of it run.
     """
 
     id: str
@@ -141,6 +145,7 @@ class Sandbox:
         limits: Optional[LimitsLike] = None,
         env: Optional[Mapping[str, str]] = None,
         idle_timeout_s: Optional[int] = None,
+        policy: Optional[PolicyLike] = None,
         timeout: TimeoutLike = DEFAULT_TIMEOUT,
     ) -> None:
         self._init(_Connection(url, api_key, timeout))
@@ -148,7 +153,7 @@ class Sandbox:
             payload = self._conn.json(
                 "POST",
                 "/v1/sandboxes",
-                json=create_body(language, image, limits, env, idle_timeout_s),
+                json=create_body(language, image, limits, env, idle_timeout_s, policy),
             )
         except BaseException:
             self._conn.close()
@@ -362,15 +367,20 @@ def run(
     files: Optional[RunFiles] = None,
     env: Optional[Mapping[str, str]] = None,
     *,
+    policy: Optional[PolicyLike] = None,
     timeout: TimeoutLike = DEFAULT_TIMEOUT,
 ) -> RunResult:
     """Runs ``code`` once in a fresh sandbox (``POST /v1/run``) and returns its result object.
 
     ``files`` are put in the workspace first: ``{"path": "text" or b"bytes"}``. A failing
-    program does not raise; see ``status``, ``exit_code`` and ``error``.
+    program does not raise; see ``status``, ``exit_code`` and ``error``. ``policy`` (a
+    :class:`Policy` or a dict) narrows the API key's code policy for this run: a program it
+    refuses comes back with status ``error``, ``error.name == "PolicyViolation"`` and
+    ``error.violations``, none of it run; one that would widen the key's raises
+    :class:`ForbiddenError`.
     """
     conn = _Connection(url, api_key, timeout)
-    body = run_body(code, language, image, limits, files, env)
+    body = run_body(code, language, image, limits, files, env, policy)
     timeout_s = body.get("limits", {}).get("timeout_s")
     try:
         payload = conn.json(
