@@ -939,6 +939,25 @@ mod tests {
     use proptest::prelude::*;
     use tower::ServiceExt as _;
 
+    #[test]
+    fn the_openapi_document_describes_the_code_policy() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let schema = |name: &str| doc["components"]["schemas"][name].clone();
+        let policy = schema("PolicyRequest");
+        for field in ["allowed_modules", "denied_modules", "max_code_bytes"] {
+            assert!(policy["properties"][field].is_object(), "{field}: {policy}");
+        }
+        for request in ["RunRequest", "CreateSandboxRequest", "SandboxInfo"] {
+            assert!(
+                schema(request)["properties"]["policy"].is_object(),
+                "{request}"
+            );
+        }
+        let violation = schema("Violation");
+        assert!(violation["properties"]["rule"].is_object(), "{violation}");
+        assert!(schema("LanguageError")["properties"]["violations"].is_object());
+    }
+
     /// A router that only parses bodies the way the API does, answering 200 when parsed.
     fn parser() -> Router {
         async fn ok<T>(_: ApiJson<T>) -> StatusCode {
