@@ -581,7 +581,8 @@ impl Session {
         timeout: Duration,
         on_event: &mut dyn FnMut(&Event),
     ) -> ExecutionResult {
-        if let Some(error) = self.options.code_policy.length_violation(code.len()) {
+        let too_long = self.options.code_policy.length_violation(code.len());
+        if let Some(error) = too_long.filter(|_| self.dead.is_none()) {
             return self.refuse(error, on_event);
         }
         let id = self.next_id();
