@@ -22,7 +22,8 @@ fn rootfs_writes_fail() {
         .run();
     o.assert_completed();
     o.assert_no_escape();
-    assert_eq!(o.value("RUNTIME-BYTECODE"), "2", "{}", o.dump());
+    // The runner, its library and the code policy.
+    assert_eq!(o.value("RUNTIME-BYTECODE"), "3", "{}", o.dump());
     for what in [
         "create-runtime",
         "overwrite-runtime-bytecode",
