@@ -277,3 +277,31 @@ fn javascript_and_bash_sessions_take_what_applies_to_them() {
     assert_eq!(r.status, Status::Error);
     assert_eq!(r.error.map(|e| e.name).as_deref(), Some("PolicyViolation"));
 }
+
+/// The hook lives in the cells' own interpreter, so a cell can undo it; doing so in the
+/// obvious ways does not undo the pre-check of the cells after it (docs/code-policy.md says
+/// what can).
+#[test]
+fn a_cell_that_undoes_the_hook_does_not_undo_the_pre_check() {
+    let mut options = SessionOptions::new(Language::Python);
+    options.code_policy = policy(None, &["socket"], None);
+    let zygote = corral_kernel::Zygote::start(&Rootfs::Host, &[], Default::default()).unwrap();
+    let sessions = [
+        ("direct", Session::create(&options).unwrap()),
+        ("zygote", zygote.fork_session(&options).unwrap()),
+    ];
+    let undo = "import builtins, importlib, sys, ast\n\
+                sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != 'Finder']\n\
+                builtins.__import__ = importlib.__import__\n\
+                p = sys.modules['corral_policy']\n\
+                p.precheck = p.refusal = p._search = lambda *a, **k: []\n\
+                ast.parse = lambda *a, **k: ast.Module([], [])\n";
+    for (how, mut s) in sessions {
+        assert_eq!(run(&mut s, undo).status, Status::Success, "{how}");
+        let r = run(&mut s, "import socket\nprint('ran')");
+        assert_refused(&r, &[violation(ViolationRule::Denied, 1, "socket")], how);
+        // What the hook no longer sees, nothing sees: the hook is not a boundary.
+        let r = run(&mut s, "m = 'sock' + 'et'\nprint(__import__(m).__name__)");
+        assert_eq!(r.stdout, "socket\n", "{how}: {r:?}");
+    }
+}
