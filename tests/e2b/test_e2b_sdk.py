@@ -130,3 +130,20 @@ def test_set_timeout_moves_the_expiry(sandbox):
     info = sandbox.get_info()  # GET /sandboxes/{id}
     left = info.end_at - datetime.datetime.now(datetime.timezone.utc)
     assert datetime.timedelta(minutes=50) < left <= datetime.timedelta(hours=1, minutes=1)
+
+
+def test_pause_then_connect_resumes_with_state():
+    # A sandbox of its own: while paused it answers nothing but the control plane.
+    sbx = Sandbox.create()
+    try:
+        sbx.run_code("kept = 40 + 2")
+        assert sbx.pause() is True  # POST /sandboxes/{id}/pause -> 204
+        assert sbx.get_info().state.value == "paused"
+        assert sbx.pause() is False  # already paused: 409
+        with pytest.raises(SandboxException):
+            sbx.run_code("kept")
+        again = Sandbox.connect(sbx.sandbox_id)  # resumes it
+        assert again.get_info().state.value == "running"
+        assert again.run_code("kept").text == "42"
+    finally:
+        sbx.kill()

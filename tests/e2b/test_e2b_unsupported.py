@@ -58,8 +58,6 @@ UNSUPPORTED = {
     # the control plane
     "get_metrics": lambda s: s.get_metrics(),
     "Sandbox.list": lambda s: Sandbox.list().next_items(),
-    "pause": lambda s: s.pause(),
-    "beta_pause": lambda s: s.beta_pause(),
     "fork": lambda s: s.fork(),
     "create_snapshot": lambda s: s.create_snapshot(),
     "Sandbox.list_snapshots": lambda s: Sandbox.list_snapshots().next_items(),

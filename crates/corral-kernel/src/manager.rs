@@ -27,6 +27,8 @@ pub struct SessionInfo {
     pub death: Option<String>,
     /// Protections weaker than requested for this session.
     pub warnings: Vec<String>,
+    /// Since when the session is paused (frozen, see [`SessionManager::pause`]).
+    pub paused_at: Option<SystemTime>,
 }
 
 struct Entry {
@@ -37,6 +39,19 @@ struct Entry {
     workspace: Mutex<Workspace>,
     info: Mutex<SessionInfo>,
     last_used: Mutex<Instant>,
+    /// Since when the session is paused; `None` while it runs.
+    paused: Mutex<Option<Instant>>,
+}
+
+impl Entry {
+    /// Refuses work for a paused session: its processes are frozen, and nothing may wait on
+    /// them (an upload's writer joins the session's cgroup and would freeze too).
+    fn check_running(&self, id: &str) -> Result<(), ManagerError> {
+        match *self.paused.lock().expect("lock") {
+            Some(_) => Err(ManagerError::Paused(id.to_string())),
+            None => Ok(()),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +60,18 @@ pub enum ManagerError {
     NotFound(String),
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    /// The session is paused: resume it first (only info, resume and close work meanwhile).
+    #[error("session {0} is paused: resume it first")]
+    Paused(String),
+    /// A resume of a session that is not paused.
+    #[error("session {0} is not paused")]
+    NotPaused(String),
+    /// A pause of a session whose kernel died.
+    #[error("session {id} is dead ({reason})")]
+    Dead { id: String, reason: String },
+    /// A pause while the session executes or runs a command.
+    #[error("session {0} is busy: pause it between executions")]
+    Busy(String),
 }
 
 /// All live sessions of a process.
@@ -52,15 +79,20 @@ pub struct SessionManager {
     sessions: Mutex<HashMap<String, Arc<Entry>>>,
     pools: Mutex<Vec<Arc<Pool>>>,
     next: AtomicU64,
+    /// How long a session may stay paused before it is closed (its idle clock stops while
+    /// it is paused).
+    max_paused: Duration,
 }
 
 impl SessionManager {
-    /// A manager whose background thread closes sessions idle past their timeout.
-    pub fn new() -> Arc<SessionManager> {
+    /// A manager whose background thread closes sessions idle past their timeout, and
+    /// sessions paused longer than `max_paused`.
+    pub fn new(max_paused: Duration) -> Arc<SessionManager> {
         let manager = Arc::new(SessionManager {
             sessions: Mutex::new(HashMap::new()),
             pools: Mutex::new(Vec::new()),
             next: AtomicU64::new(1),
+            max_paused,
         });
         let weak = Arc::downgrade(&manager);
         thread::Builder::new()
@@ -131,6 +163,7 @@ impl SessionManager {
             executions: 0,
             death: None,
             warnings: session.warnings().to_vec(),
+            paused_at: None,
         };
         let entry = Arc::new(Entry {
             interrupter: session.interrupter(),
@@ -138,6 +171,7 @@ impl SessionManager {
             session: Mutex::new(session),
             info: Mutex::new(info.clone()),
             last_used: Mutex::new(Instant::now()),
+            paused: Mutex::new(None),
         });
         self.sessions.lock().expect("lock").insert(id, entry);
         Ok(info)
@@ -162,6 +196,7 @@ impl SessionManager {
     ) -> Result<ExecutionResult, ManagerError> {
         let entry = self.entry(id)?;
         let mut session = entry.session.lock().expect("session lock");
+        entry.check_running(id)?;
         let result = session.execute(code, timeout, on_event);
         *entry.last_used.lock().expect("lock") = Instant::now();
         let mut info = entry.info.lock().expect("lock");
@@ -187,6 +222,7 @@ impl SessionManager {
     ) -> Result<ExecutionResult, ManagerError> {
         let entry = self.entry(id)?;
         let mut session = entry.session.lock().expect("session lock");
+        entry.check_running(id)?;
         let result = session.run_command(argv, cwd, env, timeout, stop, on_event)?;
         *entry.last_used.lock().expect("lock") = Instant::now();
         let mut info = entry.info.lock().expect("lock");
@@ -207,10 +243,58 @@ impl SessionManager {
         Ok(())
     }
 
+    /// Freezes session `id` (see [`Session::pause`]) between its executions: it uses no CPU
+    /// and keeps its memory, and its idle clock stops; it is closed once paused longer than
+    /// the manager's `max_paused`.
+    pub fn pause(&self, id: &str) -> Result<SessionInfo, ManagerError> {
+        let entry = self.entry(id)?;
+        let mut session = match entry.session.try_lock() {
+            Ok(session) => session,
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Err(ManagerError::Busy(id.to_string()))
+            }
+            Err(std::sync::TryLockError::Poisoned(e)) => panic!("session lock: {e}"),
+        };
+        let mut paused = entry.paused.lock().expect("lock");
+        if paused.is_some() {
+            return Err(ManagerError::Paused(id.to_string()));
+        }
+        if let Some(death) = session.death() {
+            return Err(ManagerError::Dead {
+                id: id.to_string(),
+                reason: death.message.clone(),
+            });
+        }
+        session.pause()?;
+        *paused = Some(Instant::now());
+        let mut info = entry.info.lock().expect("lock");
+        info.paused_at = Some(SystemTime::now());
+        Ok(info.clone())
+    }
+
+    /// Thaws session `id`, paused by [`SessionManager::pause`]; its idle clock starts again
+    /// from now.
+    pub fn resume(&self, id: &str) -> Result<SessionInfo, ManagerError> {
+        let entry = self.entry(id)?;
+        let mut session = entry.session.lock().expect("session lock");
+        let mut paused = entry.paused.lock().expect("lock");
+        if paused.is_none() {
+            return Err(ManagerError::NotPaused(id.to_string()));
+        }
+        session.resume()?;
+        *paused = None;
+        *entry.last_used.lock().expect("lock") = Instant::now();
+        let mut info = entry.info.lock().expect("lock");
+        info.paused_at = None;
+        info.last_used = SystemTime::now();
+        Ok(info.clone())
+    }
+
     /// Replaces the kernel of session `id` (state is lost, files are kept).
     pub fn restart(&self, id: &str) -> Result<SessionInfo, ManagerError> {
         let entry = self.entry(id)?;
         let mut session = entry.session.lock().expect("session lock");
+        entry.check_running(id)?;
         session.restart()?;
         *entry.workspace.lock().expect("lock") = session.workspace().clone();
         let mut info = entry.info.lock().expect("lock");
@@ -223,7 +307,10 @@ impl SessionManager {
     /// neither waits for the session's executions nor holds them up, and closing the session
     /// meanwhile kills whatever is writing into it.
     pub fn workspace(&self, id: &str) -> Result<Workspace, ManagerError> {
-        Ok(self.entry(id)?.workspace.lock().expect("lock").clone())
+        let entry = self.entry(id)?;
+        entry.check_running(id)?;
+        let workspace = entry.workspace.lock().expect("lock").clone();
+        Ok(workspace)
     }
 
     /// Closes session `id`: its sandbox is torn down and nothing of it remains.
@@ -259,7 +346,8 @@ impl SessionManager {
         infos
     }
 
-    /// Closes every session idle longer than its timeout; returns how many.
+    /// Closes every session idle longer than its timeout, and every session paused longer
+    /// than `max_paused`; returns how many.
     pub fn expire_idle(&self) -> usize {
         let expired: Vec<String> = self
             .sessions
@@ -267,6 +355,9 @@ impl SessionManager {
             .expect("lock")
             .iter()
             .filter(|(_, e)| {
+                if let Some(since) = *e.paused.lock().expect("lock") {
+                    return since.elapsed() > self.max_paused;
+                }
                 let idle = e.last_used.lock().expect("lock").elapsed();
                 // A session busy executing holds its lock; it is not idle.
                 e.session.try_lock().is_ok() && idle > e.info.lock().expect("lock").idle_timeout

@@ -124,7 +124,17 @@ pub enum KernelError {
         reason: String,
         retry_after: Duration,
     },
+    /// Pausing needs the session's cgroup freezer; a session without a cgroup (the rlimit
+    /// fallback) cannot be paused. Nothing was changed.
+    #[error("this session cannot be paused: it has no cgroup (the rlimit fallback, see `corral doctor`)")]
+    PauseUnsupported,
+    /// Freezing or thawing failed; a pause that failed left the session running.
+    #[error("pausing or resuming the session: {0}")]
+    Freeze(#[from] corral_sandbox::cgroup::FreezeError),
 }
+
+/// How long a pause waits for every process of the session to freeze.
+const PAUSE_WAIT: Duration = Duration::from_secs(2);
 
 /// The warm-up cell: a first cell's path (compile, execute, output).
 const WARM_UP_CELL: &str = "print(1)";
@@ -279,11 +289,14 @@ impl KernelHost {
             KernelHost::Forked(f) => f.kill(),
         }
     }
-    fn cpu_time(&self) -> Option<Duration> {
+    fn cgroup(&self) -> Option<&corral_sandbox::cgroup::Cgroup> {
         match self {
-            KernelHost::Sandbox(s) => s.cpu_time(),
-            KernelHost::Forked(f) => f.cgroup.as_ref().and_then(|c| c.cpu_time()),
+            KernelHost::Sandbox(s) => s.cgroup(),
+            KernelHost::Forked(f) => f.cgroup.as_ref(),
         }
+    }
+    fn cpu_time(&self) -> Option<Duration> {
+        self.cgroup().and_then(|c| c.cpu_time())
     }
     fn peak_memory(&self) -> Option<u64> {
         match self {
@@ -532,6 +545,32 @@ impl Session {
     }
 
     /// How many executions this session has run.
+    /// Freezes every process of the session (its cgroup's freezer): it uses no CPU and keeps
+    /// its memory until [`Session::resume`]. Only between executions: the caller holds the
+    /// session, so nothing runs and nothing is sent to the kernel meanwhile.
+    pub fn pause(&mut self) -> Result<(), KernelError> {
+        let cgroup = self
+            .kernel
+            .host
+            .cgroup()
+            .ok_or(KernelError::PauseUnsupported)?;
+        cgroup.freeze(PAUSE_WAIT).inspect_err(|_| {
+            let _ = cgroup.thaw();
+        })?;
+        Ok(())
+    }
+
+    /// Thaws a session [`Session::pause`] froze.
+    pub fn resume(&mut self) -> Result<(), KernelError> {
+        let cgroup = self
+            .kernel
+            .host
+            .cgroup()
+            .ok_or(KernelError::PauseUnsupported)?;
+        cgroup.thaw()?;
+        Ok(())
+    }
+
     pub fn executions(&self) -> u64 {
         self.executions
     }

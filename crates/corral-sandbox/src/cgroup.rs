@@ -253,6 +253,22 @@ fn delegated_v2_base(mount: &Path) -> io::Result<PathBuf> {
     ))
 }
 
+/// How long [`Cgroup::kill_all`] waits for a group to freeze before it signals anyway.
+const KILL_FREEZE_WAIT: Duration = Duration::from_millis(200);
+
+/// Why a cgroup could not be frozen or thawed.
+#[derive(Debug, thiserror::Error)]
+pub enum FreezeError {
+    #[error("this cgroup has no freezer (cgroup v1 without the freezer controller)")]
+    NoFreezer,
+    #[error("writing the freezer state: {0}")]
+    Write(#[source] io::Error),
+    #[error("reading the freezer state: {0}")]
+    Read(#[source] io::Error),
+    #[error("the processes did not all freeze within {0:?}")]
+    Timeout(Duration),
+}
+
 /// One sandbox's cgroup (one directory per v1 controller, or one v2 directory).
 #[derive(Debug)]
 pub struct Cgroup {
@@ -419,27 +435,59 @@ impl Cgroup {
             if write_file(&dir.join("cgroup.kill"), "1").is_ok() {
                 return;
             }
-            let _ = write_file(&dir.join("cgroup.freeze"), "1");
-            self.signal_all();
-            let _ = write_file(&dir.join("cgroup.freeze"), "0");
-            return;
         }
-        let freezer = self.dir("freezer");
-        if let Some(f) = freezer {
-            let _ = write_file(&f.join("freezer.state"), "FROZEN");
-            let until = Instant::now() + Duration::from_millis(200);
-            while Instant::now() < until {
-                match fs::read_to_string(f.join("freezer.state")) {
-                    Ok(s) if s.trim() == "FROZEN" => break,
-                    Ok(_) => std::thread::sleep(Duration::from_millis(1)),
-                    Err(_) => break,
-                }
-            }
-        }
+        let _ = self.freeze(KILL_FREEZE_WAIT);
         self.signal_all();
-        if let Some(f) = freezer {
-            let _ = write_file(&f.join("freezer.state"), "THAWED");
+        let _ = self.thaw();
+    }
+
+    /// Freezes every process of the cgroup (v2 `cgroup.freeze`, v1 the freezer controller)
+    /// and waits up to `wait` until the kernel reports the whole group frozen: frozen
+    /// processes use no CPU and keep their memory. A group not frozen in time is left
+    /// freezing, with [`FreezeError::Timeout`]: the caller thaws it or kills it.
+    pub fn freeze(&self, wait: Duration) -> Result<(), FreezeError> {
+        let (file, frozen) = self.freezer()?;
+        write_file(&file, frozen).map_err(FreezeError::Write)?;
+        let until = Instant::now() + wait;
+        loop {
+            if self.is_frozen()? {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                return Err(FreezeError::Timeout(wait));
+            }
+            std::thread::sleep(Duration::from_micros(200));
         }
+    }
+
+    /// Thaws the group (see [`Cgroup::freeze`]).
+    pub fn thaw(&self) -> Result<(), FreezeError> {
+        let (file, _) = self.freezer()?;
+        let thawed = if self.version == 2 { "0" } else { "THAWED" };
+        write_file(&file, thawed).map_err(FreezeError::Write)
+    }
+
+    /// Whether the kernel reports every process of the group frozen.
+    pub fn is_frozen(&self) -> Result<bool, FreezeError> {
+        if self.version == 2 {
+            let dir = self.dir("unified").ok_or(FreezeError::NoFreezer)?;
+            let events =
+                fs::read_to_string(dir.join("cgroup.events")).map_err(FreezeError::Read)?;
+            return Ok(events.lines().any(|l| l.trim() == "frozen 1"));
+        }
+        let (file, _) = self.freezer()?;
+        let state = fs::read_to_string(file).map_err(FreezeError::Read)?;
+        Ok(state.trim() == "FROZEN")
+    }
+
+    /// The file that freezes the group and the value that does.
+    fn freezer(&self) -> Result<(PathBuf, &'static str), FreezeError> {
+        if self.version == 2 {
+            let dir = self.dir("unified").ok_or(FreezeError::NoFreezer)?;
+            return Ok((dir.join("cgroup.freeze"), "1"));
+        }
+        let dir = self.dir("freezer").ok_or(FreezeError::NoFreezer)?;
+        Ok((dir.join("freezer.state"), "FROZEN"))
     }
 
     fn signal_all(&self) {

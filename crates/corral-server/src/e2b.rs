@@ -138,11 +138,6 @@ enum Unsupported {
     ListSandboxes,
     #[error("get_metrics is not supported by Corral: it keeps no metrics history of a sandbox")]
     Metrics,
-    #[error(
-        "pause is not supported by Corral: a sandbox cannot be paused; \
-         set_timeout keeps it alive longer"
-    )]
-    Pause,
     #[error("fork is not supported by Corral: create another sandbox")]
     Fork,
     #[error(
@@ -394,15 +389,14 @@ pub fn router(config: &Config) -> Router<AppState> {
             post(create_sandbox).get(|s, h, b| refuse(s, h, b, Unsupported::ListSandboxes)),
         )
         .route("/v2/sandboxes/{id}/connect", post(connect_sandbox))
+        .route("/sandboxes/{id}/connect", post(connect_sandbox))
+        .route("/sandboxes/{id}/resume", post(resume_sandbox))
+        .route("/sandboxes/{id}/pause", post(pause_sandbox))
         .route("/sandboxes/{id}", get(sandbox_info).delete(kill_sandbox))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
         .route(
             "/sandboxes/{id}/metrics",
             get(|s, h, b| refuse(s, h, b, Unsupported::Metrics)),
-        )
-        .route(
-            "/sandboxes/{id}/pause",
-            post(|s, h, b| refuse(s, h, b, Unsupported::Pause)),
         )
         .route(
             "/sandboxes/{id}/fork",
@@ -519,15 +513,53 @@ async fn connect_sandbox(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, E2bError> {
     let tenant = tenant_of(&state, &headers).await?;
-    let info = state.service.get(&tenant, &id)?;
-    let (token, template) = match registry.lookup(&tenant, &id) {
+    let mut info = state.service.get(&tenant, &id)?;
+    // E2B's connect resumes a paused sandbox.
+    if info.state == "paused" {
+        let service = state.service.clone();
+        let (owner, sandbox) = (tenant.clone(), id.clone());
+        info = blocking(move || service.resume(&owner, &sandbox)).await?;
+    }
+    Ok(Json(known_sandbox_json(&registry, tenant, &id, info.image)))
+}
+
+/// The sandbox as E2B's create and connect answer it, registering it with this face the first
+/// time it is seen here.
+fn known_sandbox_json(registry: &Registry, tenant: Tenant, id: &str, image: String) -> Value {
+    let (token, template) = match registry.lookup(&tenant, id) {
         Some(known) => known,
-        None => (
-            registry.register(&id, tenant, info.image.clone()),
-            info.image,
-        ),
+        None => (registry.register(id, tenant, image.clone()), image),
     };
-    Ok(Json(sandbox_json(&id, &template, &token)))
+    sandbox_json(id, &template, &token)
+}
+
+/// `Sandbox.pause()` (`beta_pause`): 204; 409 when it is already paused.
+async fn pause_sandbox(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<StatusCode, E2bError> {
+    let tenant = tenant_of(&state, &headers).await?;
+    let service = state.service.clone();
+    blocking(move || service.pause(&tenant, &id)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The older SDKs' `Sandbox.resume(id)`: 201 with the sandbox; 409 when it is not paused.
+async fn resume_sandbox(
+    State(state): State<AppState>,
+    Extension(registry): Extension<Arc<Registry>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<Value>), E2bError> {
+    let tenant = tenant_of(&state, &headers).await?;
+    let service = state.service.clone();
+    let (owner, sandbox) = (tenant.clone(), id.clone());
+    let info = blocking(move || service.resume(&owner, &sandbox)).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(known_sandbox_json(&registry, tenant, &id, info.image)),
+    ))
 }
 
 /// `Sandbox.get_info(id)`: E2B's `SandboxDetail`. Sessions of this face run with the default
@@ -551,7 +583,7 @@ async fn sandbox_info(
         "cpuCount": limits.cpus.ceil() as u64,
         "memoryMB": limits.memory_bytes >> 20,
         "diskSizeMB": limits.disk_bytes >> 20,
-        "state": "running",
+        "state": if info.state == "paused" { "paused" } else { "running" },
         "metadata": {},
     });
     if let Some((token, template)) = registry.lookup(&tenant, &id) {
@@ -966,7 +998,7 @@ fn connect_error_of(e: &ServiceError) -> Value {
         | ServiceError::UnknownImage(_)
         | ServiceError::UnsupportedLanguage(_) => Code::InvalidArgument,
         ServiceError::NotFound(_) | ServiceError::FileNotFound(_) => Code::NotFound,
-        ServiceError::SandboxDead(_) => Code::FailedPrecondition,
+        ServiceError::SandboxDead(_) | ServiceError::Conflict { .. } => Code::FailedPrecondition,
         ServiceError::TooManySandboxes { .. }
         | ServiceError::PayloadTooLarge(_)
         | ServiceError::InsufficientStorage(_) => Code::ResourceExhausted,
@@ -1437,7 +1469,6 @@ mod tests {
         let every = [
             Unsupported::ListSandboxes,
             Unsupported::Metrics,
-            Unsupported::Pause,
             Unsupported::Fork,
             Unsupported::Snapshots,
             Unsupported::Network,

@@ -243,6 +243,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/run", post(run))
         .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
         .route("/v1/sandboxes/{id}", get(get_sandbox).delete(kill_sandbox))
+        .route("/v1/sandboxes/{id}/pause", post(pause_sandbox))
+        .route("/v1/sandboxes/{id}/resume", post(resume_sandbox))
         .route("/v1/sandboxes/{id}/execute", post(execute))
         .route("/v1/sandboxes/{id}/commands", post(commands))
         .route("/v1/sandboxes/{id}/files", get(list_files))
@@ -658,6 +660,36 @@ async fn get_sandbox(
     Ok(Json(state.service.get(&tenant, &id)?))
 }
 
+/// Pause a session between executions: every process of its sandbox is frozen, keeping its
+/// memory and files, and its idle clock stops (it is closed once paused `max_paused_s`).
+/// Until it is resumed only inspecting, resuming and killing it work (others: 409
+/// `sandbox_paused`).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes",
+    responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody),
+        (status = 409, description = "`sandbox_paused` (already), `sandbox_busy` (executing), \
+            `pause_unsupported` (no cgroup freezer) or `sandbox_dead`", body = ErrorBody)))]
+async fn pause_sandbox(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    let service = state.service.clone();
+    Ok(Json(blocking(move || service.pause(&tenant, &id)).await?))
+}
+
+/// Resume a paused session, with every process and all its memory as they were.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes",
+    responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody),
+        (status = 409, description = "`sandbox_not_paused`", body = ErrorBody)))]
+async fn resume_sandbox(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    let service = state.service.clone();
+    Ok(Json(blocking(move || service.resume(&tenant, &id)).await?))
+}
+
 /// Kill a session: its sandbox is torn down and nothing of it remains.
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
     responses((status = 204), (status = 404, body = ErrorBody)))]
@@ -912,6 +944,8 @@ async fn metrics(State(state): State<AppState>, _tenant: Tenant) -> Response {
         list_sandboxes,
         get_sandbox,
         kill_sandbox,
+        pause_sandbox,
+        resume_sandbox,
         execute,
         commands,
         write_file,

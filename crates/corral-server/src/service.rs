@@ -77,6 +77,23 @@ pub enum ServiceError {
     InsufficientStorage(String),
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// The sandbox is not in a state that allows the call (each answered 409 with its own
+    /// code).
+    #[error("{message}")]
+    Conflict { state: Conflict, message: String },
+}
+
+/// Why a call does not fit the sandbox's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conflict {
+    /// It is paused: only info, resume, kill and the timeout work.
+    Paused,
+    /// A resume of a sandbox that is not paused.
+    NotPaused,
+    /// A pause while it executes or runs a command.
+    Busy,
+    /// A pause of a sandbox without a cgroup freezer (the rlimit fallback).
+    PauseUnsupported,
 }
 
 impl ServiceError {
@@ -255,8 +272,11 @@ pub struct SandboxInfo {
     /// When the session will be closed if it stays idle (moves with every use).
     pub expires_at: String,
     pub last_used_at: String,
-    /// `running` or `dead`.
+    /// `running`, `paused` or `dead`.
     pub state: String,
+    /// RFC 3339, UTC: since when the sandbox is paused (absent while it runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused_at: Option<String>,
     pub executions: u64,
     /// Why the kernel died, when it did.
     pub death: Option<String>,
@@ -393,7 +413,7 @@ impl Service {
             .default_limits
             .to_limits(&Limits::default())
             .map_err(|e| anyhow::anyhow!("default_limits: {e}"))?;
-        let manager = SessionManager::new();
+        let manager = SessionManager::new(Duration::from_secs(config.max_paused_s));
         let pool = match store.resolve(&config.default_image) {
             Ok(image) if config.pool_size > 0 && image.languages.iter().any(|l| l == "python") => {
                 match Pool::start(
@@ -592,6 +612,27 @@ impl Service {
                     retry_after_s: retry_after.as_secs().max(1),
                 }
             }
+            ManagerError::Paused(_) => ServiceError::Conflict {
+                state: Conflict::Paused,
+                message: format!("sandbox {id} is paused: resume it first"),
+            },
+            ManagerError::NotPaused(_) => ServiceError::Conflict {
+                state: Conflict::NotPaused,
+                message: format!("sandbox {id} is not paused"),
+            },
+            ManagerError::Busy(_) => ServiceError::Conflict {
+                state: Conflict::Busy,
+                message: format!(
+                    "sandbox {id} is executing: pause it when the execution has finished"
+                ),
+            },
+            ManagerError::Kernel(e @ KernelError::PauseUnsupported) => ServiceError::Conflict {
+                state: Conflict::PauseUnsupported,
+                message: e.to_string(),
+            },
+            ManagerError::Dead { reason, .. } => ServiceError::SandboxDead(format!(
+                "sandbox {id} is dead ({reason}): delete it and create another"
+            )),
             other => {
                 self.metrics.sandbox_failures.inc();
                 ServiceError::Sandbox(other.to_string())
@@ -713,9 +754,12 @@ impl Service {
             last_used_at: rfc3339(info.last_used),
             state: if info.death.is_some() {
                 "dead".into()
+            } else if info.paused_at.is_some() {
+                "paused".into()
             } else {
                 "running".into()
             },
+            paused_at: info.paused_at.map(rfc3339),
             executions: info.executions,
             death: info.death.clone(),
             warnings: info.warnings.clone(),
@@ -778,6 +822,29 @@ impl Service {
         self.get(tenant, id)
     }
 
+    /// Pauses session `id`: every process of its sandbox is frozen, keeping its memory and
+    /// files; its idle clock stops (docs/api.md, "Pause and resume").
+    pub fn pause(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ServiceError> {
+        let owned = self.owned(tenant, id)?;
+        let info = self
+            .manager
+            .pause(id)
+            .map_err(|e| self.manager_error(id, e))?;
+        self.metrics.pauses.inc();
+        Ok(Self::info(&info, &owned))
+    }
+
+    /// Resumes session `id`, paused by [`Service::pause`].
+    pub fn resume(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ServiceError> {
+        let owned = self.owned(tenant, id)?;
+        let info = self
+            .manager
+            .resume(id)
+            .map_err(|e| self.manager_error(id, e))?;
+        self.metrics.resumes.inc();
+        Ok(Self::info(&info, &owned))
+    }
+
     /// Interrupts the running execution of session `id`, if any.
     pub fn interrupt(&self, tenant: &Tenant, id: &str) -> Result<(), ServiceError> {
         self.owned(tenant, id)?;
@@ -786,19 +853,22 @@ impl Service {
             .map_err(|e| self.manager_error(id, e))
     }
 
-    /// Checks that `id` is `tenant`'s live session, before a stream is opened for it.
+    /// Checks that `id` is `tenant`'s live, running session, before a stream is opened for it.
     pub fn check_session(&self, tenant: &Tenant, id: &str) -> Result<(), ServiceError> {
         self.owned(tenant, id)?;
         let info = self
             .manager
             .get(id)
             .map_err(|e| self.manager_error(id, e))?;
-        match info.death {
-            Some(why) => Err(ServiceError::SandboxDead(format!(
+        if let Some(why) = info.death {
+            return Err(ServiceError::SandboxDead(format!(
                 "sandbox {id} is dead ({why}): delete it and create another"
-            ))),
-            None => Ok(()),
+            )));
         }
+        if info.paused_at.is_some() {
+            return Err(self.manager_error(id, ManagerError::Paused(id.to_string())));
+        }
+        Ok(())
     }
 
     fn audit(

@@ -181,6 +181,25 @@ def test_dropped_results_are_a_warning(sb: Sandbox) -> None:
     assert sb.commands.run("true").warnings == sb.get_info().warnings
 
 
+def test_pause_and_resume(sb: Sandbox) -> None:
+    sb.run_code("kept = 'across the pause'")
+    info = sb.pause()
+    assert info.state == "paused" and info.paused_at
+    with pytest.raises(corral.SandboxStateError) as e:
+        sb.run_code("1")
+    assert e.value.code == "sandbox_paused"
+    with pytest.raises(corral.SandboxStateError) as e:
+        sb.files.list()
+    assert e.value.code == "sandbox_paused"
+    assert sb.get_info().state == "paused"
+    info = sb.resume()
+    assert info.state == "running" and info.paused_at is None
+    assert sb.run_code("kept").text == "'across the pause'"
+    with pytest.raises(corral.SandboxStateError) as e:
+        sb.resume()
+    assert e.value.code == "sandbox_not_paused"
+
+
 def test_timeout(sb: Sandbox) -> None:
     execution = sb.run_code("import time\ntime.sleep(10)", timeout_s=1)
     assert execution.status == "timeout"

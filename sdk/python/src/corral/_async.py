@@ -250,6 +250,20 @@ class AsyncSandbox:
         self._info = SandboxInfo.from_dict(await self._conn.json("GET", sandbox_url(self.id)))
         return self._info
 
+    async def pause(self) -> SandboxInfo:
+        """Pauses the session (see :meth:`corral.Sandbox.pause`)."""
+        self._info = SandboxInfo.from_dict(
+            await self._conn.json("POST", sandbox_url(self.id, "/pause"))
+        )
+        return self._info
+
+    async def resume(self) -> SandboxInfo:
+        """Resumes a paused session (see :meth:`corral.Sandbox.resume`)."""
+        self._info = SandboxInfo.from_dict(
+            await self._conn.json("POST", sandbox_url(self.id, "/resume"))
+        )
+        return self._info
+
     async def run_code(
         self,
         code: str,

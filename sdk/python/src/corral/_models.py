@@ -261,6 +261,8 @@ class SandboxInfo:
     executions: Optional[int] = None
     death: Optional[str] = None
     warnings: List[str] = field(default_factory=list)
+    #: Since when the session is paused (RFC 3339); ``None`` while it runs.
+    paused_at: Optional[str] = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SandboxInfo":
@@ -275,4 +277,5 @@ class SandboxInfo:
             executions=data.get("executions"),
             death=data.get("death"),
             warnings=[str(w) for w in data.get("warnings") or []],
+            paused_at=data.get("paused_at"),
         )

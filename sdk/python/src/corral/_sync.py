@@ -246,6 +246,18 @@ class Sandbox:
 
     # ---- lifetime -------------------------------------------------------------------------
 
+    def pause(self) -> SandboxInfo:
+        """Pauses the session between executions: every process is frozen, keeping its memory
+        and files, and its idle clock stops. Until :meth:`resume`, running code, commands and
+        files raise :class:`SandboxStateError` (``sandbox_paused``)."""
+        self.info = SandboxInfo.from_dict(self._conn.json("POST", sandbox_url(self.id, "/pause")))
+        return self.info
+
+    def resume(self) -> SandboxInfo:
+        """Resumes a paused session with every process and variable as it was."""
+        self.info = SandboxInfo.from_dict(self._conn.json("POST", sandbox_url(self.id, "/resume")))
+        return self.info
+
     def kill(self) -> bool:
         """Kills the session. Returns ``False`` if the server no longer knew it (already killed
         or expired), ``True`` otherwise."""
