@@ -13,7 +13,7 @@ pub mod session;
 pub mod zygote;
 
 pub use event::Event;
-pub use manager::{ManagerError, SessionInfo, SessionManager};
+pub use manager::{ManagerError, MetricSample, SessionInfo, SessionManager};
 pub use pool::{Pool, ZygoteStatus};
 pub use session::{Death, Interrupter, KernelError, Language, Session, SessionOptions, Stopper};
 pub use zygote::Zygote;

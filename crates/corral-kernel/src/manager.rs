@@ -8,6 +8,9 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
+use std::collections::VecDeque;
+
+use corral_sandbox::cgroup::{MemoryUsage, Meter};
 use corral_sandbox::{ExecutionResult, Workspace};
 
 use crate::event::Event;
@@ -31,6 +34,25 @@ pub struct SessionInfo {
     pub paused_at: Option<SystemTime>,
 }
 
+/// How often the usage of every session is sampled, and how many samples each keeps (the last
+/// ten minutes; docs/threat-model.md §11).
+const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+const SAMPLES_KEPT: usize = 120;
+
+/// One reading of a session's usage (see [`SessionManager::metrics`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricSample {
+    pub at: SystemTime,
+    /// CPU time used by the session since it was created (its current kernel's, after a
+    /// restart); `None` without a cgroup.
+    pub cpu_time: Option<Duration>,
+    /// Memory charged to the session's cgroup; `None` without a cgroup.
+    pub memory: Option<MemoryUsage>,
+    /// Bytes used in `/workspace`, and its size.
+    pub disk_used: u64,
+    pub disk_total: u64,
+}
+
 struct Entry {
     session: Mutex<Session>,
     interrupter: Interrupter,
@@ -41,9 +63,41 @@ struct Entry {
     last_used: Mutex<Instant>,
     /// Since when the session is paused; `None` while it runs.
     paused: Mutex<Option<Instant>>,
+    /// Reads the session's cgroup without its lock (a restart replaces it).
+    meter: Mutex<Option<Meter>>,
+    /// The last [`SAMPLES_KEPT`] samples, oldest first.
+    samples: Mutex<VecDeque<MetricSample>>,
 }
 
 impl Entry {
+    /// Keeps a sample of now, dropping the oldest beyond [`SAMPLES_KEPT`].
+    fn record_sample(&self) {
+        let sample = self.sample();
+        let mut samples = self.samples.lock().expect("lock");
+        if samples.len() == SAMPLES_KEPT {
+            samples.pop_front();
+        }
+        samples.push_back(sample);
+    }
+
+    /// The session's usage now.
+    fn sample(&self) -> MetricSample {
+        let meter = self.meter.lock().expect("lock").clone();
+        let (disk_used, disk_total) = self
+            .workspace
+            .lock()
+            .expect("lock")
+            .usage()
+            .unwrap_or((0, 0));
+        MetricSample {
+            at: SystemTime::now(),
+            cpu_time: meter.as_ref().and_then(Meter::cpu_time),
+            memory: meter.as_ref().and_then(Meter::memory),
+            disk_used,
+            disk_total,
+        }
+    }
+
     /// Refuses work for a paused session: its processes are frozen, and nothing may wait on
     /// them (an upload's writer joins the session's cgroup and would freeze too).
     fn check_running(&self, id: &str) -> Result<(), ManagerError> {
@@ -168,11 +222,14 @@ impl SessionManager {
         let entry = Arc::new(Entry {
             interrupter: session.interrupter(),
             workspace: Mutex::new(session.workspace().clone()),
+            meter: Mutex::new(session.meter()),
             session: Mutex::new(session),
             info: Mutex::new(info.clone()),
             last_used: Mutex::new(Instant::now()),
             paused: Mutex::new(None),
+            samples: Mutex::new(VecDeque::with_capacity(SAMPLES_KEPT)),
         });
+        entry.record_sample();
         self.sessions.lock().expect("lock").insert(id, entry);
         Ok(info)
     }
@@ -297,6 +354,7 @@ impl SessionManager {
         entry.check_running(id)?;
         session.restart()?;
         *entry.workspace.lock().expect("lock") = session.workspace().clone();
+        *entry.meter.lock().expect("lock") = session.meter();
         let mut info = entry.info.lock().expect("lock");
         info.death = None;
         info.executions = 0;
@@ -324,6 +382,35 @@ impl SessionManager {
         entry.interrupter.interrupt();
         drop(entry.session.lock().expect("session lock"));
         Ok(())
+    }
+
+    /// The samples of session `id`'s usage kept from the last ten minutes (one every five
+    /// seconds), oldest first, and one taken now.
+    pub fn metrics(&self, id: &str) -> Result<Vec<MetricSample>, ManagerError> {
+        let entry = self.entry(id)?;
+        let mut samples: Vec<MetricSample> = entry
+            .samples
+            .lock()
+            .expect("lock")
+            .iter()
+            .cloned()
+            .collect();
+        samples.push(entry.sample());
+        Ok(samples)
+    }
+
+    /// Samples the usage of every session.
+    fn sample_all(&self) {
+        let entries: Vec<Arc<Entry>> = self
+            .sessions
+            .lock()
+            .expect("lock")
+            .values()
+            .cloned()
+            .collect();
+        for entry in entries {
+            entry.record_sample();
+        }
     }
 
     pub fn get(&self, id: &str) -> Result<SessionInfo, ManagerError> {
@@ -371,12 +458,19 @@ impl SessionManager {
     }
 }
 
+/// The manager's background thread: idle expiry every second, usage samples every
+/// [`SAMPLE_EVERY`].
 fn expire_idle(manager: Weak<SessionManager>) {
+    let mut last_sample = Instant::now();
     loop {
         thread::sleep(Duration::from_secs(1));
         match manager.upgrade() {
             Some(m) => {
                 m.expire_idle();
+                if last_sample.elapsed() >= SAMPLE_EVERY {
+                    last_sample = Instant::now();
+                    m.sample_all();
+                }
             }
             None => return,
         }

@@ -339,6 +339,8 @@ pub struct Session {
     executions: u64,
     /// Protections weaker than requested (the sandbox's, the zygote's and the session's).
     warnings: Vec<String>,
+    /// Held while the session is paused (see [`Session::pause`]).
+    thaw_guard: Option<corral_sandbox::cgroup::ThawGuard>,
     /// What the kernel needs kept as long as it lives: the sandbox of the zygote it was
     /// forked from, whose init is the ancestor of its pid namespace. Declared last, so it is
     /// dropped after the kernel.
@@ -412,6 +414,7 @@ impl Session {
             next_id: 1,
             executions: 0,
             warnings,
+            thaw_guard: None,
             keepalive: None,
         };
         session.await_ready()?;
@@ -554,10 +557,17 @@ impl Session {
             .host
             .cgroup()
             .ok_or(KernelError::PauseUnsupported)?;
-        cgroup.freeze(PAUSE_WAIT).inspect_err(|_| {
+        let guard = cgroup.freeze_guarded(PAUSE_WAIT).inspect_err(|_| {
             let _ = cgroup.thaw();
         })?;
+        self.thaw_guard = Some(guard);
         Ok(())
+    }
+
+    /// What reads the session's cgroup (CPU time, memory), kept apart from the session; `None`
+    /// without a cgroup (the rlimit fallback).
+    pub fn meter(&self) -> Option<corral_sandbox::cgroup::Meter> {
+        self.kernel.host.cgroup().map(|c| c.meter())
     }
 
     /// Thaws a session [`Session::pause`] froze.
@@ -568,6 +578,7 @@ impl Session {
             .cgroup()
             .ok_or(KernelError::PauseUnsupported)?;
         cgroup.thaw()?;
+        self.thaw_guard = None;
         Ok(())
     }
 

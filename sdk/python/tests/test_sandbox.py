@@ -200,6 +200,25 @@ def test_pause_and_resume(sb: Sandbox) -> None:
     assert e.value.code == "sandbox_not_paused"
 
 
+def test_list_by_metadata_and_metrics(corral_url: str) -> None:
+    tag = uuid.uuid4().hex
+    made = [Sandbox(corral_url, metadata={"tag": tag, "n": str(i)}) for i in range(2)]
+    try:
+        assert made[0].info.metadata == {"tag": tag, "n": "0"}
+        made[1].pause()
+        listed = Sandbox.list(corral_url, metadata={"tag": tag})
+        assert [s.id for s in listed] == [s.id for s in made]
+        paused = Sandbox.list(corral_url, metadata={"tag": tag}, state=["paused"])
+        assert [s.id for s in paused] == [made[1].id]
+        made[0].run_code("keep = bytearray(32 << 20)")
+        last = made[0].metrics()[-1]
+        assert last.memory_used_bytes >= 32 << 20
+        assert last.memory_limit_bytes == made[0].info.limits["memory_mb"] << 20
+    finally:
+        for s in made:
+            s.kill()
+
+
 def test_timeout(sb: Sandbox) -> None:
     execution = sb.run_code("import time\ntime.sleep(10)", timeout_s=1)
     assert execution.status == "timeout"

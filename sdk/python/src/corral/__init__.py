@@ -40,6 +40,7 @@ from ._models import (
     Result,
     RunResult,
     SandboxInfo,
+    SandboxMetric,
 )
 from ._sync import Commands, Files, Sandbox, run
 
@@ -66,6 +67,7 @@ __all__ = [
     "CommandResult",
     "RunResult",
     "SandboxInfo",
+    "SandboxMetric",
     # errors
     "CorralError",
     "InvalidRequestError",
