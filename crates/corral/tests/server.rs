@@ -2519,8 +2519,8 @@ fn sessions_are_listed_by_state_and_metadata_and_report_their_usage() {
         (vec![one.clone(), two.clone(), three.clone()], None)
     );
     assert_eq!(ids("?metadata.team=data").0, [one.clone(), two.clone()]);
-    assert_eq!(ids("?metadata.team=data&metadata.run=2").0, [two.clone()]);
-    assert_eq!(ids("?state=paused").0, [two.clone()]);
+    assert_eq!(ids("?metadata.team=data&metadata.run=2").0, vec![two.clone()]);
+    assert_eq!(ids("?state=paused").0, vec![two.clone()]);
     assert_eq!(ids("?state=running,dead").0, [one.clone(), three.clone()]);
     assert_eq!(ids("?image=host").0.len(), 3);
     assert_eq!(ids("?image=default").0, Vec::<String>::new());
