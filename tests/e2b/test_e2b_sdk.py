@@ -11,6 +11,7 @@ these tests exercise.
 """
 
 import base64
+import time
 
 import pytest
 
@@ -130,3 +131,55 @@ def test_set_timeout_moves_the_expiry(sandbox):
     info = sandbox.get_info()  # GET /sandboxes/{id}
     left = info.end_at - datetime.datetime.now(datetime.timezone.utc)
     assert datetime.timedelta(minutes=50) < left <= datetime.timedelta(hours=1, minutes=1)
+
+
+def test_pause_then_connect_resumes_with_state():
+    # A sandbox of its own: while paused it answers nothing but the control plane.
+    sbx = Sandbox.create()
+    try:
+        sbx.run_code("kept = 40 + 2")
+        assert sbx.pause() is True  # POST /sandboxes/{id}/pause -> 204
+        assert sbx.get_info().state.value == "paused"
+        assert sbx.pause() is False  # already paused: 409
+        with pytest.raises(SandboxException):
+            sbx.run_code("kept")
+        again = Sandbox.connect(sbx.sandbox_id)  # resumes it
+        assert again.get_info().state.value == "running"
+        assert again.run_code("kept").text == "42"
+    finally:
+        sbx.kill()
+
+
+def test_list_by_metadata_and_state_with_pages_and_metrics():
+    from e2b import SandboxQuery, SandboxState
+
+    tag = f"list-{time.monotonic_ns()}"
+    made = [Sandbox.create(metadata={"tag": tag, "n": str(i)}) for i in range(3)]
+    try:
+        assert made[0].get_info().metadata == {"tag": tag, "n": "0"}
+        made[1].pause()
+
+        def ids(**kwargs):
+            paginator = Sandbox.list(**kwargs)
+            found = []
+            while paginator.has_next:
+                found.extend(s.sandbox_id for s in paginator.next_items())
+            return found
+
+        everyone = [s.sandbox_id for s in made]
+        assert ids(query=SandboxQuery(metadata={"tag": tag})) == everyone
+        assert ids(query=SandboxQuery(metadata={"tag": tag, "n": "2"})) == [everyone[2]]
+        paused = SandboxQuery(metadata={"tag": tag}, state=[SandboxState.PAUSED])
+        assert ids(query=paused) == [everyone[1]]
+        # Pages of one: the SDK follows x-next-token.
+        assert ids(query=SandboxQuery(metadata={"tag": tag}), limit=1) == everyone
+
+        made[0].run_code("keep = bytearray(32 << 20)")
+        metrics = made[0].get_metrics()
+        assert metrics, "no samples"
+        last = metrics[-1]
+        assert last.mem_used >= 32 << 20 and last.mem_total >= last.mem_used
+        assert last.disk_total > 0 and last.cpu_count >= 1
+    finally:
+        for s in made:
+            s.kill()

@@ -56,10 +56,6 @@ UNSUPPORTED = {
     "run_code(language='javascript')": lambda s: s.run_code("1", language="javascript"),
     "run_code(language='r')": lambda s: s.run_code("1", language="r"),
     # the control plane
-    "get_metrics": lambda s: s.get_metrics(),
-    "Sandbox.list": lambda s: Sandbox.list().next_items(),
-    "pause": lambda s: s.pause(),
-    "beta_pause": lambda s: s.beta_pause(),
     "fork": lambda s: s.fork(),
     "create_snapshot": lambda s: s.create_snapshot(),
     "Sandbox.list_snapshots": lambda s: Sandbox.list_snapshots().next_items(),

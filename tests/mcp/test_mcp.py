@@ -18,7 +18,17 @@ from mcp.client.streamable_http import streamable_http_client
 
 from corral_mcp_support import corral_bin, free_port
 
-TOOLS = {"run_code", "create_session", "close_session", "write_file", "read_file", "list_files", "run_command"}
+TOOLS = {
+    "run_code",
+    "create_session",
+    "close_session",
+    "pause_session",
+    "resume_session",
+    "write_file",
+    "read_file",
+    "list_files",
+    "run_command",
+}
 CALL_TIMEOUT_S = 120
 
 
@@ -105,6 +115,17 @@ async def exercise(client: Client) -> None:
         sid = made.structured_content["id"]
         fresh = await client.call_tool("run_code", {"code": "'x' in globals()", "session_id": sid})
         assert "False" in texts(fresh), texts(fresh)
+
+        # A paused session keeps its state; meanwhile it runs nothing, and says why.
+        await client.call_tool("run_code", {"code": "z = 7", "session_id": sid})
+        paused = await client.call_tool("pause_session", {"session_id": sid})
+        assert not paused.is_error and paused.structured_content["state"] == "paused", texts(paused)
+        refused = await client.call_tool("run_code", {"code": "z", "session_id": sid})
+        assert refused.is_error and "paused" in texts(refused), texts(refused)
+        resumed = await client.call_tool("resume_session", {"session_id": sid})
+        assert not resumed.is_error and resumed.structured_content["state"] == "running", texts(resumed)
+        back = await client.call_tool("run_code", {"code": "z", "session_id": sid})
+        assert "7" in texts(back), texts(back)
         closed = await client.call_tool("close_session", {"session_id": sid})
         assert not closed.is_error, texts(closed)
         gone = await client.call_tool("run_code", {"code": "1", "session_id": sid})

@@ -14,7 +14,7 @@ pub mod session;
 pub mod zygote;
 
 pub use event::Event;
-pub use manager::{ManagerError, SessionInfo, SessionManager};
+pub use manager::{ManagerError, MetricSample, SessionInfo, SessionManager};
 pub use policy::{CodePolicy, PolicyError, Widening};
 pub use pool::{Pool, ZygoteStatus};
 pub use session::{Death, Interrupter, KernelError, Language, Session, SessionOptions, Stopper};

@@ -8,6 +8,9 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
+use std::collections::VecDeque;
+
+use corral_sandbox::cgroup::{MemoryUsage, Meter};
 use corral_sandbox::{ExecutionResult, Workspace};
 
 use crate::event::Event;
@@ -27,6 +30,27 @@ pub struct SessionInfo {
     pub death: Option<String>,
     /// Protections weaker than requested for this session.
     pub warnings: Vec<String>,
+    /// Since when the session is paused (frozen, see [`SessionManager::pause`]).
+    pub paused_at: Option<SystemTime>,
+}
+
+/// How often the usage of every session is sampled, and how many samples each keeps (the last
+/// ten minutes; docs/threat-model.md §11).
+const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+const SAMPLES_KEPT: usize = 120;
+
+/// One reading of a session's usage (see [`SessionManager::metrics`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricSample {
+    pub at: SystemTime,
+    /// CPU time used by the session since it was created (its current kernel's, after a
+    /// restart); `None` without a cgroup.
+    pub cpu_time: Option<Duration>,
+    /// Memory charged to the session's cgroup; `None` without a cgroup.
+    pub memory: Option<MemoryUsage>,
+    /// Bytes used in `/workspace`, and its size.
+    pub disk_used: u64,
+    pub disk_total: u64,
 }
 
 struct Entry {
@@ -37,6 +61,51 @@ struct Entry {
     workspace: Mutex<Workspace>,
     info: Mutex<SessionInfo>,
     last_used: Mutex<Instant>,
+    /// Since when the session is paused; `None` while it runs.
+    paused: Mutex<Option<Instant>>,
+    /// Reads the session's cgroup without its lock (a restart replaces it).
+    meter: Mutex<Option<Meter>>,
+    /// The last [`SAMPLES_KEPT`] samples, oldest first.
+    samples: Mutex<VecDeque<MetricSample>>,
+}
+
+impl Entry {
+    /// Keeps a sample of now, dropping the oldest beyond [`SAMPLES_KEPT`].
+    fn record_sample(&self) {
+        let sample = self.sample();
+        let mut samples = self.samples.lock().expect("lock");
+        if samples.len() == SAMPLES_KEPT {
+            samples.pop_front();
+        }
+        samples.push_back(sample);
+    }
+
+    /// The session's usage now.
+    fn sample(&self) -> MetricSample {
+        let meter = self.meter.lock().expect("lock").clone();
+        let (disk_used, disk_total) = self
+            .workspace
+            .lock()
+            .expect("lock")
+            .usage()
+            .unwrap_or((0, 0));
+        MetricSample {
+            at: SystemTime::now(),
+            cpu_time: meter.as_ref().and_then(Meter::cpu_time),
+            memory: meter.as_ref().and_then(Meter::memory),
+            disk_used,
+            disk_total,
+        }
+    }
+
+    /// Refuses work for a paused session: its processes are frozen, and nothing may wait on
+    /// them (an upload's writer joins the session's cgroup and would freeze too).
+    fn check_running(&self, id: &str) -> Result<(), ManagerError> {
+        match *self.paused.lock().expect("lock") {
+            Some(_) => Err(ManagerError::Paused(id.to_string())),
+            None => Ok(()),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +114,18 @@ pub enum ManagerError {
     NotFound(String),
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    /// The session is paused: resume it first (only info, resume and close work meanwhile).
+    #[error("session {0} is paused: resume it first")]
+    Paused(String),
+    /// A resume of a session that is not paused.
+    #[error("session {0} is not paused")]
+    NotPaused(String),
+    /// A pause of a session whose kernel died.
+    #[error("session {id} is dead ({reason})")]
+    Dead { id: String, reason: String },
+    /// A pause while the session executes or runs a command.
+    #[error("session {0} is busy: pause it between executions")]
+    Busy(String),
 }
 
 /// All live sessions of a process.
@@ -52,15 +133,20 @@ pub struct SessionManager {
     sessions: Mutex<HashMap<String, Arc<Entry>>>,
     pools: Mutex<Vec<Arc<Pool>>>,
     next: AtomicU64,
+    /// How long a session may stay paused before it is closed (its idle clock stops while
+    /// it is paused).
+    max_paused: Duration,
 }
 
 impl SessionManager {
-    /// A manager whose background thread closes sessions idle past their timeout.
-    pub fn new() -> Arc<SessionManager> {
+    /// A manager whose background thread closes sessions idle past their timeout, and
+    /// sessions paused longer than `max_paused`.
+    pub fn new(max_paused: Duration) -> Arc<SessionManager> {
         let manager = Arc::new(SessionManager {
             sessions: Mutex::new(HashMap::new()),
             pools: Mutex::new(Vec::new()),
             next: AtomicU64::new(1),
+            max_paused,
         });
         let weak = Arc::downgrade(&manager);
         thread::Builder::new()
@@ -131,14 +217,19 @@ impl SessionManager {
             executions: 0,
             death: None,
             warnings: session.warnings().to_vec(),
+            paused_at: None,
         };
         let entry = Arc::new(Entry {
             interrupter: session.interrupter(),
             workspace: Mutex::new(session.workspace().clone()),
+            meter: Mutex::new(session.meter()),
             session: Mutex::new(session),
             info: Mutex::new(info.clone()),
             last_used: Mutex::new(Instant::now()),
+            paused: Mutex::new(None),
+            samples: Mutex::new(VecDeque::with_capacity(SAMPLES_KEPT)),
         });
+        entry.record_sample();
         self.sessions.lock().expect("lock").insert(id, entry);
         Ok(info)
     }
@@ -162,6 +253,7 @@ impl SessionManager {
     ) -> Result<ExecutionResult, ManagerError> {
         let entry = self.entry(id)?;
         let mut session = entry.session.lock().expect("session lock");
+        entry.check_running(id)?;
         let result = session.execute(code, timeout, on_event);
         *entry.last_used.lock().expect("lock") = Instant::now();
         let mut info = entry.info.lock().expect("lock");
@@ -187,6 +279,7 @@ impl SessionManager {
     ) -> Result<ExecutionResult, ManagerError> {
         let entry = self.entry(id)?;
         let mut session = entry.session.lock().expect("session lock");
+        entry.check_running(id)?;
         let result = session.run_command(argv, cwd, env, timeout, stop, on_event)?;
         *entry.last_used.lock().expect("lock") = Instant::now();
         let mut info = entry.info.lock().expect("lock");
@@ -207,12 +300,61 @@ impl SessionManager {
         Ok(())
     }
 
+    /// Freezes session `id` (see [`Session::pause`]) between its executions: it uses no CPU
+    /// and keeps its memory, and its idle clock stops; it is closed once paused longer than
+    /// the manager's `max_paused`.
+    pub fn pause(&self, id: &str) -> Result<SessionInfo, ManagerError> {
+        let entry = self.entry(id)?;
+        let mut session = match entry.session.try_lock() {
+            Ok(session) => session,
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Err(ManagerError::Busy(id.to_string()))
+            }
+            Err(std::sync::TryLockError::Poisoned(e)) => panic!("session lock: {e}"),
+        };
+        let mut paused = entry.paused.lock().expect("lock");
+        if paused.is_some() {
+            return Err(ManagerError::Paused(id.to_string()));
+        }
+        if let Some(death) = session.death() {
+            return Err(ManagerError::Dead {
+                id: id.to_string(),
+                reason: death.message.clone(),
+            });
+        }
+        session.pause()?;
+        *paused = Some(Instant::now());
+        let mut info = entry.info.lock().expect("lock");
+        info.paused_at = Some(SystemTime::now());
+        Ok(info.clone())
+    }
+
+    /// Thaws session `id`, paused by [`SessionManager::pause`]; its idle clock starts again
+    /// from now.
+    pub fn resume(&self, id: &str) -> Result<SessionInfo, ManagerError> {
+        let entry = self.entry(id)?;
+        let mut session = entry.session.lock().expect("session lock");
+        let mut paused = entry.paused.lock().expect("lock");
+        if paused.is_none() {
+            return Err(ManagerError::NotPaused(id.to_string()));
+        }
+        session.resume()?;
+        *paused = None;
+        *entry.last_used.lock().expect("lock") = Instant::now();
+        let mut info = entry.info.lock().expect("lock");
+        info.paused_at = None;
+        info.last_used = SystemTime::now();
+        Ok(info.clone())
+    }
+
     /// Replaces the kernel of session `id` (state is lost, files are kept).
     pub fn restart(&self, id: &str) -> Result<SessionInfo, ManagerError> {
         let entry = self.entry(id)?;
         let mut session = entry.session.lock().expect("session lock");
+        entry.check_running(id)?;
         session.restart()?;
         *entry.workspace.lock().expect("lock") = session.workspace().clone();
+        *entry.meter.lock().expect("lock") = session.meter();
         let mut info = entry.info.lock().expect("lock");
         info.death = None;
         info.executions = 0;
@@ -223,7 +365,10 @@ impl SessionManager {
     /// neither waits for the session's executions nor holds them up, and closing the session
     /// meanwhile kills whatever is writing into it.
     pub fn workspace(&self, id: &str) -> Result<Workspace, ManagerError> {
-        Ok(self.entry(id)?.workspace.lock().expect("lock").clone())
+        let entry = self.entry(id)?;
+        entry.check_running(id)?;
+        let workspace = entry.workspace.lock().expect("lock").clone();
+        Ok(workspace)
     }
 
     /// Closes session `id`: its sandbox is torn down and nothing of it remains.
@@ -237,6 +382,35 @@ impl SessionManager {
         entry.interrupter.interrupt();
         drop(entry.session.lock().expect("session lock"));
         Ok(())
+    }
+
+    /// The samples of session `id`'s usage kept from the last ten minutes (one every five
+    /// seconds), oldest first, and one taken now.
+    pub fn metrics(&self, id: &str) -> Result<Vec<MetricSample>, ManagerError> {
+        let entry = self.entry(id)?;
+        let mut samples: Vec<MetricSample> = entry
+            .samples
+            .lock()
+            .expect("lock")
+            .iter()
+            .cloned()
+            .collect();
+        samples.push(entry.sample());
+        Ok(samples)
+    }
+
+    /// Samples the usage of every session.
+    fn sample_all(&self) {
+        let entries: Vec<Arc<Entry>> = self
+            .sessions
+            .lock()
+            .expect("lock")
+            .values()
+            .cloned()
+            .collect();
+        for entry in entries {
+            entry.record_sample();
+        }
     }
 
     pub fn get(&self, id: &str) -> Result<SessionInfo, ManagerError> {
@@ -259,7 +433,8 @@ impl SessionManager {
         infos
     }
 
-    /// Closes every session idle longer than its timeout; returns how many.
+    /// Closes every session idle longer than its timeout, and every session paused longer
+    /// than `max_paused`; returns how many.
     pub fn expire_idle(&self) -> usize {
         let expired: Vec<String> = self
             .sessions
@@ -267,6 +442,9 @@ impl SessionManager {
             .expect("lock")
             .iter()
             .filter(|(_, e)| {
+                if let Some(since) = *e.paused.lock().expect("lock") {
+                    return since.elapsed() > self.max_paused;
+                }
                 let idle = e.last_used.lock().expect("lock").elapsed();
                 // A session busy executing holds its lock; it is not idle.
                 e.session.try_lock().is_ok() && idle > e.info.lock().expect("lock").idle_timeout
@@ -280,12 +458,19 @@ impl SessionManager {
     }
 }
 
+/// The manager's background thread: idle expiry every second, usage samples every
+/// [`SAMPLE_EVERY`].
 fn expire_idle(manager: Weak<SessionManager>) {
+    let mut last_sample = Instant::now();
     loop {
         thread::sleep(Duration::from_secs(1));
         match manager.upgrade() {
             Some(m) => {
                 m.expire_idle();
+                if last_sample.elapsed() >= SAMPLE_EVERY {
+                    last_sample = Instant::now();
+                    m.sample_all();
+                }
             }
             None => return,
         }

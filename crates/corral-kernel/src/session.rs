@@ -129,7 +129,17 @@ pub enum KernelError {
         reason: String,
         retry_after: Duration,
     },
+    /// Pausing needs the session's cgroup freezer; a session without a cgroup (the rlimit
+    /// fallback) cannot be paused. Nothing was changed.
+    #[error("this session cannot be paused: it has no cgroup (the rlimit fallback, see `corral doctor`)")]
+    PauseUnsupported,
+    /// Freezing or thawing failed; a pause that failed left the session running.
+    #[error("pausing or resuming the session: {0}")]
+    Freeze(#[from] corral_sandbox::cgroup::FreezeError),
 }
+
+/// How long a pause waits for every process of the session to freeze.
+const PAUSE_WAIT: Duration = Duration::from_secs(2);
 
 /// The warm-up cell: a first cell's path (compile, execute, output).
 const WARM_UP_CELL: &str = "print(1)";
@@ -284,11 +294,14 @@ impl KernelHost {
             KernelHost::Forked(f) => f.kill(),
         }
     }
-    fn cpu_time(&self) -> Option<Duration> {
+    fn cgroup(&self) -> Option<&corral_sandbox::cgroup::Cgroup> {
         match self {
-            KernelHost::Sandbox(s) => s.cpu_time(),
-            KernelHost::Forked(f) => f.cgroup.as_ref().and_then(|c| c.cpu_time()),
+            KernelHost::Sandbox(s) => s.cgroup(),
+            KernelHost::Forked(f) => f.cgroup.as_ref(),
         }
+    }
+    fn cpu_time(&self) -> Option<Duration> {
+        self.cgroup().and_then(|c| c.cpu_time())
     }
     fn peak_memory(&self) -> Option<u64> {
         match self {
@@ -331,6 +344,8 @@ pub struct Session {
     executions: u64,
     /// Protections weaker than requested (the sandbox's, the zygote's and the session's).
     warnings: Vec<String>,
+    /// Held while the session is paused (see [`Session::pause`]).
+    thaw_guard: Option<corral_sandbox::cgroup::ThawGuard>,
     /// What the kernel needs kept as long as it lives: the sandbox of the zygote it was
     /// forked from, whose init is the ancestor of its pid namespace. Declared last, so it is
     /// dropped after the kernel.
@@ -404,6 +419,7 @@ impl Session {
             next_id: 1,
             executions: 0,
             warnings,
+            thaw_guard: None,
             keepalive: None,
         };
         session.await_ready()?;
@@ -552,6 +568,40 @@ impl Session {
     }
 
     /// How many executions this session has run.
+    /// Freezes every process of the session (its cgroup's freezer): it uses no CPU and keeps
+    /// its memory until [`Session::resume`]. Only between executions: the caller holds the
+    /// session, so nothing runs and nothing is sent to the kernel meanwhile.
+    pub fn pause(&mut self) -> Result<(), KernelError> {
+        let cgroup = self
+            .kernel
+            .host
+            .cgroup()
+            .ok_or(KernelError::PauseUnsupported)?;
+        let guard = cgroup.freeze_guarded(PAUSE_WAIT).inspect_err(|_| {
+            let _ = cgroup.thaw();
+        })?;
+        self.thaw_guard = Some(guard);
+        Ok(())
+    }
+
+    /// What reads the session's cgroup (CPU time, memory), kept apart from the session; `None`
+    /// without a cgroup (the rlimit fallback).
+    pub fn meter(&self) -> Option<corral_sandbox::cgroup::Meter> {
+        self.kernel.host.cgroup().map(|c| c.meter())
+    }
+
+    /// Thaws a session [`Session::pause`] froze.
+    pub fn resume(&mut self) -> Result<(), KernelError> {
+        let cgroup = self
+            .kernel
+            .host
+            .cgroup()
+            .ok_or(KernelError::PauseUnsupported)?;
+        cgroup.thaw()?;
+        self.thaw_guard = None;
+        Ok(())
+    }
+
     pub fn executions(&self) -> u64 {
         self.executions
     }

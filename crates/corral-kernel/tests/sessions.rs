@@ -442,7 +442,7 @@ fn bash_session_keeps_directory_and_variables() {
 #[test]
 fn manager_lists_closes_and_expires_idle_sessions() {
     use corral_kernel::{ManagerError, SessionManager};
-    let manager = SessionManager::new();
+    let manager = SessionManager::new(Duration::from_secs(3600));
     let options = SessionOptions::new(Language::Bash);
     let kept = manager.create(&options, Duration::from_secs(600)).unwrap();
     let idle = manager
@@ -720,7 +720,7 @@ fn invalid_commands_are_refused_before_reaching_the_kernel() {
 #[test]
 fn manager_runs_commands_beside_executions() {
     use corral_kernel::{KernelError, ManagerError, SessionManager};
-    let manager = SessionManager::new();
+    let manager = SessionManager::new(Duration::from_secs(3600));
     let info = manager
         .create(
             &SessionOptions::new(Language::Python),
@@ -778,7 +778,7 @@ fn manager_runs_commands_beside_executions() {
 fn a_stopper_stops_its_command_and_no_other() {
     use corral_kernel::SessionManager;
     use std::sync::mpsc;
-    let manager = SessionManager::new();
+    let manager = SessionManager::new(Duration::from_secs(3600));
     let info = manager
         .create(
             &SessionOptions::new(Language::Python),

@@ -65,6 +65,8 @@ pub trait Backend: Send + Sync {
         req: &CreateSandboxRequest,
     ) -> Result<SandboxInfo, BackendError>;
     fn close_session(&self, caller: &Caller, id: &str) -> Result<(), BackendError>;
+    fn pause_session(&self, caller: &Caller, id: &str) -> Result<SandboxInfo, BackendError>;
+    fn resume_session(&self, caller: &Caller, id: &str) -> Result<SandboxInfo, BackendError>;
     fn execute(
         &self,
         caller: &Caller,
@@ -131,6 +133,14 @@ impl Backend for InProcess {
 
     fn close_session(&self, caller: &Caller, id: &str) -> Result<(), BackendError> {
         Ok(self.service.kill(&caller.tenant, id)?)
+    }
+
+    fn pause_session(&self, caller: &Caller, id: &str) -> Result<SandboxInfo, BackendError> {
+        Ok(self.service.pause(&caller.tenant, id)?)
+    }
+
+    fn resume_session(&self, caller: &Caller, id: &str) -> Result<SandboxInfo, BackendError> {
+        Ok(self.service.resume(&caller.tenant, id)?)
     }
 
     fn execute(
@@ -299,6 +309,16 @@ impl Backend for Remote {
         let path = format!("/v1/sandboxes/{}", encode_path(id));
         self.send(self.request(caller, "DELETE", &path).call())
             .map(drop)
+    }
+
+    fn pause_session(&self, caller: &Caller, id: &str) -> Result<SandboxInfo, BackendError> {
+        let path = format!("/v1/sandboxes/{}/pause", encode_path(id));
+        self.json(self.request(caller, "POST", &path).call())
+    }
+
+    fn resume_session(&self, caller: &Caller, id: &str) -> Result<SandboxInfo, BackendError> {
+        let path = format!("/v1/sandboxes/{}/resume", encode_path(id));
+        self.json(self.request(caller, "POST", &path).call())
     }
 
     fn execute(

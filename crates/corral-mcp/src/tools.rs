@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
 use corral_sandbox::{ExecutionResult, Status};
-use corral_server::service::{CommandRequest, CreateSandboxRequest, ExecuteRequest, PolicyRequest};
+use corral_server::service::{
+    CommandRequest, CreateSandboxRequest, ExecuteRequest, PolicyRequest, SandboxInfo,
+};
 use corral_server::Tenant;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -50,6 +52,13 @@ for 10 minutes is closed. ",
 
 const CLOSE_SESSION: &str = "Close a session made by create_session: its processes, variables \
 and /workspace files are gone for good.";
+
+const PAUSE_SESSION: &str = "Pause a session between runs: its processes are frozen and use no \
+CPU, its variables, memory and files are kept, and it is not closed for being idle. Only \
+resume_session and close_session work on it until it is resumed.";
+
+const RESUME_SESSION: &str = "Resume a paused session: its variables, memory and files are as \
+they were when it was paused.";
 
 const WRITE_FILE: &str = "Write a text file into the sandbox's /workspace, creating parent directories and replacing an existing file. \
 path is relative to /workspace (e.g. \"data/sales.csv\"); code run afterwards reads it with \
@@ -158,7 +167,7 @@ pub struct CreateSessionParams {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[schemars(transform = plain_optionals)]
-pub struct CloseSessionParams {
+pub struct SessionIdParams {
     /// The session_id create_session returned.
     pub session_id: String,
 }
@@ -569,6 +578,21 @@ impl CorralMcp {
 /// `Ok` either way: failures are tool results the model reads.
 type ToolResult = Result<CallToolResult, ErrorData>;
 
+/// The answer of pause_session and resume_session: the session's state, or the error.
+fn state_change(r: Result<SandboxInfo, BackendError>, done: &str) -> CallToolResult {
+    match r {
+        Ok(info) => {
+            let mut out = CallToolResult::success(vec![ContentBlock::text(format!(
+                "{done} {} (state: {})",
+                info.id, info.state
+            ))]);
+            out.structured_content = serde_json::to_value(&info).ok();
+            out
+        }
+        Err(e) => tool_error(e.to_string()),
+    }
+}
+
 fn flatten(r: Result<CallToolResult, CallToolResult>) -> ToolResult {
     Ok(r.unwrap_or_else(|e| e))
 }
@@ -632,7 +656,7 @@ impl CorralMcp {
     #[tool(description = CLOSE_SESSION)]
     async fn close_session(
         &self,
-        Parameters(p): Parameters<CloseSessionParams>,
+        Parameters(p): Parameters<SessionIdParams>,
         ext: Extensions,
     ) -> ToolResult {
         let (caller, conn) = match self.context(&ext) {
@@ -658,6 +682,36 @@ impl CorralMcp {
                 Err(e) => tool_error(e.to_string()),
             },
         )
+    }
+
+    #[tool(description = PAUSE_SESSION)]
+    async fn pause_session(
+        &self,
+        Parameters(p): Parameters<SessionIdParams>,
+        ext: Extensions,
+    ) -> ToolResult {
+        let (caller, _) = match self.context(&ext) {
+            Ok(c) => c,
+            Err(e) => return Ok(e),
+        };
+        let backend = self.shared.backend.clone();
+        let paused = blocking(move || backend.pause_session(&caller, &p.session_id)).await;
+        Ok(state_change(paused, "paused"))
+    }
+
+    #[tool(description = RESUME_SESSION)]
+    async fn resume_session(
+        &self,
+        Parameters(p): Parameters<SessionIdParams>,
+        ext: Extensions,
+    ) -> ToolResult {
+        let (caller, _) = match self.context(&ext) {
+            Ok(c) => c,
+            Err(e) => return Ok(e),
+        };
+        let backend = self.shared.backend.clone();
+        let resumed = blocking(move || backend.resume_session(&caller, &p.session_id)).await;
+        Ok(state_change(resumed, "resumed"))
     }
 
     #[tool(description = WRITE_FILE)]

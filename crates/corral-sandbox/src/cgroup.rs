@@ -5,7 +5,7 @@
 
 use std::fs;
 use std::io::{self, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -253,6 +253,98 @@ fn delegated_v2_base(mount: &Path) -> io::Result<PathBuf> {
     ))
 }
 
+/// How long [`Cgroup::kill_all`] waits for a group to freeze before it signals anyway.
+const KILL_FREEZE_WAIT: Duration = Duration::from_millis(200);
+
+/// Why a cgroup could not be frozen or thawed.
+#[derive(Debug, thiserror::Error)]
+pub enum FreezeError {
+    #[error("this cgroup has no freezer (cgroup v1 without the freezer controller)")]
+    NoFreezer,
+    #[error("writing the freezer state: {0}")]
+    Write(#[source] io::Error),
+    #[error("reading the freezer state: {0}")]
+    Read(#[source] io::Error),
+    #[error("the processes did not all freeze within {0:?}")]
+    Timeout(Duration),
+    #[error("starting the process that thaws the group if the host dies: {0}")]
+    Guard(#[source] io::Error),
+}
+
+/// Reads a cgroup's usage by path, without owning it (a sampler keeps one): once the cgroup is
+/// removed, every reading is `None`.
+#[derive(Debug, Clone)]
+pub struct Meter {
+    version: u8,
+    /// The directory of the CPU accounting (v1 `cpuacct`, the v2 directory).
+    cpu: Option<PathBuf>,
+    /// The directory of the memory controller (v1 `memory`, the v2 directory).
+    memory: Option<PathBuf>,
+}
+
+/// Memory of a cgroup now: everything it is charged (`used`), of which page cache (`cache`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryUsage {
+    pub used: u64,
+    pub cache: u64,
+}
+
+impl Meter {
+    /// CPU time used by every process that ever ran in the cgroup.
+    pub fn cpu_time(&self) -> Option<Duration> {
+        let dir = self.cpu.as_ref()?;
+        if self.version == 2 {
+            let stat = fs::read_to_string(dir.join("cpu.stat")).ok()?;
+            let usec = stat
+                .lines()
+                .find_map(|l| l.strip_prefix("usage_usec "))?
+                .trim()
+                .parse()
+                .ok()?;
+            return Some(Duration::from_micros(usec));
+        }
+        let nanos = fs::read_to_string(dir.join("cpuacct.usage")).ok()?;
+        Some(Duration::from_nanos(nanos.trim().parse().ok()?))
+    }
+
+    /// The memory charged to the cgroup now.
+    pub fn memory(&self) -> Option<MemoryUsage> {
+        let dir = self.memory.as_ref()?;
+        let (usage, cache_key) = if self.version == 2 {
+            ("memory.current", "file ")
+        } else {
+            ("memory.usage_in_bytes", "cache ")
+        };
+        let used = fs::read_to_string(dir.join(usage))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        let stat = fs::read_to_string(dir.join("memory.stat")).ok()?;
+        let cache = stat
+            .lines()
+            .find_map(|l| l.strip_prefix(cache_key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        Some(MemoryUsage { used, cache })
+    }
+}
+
+/// Held while a cgroup is frozen (see [`Cgroup::freeze_guarded`]): dropping it thaws the group
+/// and reaps the process that would have thawed it had this process died.
+#[derive(Debug)]
+pub struct ThawGuard {
+    child: nix::unistd::Pid,
+    host_end: Option<OwnedFd>,
+}
+
+impl Drop for ThawGuard {
+    fn drop(&mut self) {
+        drop(self.host_end.take());
+        while let Err(nix::errno::Errno::EINTR) = nix::sys::wait::waitpid(self.child, None) {}
+    }
+}
+
 /// One sandbox's cgroup (one directory per v1 controller, or one v2 directory).
 #[derive(Debug)]
 pub struct Cgroup {
@@ -376,18 +468,16 @@ impl Cgroup {
 
     /// CPU time used by every process that ever ran in the cgroup.
     pub fn cpu_time(&self) -> Option<Duration> {
-        if self.version == 2 {
-            let stat = fs::read_to_string(self.dir("unified")?.join("cpu.stat")).ok()?;
-            let usec = stat
-                .lines()
-                .find_map(|l| l.strip_prefix("usage_usec "))?
-                .trim()
-                .parse()
-                .ok()?;
-            return Some(Duration::from_micros(usec));
+        self.meter().cpu_time()
+    }
+
+    /// What reads this cgroup's usage without owning it.
+    pub fn meter(&self) -> Meter {
+        Meter {
+            version: self.version,
+            cpu: self.dir("cpuacct").map(Path::to_path_buf),
+            memory: self.dir("memory").map(Path::to_path_buf),
         }
-        let nanos = fs::read_to_string(self.dir("cpuacct")?.join("cpuacct.usage")).ok()?;
-        Some(Duration::from_nanos(nanos.trim().parse().ok()?))
     }
 
     /// Peak memory use of the whole tree, where the kernel records it.
@@ -419,27 +509,107 @@ impl Cgroup {
             if write_file(&dir.join("cgroup.kill"), "1").is_ok() {
                 return;
             }
-            let _ = write_file(&dir.join("cgroup.freeze"), "1");
-            self.signal_all();
-            let _ = write_file(&dir.join("cgroup.freeze"), "0");
-            return;
         }
-        let freezer = self.dir("freezer");
-        if let Some(f) = freezer {
-            let _ = write_file(&f.join("freezer.state"), "FROZEN");
-            let until = Instant::now() + Duration::from_millis(200);
-            while Instant::now() < until {
-                match fs::read_to_string(f.join("freezer.state")) {
-                    Ok(s) if s.trim() == "FROZEN" => break,
-                    Ok(_) => std::thread::sleep(Duration::from_millis(1)),
-                    Err(_) => break,
+        let _ = self.freeze(KILL_FREEZE_WAIT);
+        self.signal_all();
+        let _ = self.thaw();
+    }
+
+    /// Freezes every process of the cgroup (v2 `cgroup.freeze`, v1 the freezer controller)
+    /// and waits up to `wait` until the kernel reports the whole group frozen: frozen
+    /// processes use no CPU and keep their memory. A group not frozen in time is left
+    /// freezing, with [`FreezeError::Timeout`]: the caller thaws it or kills it.
+    pub fn freeze(&self, wait: Duration) -> Result<(), FreezeError> {
+        let (file, frozen) = self.freezer()?;
+        write_file(&file, frozen).map_err(FreezeError::Write)?;
+        let until = Instant::now() + wait;
+        loop {
+            if self.is_frozen()? {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                return Err(FreezeError::Timeout(wait));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// [`Cgroup::freeze`], with a guard that thaws the group again if this process dies
+    /// while it is frozen: a process outside the sandbox that waits for this one to go away.
+    /// On cgroup v1 a frozen process cannot die, not even of SIGKILL, until it is thawed; so
+    /// without the guard a host that was killed would leave a paused sandbox's processes on
+    /// the host for good (their init kills them when the host goes, and the kill waits for a
+    /// thaw no one would make). Dropping the guard ends it (it thaws the group as it goes).
+    pub fn freeze_guarded(&self, wait: Duration) -> Result<ThawGuard, FreezeError> {
+        let (file, _) = self.freezer()?;
+        let thawed: &'static [u8] = if self.version == 2 { b"0" } else { b"THAWED" };
+        let state = fs::OpenOptions::new()
+            .write(true)
+            .open(&file)
+            .map_err(FreezeError::Write)?;
+        let (host_gone, host_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| FreezeError::Guard(e.into()))?;
+        let mut keep = [host_gone.as_raw_fd() as u32, state.as_raw_fd() as u32];
+        keep.sort_unstable();
+        // SAFETY: the child only makes system calls on descriptors and memory prepared above
+        // (`keep`, `thawed`), allocates nothing, and ends in `_exit`: what a child of a
+        // multithreaded process may do.
+        let child = match unsafe { nix::unistd::fork() } {
+            Err(e) => return Err(FreezeError::Guard(e.into())),
+            Ok(nix::unistd::ForkResult::Child) => {
+                crate::sys::close_all_except_sorted(&keep);
+                let mut byte = [0u8; 1];
+                // Returns once every write end is closed: the host released the guard, or died.
+                // SAFETY: read into a valid one-byte buffer; write from a static slice.
+                unsafe {
+                    while libc::read(host_gone.as_raw_fd(), byte.as_mut_ptr().cast(), 1) != 0 {
+                        if *libc::__errno_location() != libc::EINTR {
+                            break;
+                        }
+                    }
+                    libc::write(state.as_raw_fd(), thawed.as_ptr().cast(), thawed.len());
+                    libc::_exit(0)
                 }
             }
+            Ok(nix::unistd::ForkResult::Parent { child }) => child,
+        };
+        drop((host_gone, state));
+        let guard = ThawGuard {
+            child,
+            host_end: Some(host_end),
+        };
+        self.freeze(wait)?;
+        Ok(guard)
+    }
+
+    /// Thaws the group (see [`Cgroup::freeze`]).
+    pub fn thaw(&self) -> Result<(), FreezeError> {
+        let (file, _) = self.freezer()?;
+        let thawed = if self.version == 2 { "0" } else { "THAWED" };
+        write_file(&file, thawed).map_err(FreezeError::Write)
+    }
+
+    /// Whether the kernel reports every process of the group frozen.
+    pub fn is_frozen(&self) -> Result<bool, FreezeError> {
+        if self.version == 2 {
+            let dir = self.dir("unified").ok_or(FreezeError::NoFreezer)?;
+            let events =
+                fs::read_to_string(dir.join("cgroup.events")).map_err(FreezeError::Read)?;
+            return Ok(events.lines().any(|l| l.trim() == "frozen 1"));
         }
-        self.signal_all();
-        if let Some(f) = freezer {
-            let _ = write_file(&f.join("freezer.state"), "THAWED");
+        let (file, _) = self.freezer()?;
+        let state = fs::read_to_string(file).map_err(FreezeError::Read)?;
+        Ok(state.trim() == "FROZEN")
+    }
+
+    /// The file that freezes the group and the value that does.
+    fn freezer(&self) -> Result<(PathBuf, &'static str), FreezeError> {
+        if self.version == 2 {
+            let dir = self.dir("unified").ok_or(FreezeError::NoFreezer)?;
+            return Ok((dir.join("cgroup.freeze"), "1"));
         }
+        let dir = self.dir("freezer").ok_or(FreezeError::NoFreezer)?;
+        Ok((dir.join("freezer.state"), "FROZEN"))
     }
 
     fn signal_all(&self) {

@@ -829,6 +829,11 @@ impl Sandbox {
         self.cgroup.as_ref().and_then(Cgroup::cpu_time)
     }
 
+    /// The sandbox's cgroup; `None` in the rlimit fallback.
+    pub fn cgroup(&self) -> Option<&Cgroup> {
+        self.cgroup.as_ref()
+    }
+
     /// Peak memory of the sandbox so far: the cgroup's, or without one (the rlimit fallback)
     /// the largest peak of a live process of init's (see [`children_peak_memory`]).
     pub fn peak_memory(&self) -> Option<u64> {

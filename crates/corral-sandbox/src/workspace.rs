@@ -507,9 +507,19 @@ impl Workspace {
 
     /// The size of the workspace's filesystem: no file written into it can be larger.
     pub fn capacity(&self) -> Result<u64, WorkspaceError> {
+        Ok(self.usage()?.1)
+    }
+
+    /// The bytes the workspace's files take, and its filesystem's size.
+    pub fn usage(&self) -> Result<(u64, u64), WorkspaceError> {
         let stat = nix::sys::statvfs::fstatvfs(self.root.as_fd())
             .map_err(|e| WorkspaceError::io(Path::new("."), e))?;
-        Ok((stat.blocks() as u64).saturating_mul(stat.fragment_size() as u64))
+        let block = stat.fragment_size() as u64;
+        let used = (stat.blocks() as u64).saturating_sub(stat.blocks_free() as u64);
+        Ok((
+            used.saturating_mul(block),
+            (stat.blocks() as u64).saturating_mul(block),
+        ))
     }
 
     /// How many times the OOM killer killed a writer of this workspace: OOM kills of the

@@ -51,6 +51,8 @@ pub struct Config {
     pub max_result_bytes_in_flight_per_key: Option<usize>,
     pub default_idle_timeout_s: u64,
     pub max_idle_timeout_s: u64,
+    /// A paused sandbox (whose idle clock stops) is closed once paused this long.
+    pub max_paused_s: u64,
     /// On SIGTERM, running executions get this long to finish before they are interrupted.
     pub shutdown_grace_s: u64,
     /// Run even where Landlock is missing (reported as a warning in results).
@@ -90,6 +92,7 @@ impl Default for Config {
             max_result_bytes_in_flight_per_key: None,
             default_idle_timeout_s: 600,
             max_idle_timeout_s: 24 * 3600,
+            max_paused_s: 24 * 3600,
             shutdown_grace_s: 10,
             allow_degraded: false,
             strict: false,

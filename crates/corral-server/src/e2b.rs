@@ -44,7 +44,10 @@ use crate::config::Config;
 use crate::connect::{self, Code, Decoder, FLAG_END_STREAM};
 use crate::error::ApiError;
 use crate::http::{authenticate, blocking, parse_json, stream_frames, stream_upload, AppState};
-use crate::service::{CommandRequest, CreateSandboxRequest, ExecuteRequest, ServiceError, Tenant};
+use crate::service::{
+    CommandRequest, CreateSandboxRequest, ExecuteRequest, ListQuery, SandboxInfo, ServiceError,
+    Tenant, LIST_LIMIT,
+};
 
 /// What `clientID` says in sandbox descriptions.
 const CLIENT_ID: &str = "corral";
@@ -131,18 +134,6 @@ impl IntoResponse for E2bError {
 /// instead. docs/e2b.md lists them.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 enum Unsupported {
-    #[error(
-        "Sandbox.list is not supported by Corral: keep the ids Sandbox.create returns \
-         (Corral's own API lists a key's sandboxes: GET /v1/sandboxes)"
-    )]
-    ListSandboxes,
-    #[error("get_metrics is not supported by Corral: it keeps no metrics history of a sandbox")]
-    Metrics,
-    #[error(
-        "pause is not supported by Corral: a sandbox cannot be paused; \
-         set_timeout keeps it alive longer"
-    )]
-    Pause,
     #[error("fork is not supported by Corral: create another sandbox")]
     Fork,
     #[error(
@@ -389,21 +380,14 @@ pub fn router(config: &Config) -> Router<AppState> {
         .route("/files", get(read_file).post(write_files))
         .layer(DefaultBodyLimit::max(config.max_body_bytes));
     Router::new()
-        .route(
-            "/v2/sandboxes",
-            post(create_sandbox).get(|s, h, b| refuse(s, h, b, Unsupported::ListSandboxes)),
-        )
+        .route("/v2/sandboxes", post(create_sandbox).get(list_sandboxes))
         .route("/v2/sandboxes/{id}/connect", post(connect_sandbox))
+        .route("/sandboxes/{id}/connect", post(connect_sandbox))
+        .route("/sandboxes/{id}/resume", post(resume_sandbox))
+        .route("/sandboxes/{id}/pause", post(pause_sandbox))
         .route("/sandboxes/{id}", get(sandbox_info).delete(kill_sandbox))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
-        .route(
-            "/sandboxes/{id}/metrics",
-            get(|s, h, b| refuse(s, h, b, Unsupported::Metrics)),
-        )
-        .route(
-            "/sandboxes/{id}/pause",
-            post(|s, h, b| refuse(s, h, b, Unsupported::Pause)),
-        )
+        .route("/sandboxes/{id}/metrics", get(sandbox_metrics))
         .route(
             "/sandboxes/{id}/fork",
             post(|s, h, b| refuse(s, h, b, Unsupported::Fork)),
@@ -450,6 +434,7 @@ struct NewSandbox {
     env_vars: Option<BTreeMap<String, String>>,
     /// Seconds; Corral's idle timeout.
     timeout: Option<u64>,
+    metadata: Option<BTreeMap<String, String>>,
 }
 
 /// Corral's image for an E2B template: E2B's own names mean the default image.
@@ -500,6 +485,7 @@ async fn create_sandbox(
         idle_timeout_s: req.timeout,
         // E2B's SDKs know no code policy: the key's applies.
         policy: None,
+        metadata: req.metadata,
     };
     let (service, owner) = (state.service.clone(), tenant.clone());
     let info = blocking(move || service.create_session(&owner, &create)).await?;
@@ -521,19 +507,74 @@ async fn connect_sandbox(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, E2bError> {
     let tenant = tenant_of(&state, &headers).await?;
-    let info = state.service.get(&tenant, &id)?;
-    let (token, template) = match registry.lookup(&tenant, &id) {
-        Some(known) => known,
-        None => (
-            registry.register(&id, tenant, info.image.clone()),
-            info.image,
-        ),
-    };
-    Ok(Json(sandbox_json(&id, &template, &token)))
+    let mut info = state.service.get(&tenant, &id)?;
+    // E2B's connect resumes a paused sandbox.
+    if info.state == "paused" {
+        let service = state.service.clone();
+        let (owner, sandbox) = (tenant.clone(), id.clone());
+        info = blocking(move || service.resume(&owner, &sandbox)).await?;
+    }
+    Ok(Json(known_sandbox_json(&registry, tenant, &id, info.image)))
 }
 
-/// `Sandbox.get_info(id)`: E2B's `SandboxDetail`. Sessions of this face run with the default
-/// limits, which the sizes report.
+/// The sandbox as E2B's create and connect answer it, registering it with this face the first
+/// time it is seen here.
+fn known_sandbox_json(registry: &Registry, tenant: Tenant, id: &str, image: String) -> Value {
+    let (token, template) = match registry.lookup(&tenant, id) {
+        Some(known) => known,
+        None => (registry.register(id, tenant, image.clone()), image),
+    };
+    sandbox_json(id, &template, &token)
+}
+
+/// `Sandbox.pause()` (`beta_pause`): 204; 409 when it is already paused.
+async fn pause_sandbox(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<StatusCode, E2bError> {
+    let tenant = tenant_of(&state, &headers).await?;
+    let service = state.service.clone();
+    blocking(move || service.pause(&tenant, &id)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The older SDKs' `Sandbox.resume(id)`: 201 with the sandbox; 409 when it is not paused.
+async fn resume_sandbox(
+    State(state): State<AppState>,
+    Extension(registry): Extension<Arc<Registry>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<Value>), E2bError> {
+    let tenant = tenant_of(&state, &headers).await?;
+    let service = state.service.clone();
+    let (owner, sandbox) = (tenant.clone(), id.clone());
+    let info = blocking(move || service.resume(&owner, &sandbox)).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(known_sandbox_json(&registry, tenant, &id, info.image)),
+    ))
+}
+
+/// A session as E2B's `ListedSandbox` (and, with the token, `SandboxDetail`) describes it.
+fn listed_sandbox(info: &SandboxInfo, template: Option<String>) -> Value {
+    let limits = &info.limits;
+    json!({
+        "templateID": template.unwrap_or_else(|| info.image.clone()),
+        "sandboxID": info.id,
+        "clientID": CLIENT_ID,
+        "envdVersion": ENVD_VERSION,
+        "startedAt": info.created_at,
+        "endAt": info.expires_at,
+        "cpuCount": limits.cpus.unwrap_or(1.0).ceil() as u64,
+        "memoryMB": limits.memory_mb.unwrap_or(0),
+        "diskSizeMB": limits.disk_mb.unwrap_or(0),
+        "state": if info.state == "paused" { "paused" } else { "running" },
+        "metadata": info.metadata,
+    })
+}
+
+/// `Sandbox.get_info(id)`: E2B's `SandboxDetail`.
 async fn sandbox_info(
     State(state): State<AppState>,
     Extension(registry): Extension<Arc<Registry>>,
@@ -542,25 +583,117 @@ async fn sandbox_info(
 ) -> Result<Json<Value>, E2bError> {
     let tenant = tenant_of(&state, &headers).await?;
     let info = state.service.get(&tenant, &id)?;
-    let limits = *state.service.default_limits();
-    let mut detail = json!({
-        "templateID": info.image,
-        "sandboxID": id,
-        "clientID": CLIENT_ID,
-        "envdVersion": ENVD_VERSION,
-        "startedAt": info.created_at,
-        "endAt": info.expires_at,
-        "cpuCount": limits.cpus.ceil() as u64,
-        "memoryMB": limits.memory_bytes >> 20,
-        "diskSizeMB": limits.disk_bytes >> 20,
-        "state": "running",
-        "metadata": {},
-    });
-    if let Some((token, template)) = registry.lookup(&tenant, &id) {
-        detail["templateID"] = json!(template);
+    let known = registry.lookup(&tenant, &id);
+    let mut detail = listed_sandbox(&info, known.as_ref().map(|(_, t)| t.clone()));
+    if let Some((token, _)) = known {
         detail["envdAccessToken"] = json!(token);
     }
     Ok(Json(detail))
+}
+
+/// The query of `Sandbox.list()`: `metadata` (itself a URL-encoded `k=v&...`), `state`
+/// (comma-separated), `template`, `limit`, `nextToken`; `order` and `startedAfter` are taken
+/// and ignored (the list is in creation order).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListParams {
+    metadata: Option<String>,
+    state: Option<String>,
+    template: Option<String>,
+    limit: Option<usize>,
+    next_token: Option<String>,
+    #[serde(rename = "order")]
+    _order: Option<String>,
+    #[serde(rename = "startedAfter")]
+    _started_after: Option<String>,
+}
+
+/// `Sandbox.list()`: this key's sandboxes, a page at a time (`x-next-token`).
+async fn list_sandboxes(
+    State(state): State<AppState>,
+    Extension(registry): Extension<Arc<Registry>>,
+    headers: HeaderMap,
+    query: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, E2bError> {
+    let tenant = tenant_of(&state, &headers).await?;
+    let Query(params) = query.map_err(|e| E2bError::bad_request(e.body_text()))?;
+    let metadata = match &params.metadata {
+        Some(encoded) => serde_urlencoded::from_str::<BTreeMap<String, String>>(encoded)
+            .map_err(|e| E2bError::bad_request(format!("metadata {encoded:?}: {e}")))?,
+        None => BTreeMap::new(),
+    };
+    let query = ListQuery {
+        states: params
+            .state
+            .iter()
+            .flat_map(|s| s.split(','))
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect(),
+        metadata,
+        image: params.template.as_deref().map(|t| {
+            image_of_template(t).unwrap_or_else(|| state.service.config().default_image.clone())
+        }),
+        limit: Some(params.limit.unwrap_or(100).min(LIST_LIMIT)),
+        after: params.next_token,
+    };
+    let page = state.service.list(&tenant, &query)?;
+    let listed: Vec<Value> = page
+        .sandboxes
+        .iter()
+        .map(|info| {
+            let template = registry.lookup(&tenant, &info.id).map(|(_, t)| t);
+            listed_sandbox(info, template)
+        })
+        .collect();
+    let mut response = Json(listed).into_response();
+    if let Some(next) = page.next.and_then(|n| HeaderValue::from_str(&n).ok()) {
+        response.headers_mut().insert("x-next-token", next);
+    }
+    Ok(response)
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct MetricsParams {
+    /// Unix seconds: samples from then on.
+    start: Option<u64>,
+    /// Unix seconds: samples up to then.
+    end: Option<u64>,
+}
+
+/// `get_metrics()`: E2B's `SandboxMetric` list, from Corral's samples (every 5 s, the last
+/// 10 minutes, and one of now).
+async fn sandbox_metrics(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    query: Result<Query<MetricsParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Vec<Value>>, E2bError> {
+    let tenant = tenant_of(&state, &headers).await?;
+    let Query(params) = query.map_err(|e| E2bError::bad_request(e.body_text()))?;
+    let service = state.service.clone();
+    let metrics = blocking(move || service.metrics(&tenant, &id)).await?;
+    let listed = metrics
+        .iter()
+        .filter(|m| {
+            params.start.is_none_or(|s| m.timestamp_unix >= s)
+                && params.end.is_none_or(|e| m.timestamp_unix <= e)
+        })
+        .map(|m| {
+            json!({
+                "timestamp": m.timestamp,
+                "timestampUnix": m.timestamp_unix,
+                "cpuCount": m.cpu_count,
+                "cpuUsedPct": m.cpu_used_pct,
+                "memUsed": m.memory_used_bytes,
+                "memTotal": m.memory_limit_bytes,
+                "memCache": m.memory_cache_bytes,
+                "diskUsed": m.disk_used_bytes,
+                "diskTotal": m.disk_total_bytes,
+            })
+        })
+        .collect();
+    Ok(Json(listed))
 }
 
 async fn kill_sandbox(
@@ -968,7 +1101,7 @@ fn connect_error_of(e: &ServiceError) -> Value {
         | ServiceError::UnknownImage(_)
         | ServiceError::UnsupportedLanguage(_) => Code::InvalidArgument,
         ServiceError::NotFound(_) | ServiceError::FileNotFound(_) => Code::NotFound,
-        ServiceError::SandboxDead(_) => Code::FailedPrecondition,
+        ServiceError::SandboxDead(_) | ServiceError::Conflict { .. } => Code::FailedPrecondition,
         ServiceError::Forbidden(_) => Code::PermissionDenied,
         ServiceError::TooManySandboxes { .. }
         | ServiceError::PayloadTooLarge(_)
@@ -1438,9 +1571,6 @@ mod tests {
     #[tokio::test]
     async fn unsupported_calls_are_501_or_unimplemented_and_say_so() {
         let every = [
-            Unsupported::ListSandboxes,
-            Unsupported::Metrics,
-            Unsupported::Pause,
             Unsupported::Fork,
             Unsupported::Snapshots,
             Unsupported::Network,

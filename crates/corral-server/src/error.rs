@@ -4,7 +4,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::service::{ServiceError, Unavailability};
+use crate::service::{Conflict, ServiceError, Unavailability};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -95,6 +95,15 @@ impl From<ServiceError> for ApiError {
                 },
             ),
             ServiceError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            ServiceError::Conflict { state, .. } => (
+                StatusCode::CONFLICT,
+                match state {
+                    Conflict::Paused => "sandbox_paused",
+                    Conflict::NotPaused => "sandbox_not_paused",
+                    Conflict::Busy => "sandbox_busy",
+                    Conflict::PauseUnsupported => "pause_unsupported",
+                },
+            ),
         };
         let retry_after_s = match e {
             ServiceError::TooManySandboxes { retry_after_s, .. }

@@ -22,8 +22,8 @@ use utoipa::OpenApi;
 
 use crate::error::{ApiError, ErrorBody};
 use crate::service::{
-    CommandRequest, CreateSandboxRequest, ExecuteRequest, RunRequest, SandboxInfo, Service,
-    ServiceError, Tenant, Upload,
+    CommandRequest, CreateSandboxRequest, ExecuteRequest, ListQuery, RunRequest, SandboxInfo,
+    SandboxMetric, Service, ServiceError, Tenant, Upload,
 };
 
 /// Events buffered per stream: a client that reads slowly holds at most this many.
@@ -243,6 +243,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/run", post(run))
         .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
         .route("/v1/sandboxes/{id}", get(get_sandbox).delete(kill_sandbox))
+        .route("/v1/sandboxes/{id}/pause", post(pause_sandbox))
+        .route("/v1/sandboxes/{id}/metrics", get(sandbox_metrics))
+        .route("/v1/sandboxes/{id}/resume", post(resume_sandbox))
         .route("/v1/sandboxes/{id}/execute", post(execute))
         .route("/v1/sandboxes/{id}/commands", post(commands))
         .route("/v1/sandboxes/{id}/files", get(list_files))
@@ -637,14 +640,81 @@ async fn create_sandbox(
 #[derive(Serialize, utoipa::ToSchema)]
 struct SandboxList {
     sandboxes: Vec<SandboxInfo>,
+    /// Present when there are more: pass it as `after` for the next page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<String>,
 }
 
-/// List this key's sessions.
-#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", responses((status = 200, body = SandboxList)))]
-async fn list_sandboxes(State(state): State<AppState>, tenant: Tenant) -> Json<SandboxList> {
-    Json(SandboxList {
-        sandboxes: state.service.list(&tenant),
-    })
+/// The query of `GET /v1/sandboxes`: `state` (comma-separated, repeatable), `image`, `limit`,
+/// `after`, and `metadata.KEY=VALUE` (repeatable; every entry must match).
+fn list_query(pairs: Vec<(String, String)>) -> Result<ListQuery, ApiError> {
+    let mut query = ListQuery::default();
+    for (key, value) in pairs {
+        match key.as_str() {
+            "state" => query.states.extend(
+                value
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string),
+            ),
+            "limit" => {
+                query.limit = Some(value.parse().map_err(|_| {
+                    ApiError::bad_request(format!("`limit` {value:?} is not a number"))
+                })?)
+            }
+            "after" => query.after = Some(value),
+            "image" => query.image = Some(value),
+            _ => match key.strip_prefix("metadata.") {
+                Some(k) if !k.is_empty() => {
+                    query.metadata.insert(k.to_string(), value);
+                }
+                _ => {
+                    return Err(ApiError::bad_request(format!(
+                        "unknown query parameter `{key}`: the parameters are state, image, \
+                         limit, after and metadata.KEY"
+                    )))
+                }
+            },
+        }
+    }
+    Ok(query)
+}
+
+/// List this key's sessions, in creation order: filtered by `state` (`running`, `paused`, `dead`;
+/// comma-separated), `image` and `metadata.KEY=VALUE`, at most `limit` (1 to 1000, default 1000) a
+/// page, from after `after` (the `next` of the previous page).
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
+    responses((status = 200, body = SandboxList), (status = 400, body = ErrorBody)))]
+async fn list_sandboxes(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<SandboxList>, ApiError> {
+    let Query(pairs) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let page = state.service.list(&tenant, &list_query(pairs)?)?;
+    Ok(Json(SandboxList {
+        sandboxes: page.sandboxes,
+        next: page.next,
+    }))
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct MetricList {
+    metrics: Vec<SandboxMetric>,
+}
+
+/// A session's usage over the last ten minutes: a sample every five seconds, oldest first,
+/// and one of now.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/metrics", tag = "sandboxes",
+    responses((status = 200, body = MetricList), (status = 404, body = ErrorBody)))]
+async fn sandbox_metrics(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<MetricList>, ApiError> {
+    let service = state.service.clone();
+    let metrics = blocking(move || service.metrics(&tenant, &id)).await?;
+    Ok(Json(MetricList { metrics }))
 }
 
 /// Inspect a session.
@@ -656,6 +726,36 @@ async fn get_sandbox(
     Path(id): Path<String>,
 ) -> Result<Json<SandboxInfo>, ApiError> {
     Ok(Json(state.service.get(&tenant, &id)?))
+}
+
+/// Pause a session between executions: every process of its sandbox is frozen, keeping its
+/// memory and files, and its idle clock stops (it is closed once paused `max_paused_s`).
+/// Until it is resumed only inspecting, resuming and killing it work (others: 409
+/// `sandbox_paused`).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes",
+    responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody),
+        (status = 409, description = "`sandbox_paused` (already), `sandbox_busy` (executing), \
+            `pause_unsupported` (no cgroup freezer) or `sandbox_dead`", body = ErrorBody)))]
+async fn pause_sandbox(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    let service = state.service.clone();
+    Ok(Json(blocking(move || service.pause(&tenant, &id)).await?))
+}
+
+/// Resume a paused session, with every process and all its memory as they were.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes",
+    responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody),
+        (status = 409, description = "`sandbox_not_paused`", body = ErrorBody)))]
+async fn resume_sandbox(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    let service = state.service.clone();
+    Ok(Json(blocking(move || service.resume(&tenant, &id)).await?))
 }
 
 /// Kill a session: its sandbox is torn down and nothing of it remains.
@@ -828,7 +928,7 @@ async fn remove_file(
 
 #[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
-struct ListQuery {
+struct FilesQuery {
     /// A directory of the workspace (default: all of it).
     dir: Option<String>,
 }
@@ -839,13 +939,13 @@ struct FileList {
 }
 
 /// List the regular files below a workspace directory.
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files", params(ListQuery),
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files", params(FilesQuery),
     responses((status = 200, body = FileList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn list_files(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
-    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    query: Result<Query<FilesQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<FileList>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let service = state.service.clone();
@@ -912,6 +1012,9 @@ async fn metrics(State(state): State<AppState>, _tenant: Tenant) -> Response {
         list_sandboxes,
         get_sandbox,
         kill_sandbox,
+        pause_sandbox,
+        resume_sandbox,
+        sandbox_metrics,
         execute,
         commands,
         write_file,

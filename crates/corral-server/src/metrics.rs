@@ -46,6 +46,8 @@ pub struct Metrics {
     pub zygote_up: Family<ImageLabels, Gauge>,
     /// Dead zygotes replaced by a new one.
     pub zygote_restarts: Family<ImageLabels, Counter>,
+    pub pauses: Counter,
+    pub resumes: Counter,
 }
 
 impl Default for Metrics {
@@ -67,6 +69,8 @@ impl Default for Metrics {
             http_requests: Family::default(),
             zygote_up: Family::default(),
             zygote_restarts: Family::default(),
+            pauses: Counter::default(),
+            resumes: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("sessions_live", "Sessions alive", m.sessions_live.clone());
@@ -136,6 +140,8 @@ impl Default for Metrics {
             "Dead zygotes replaced by a new one",
             m.zygote_restarts.clone(),
         );
+        registry.register("pauses", "Sandboxes paused", m.pauses.clone());
+        registry.register("resumes", "Paused sandboxes resumed", m.resumes.clone());
         Metrics { registry, ..m }
     }
 }

@@ -80,6 +80,23 @@ pub enum ServiceError {
     InsufficientStorage(String),
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// The sandbox is not in a state that allows the call (each answered 409 with its own
+    /// code).
+    #[error("{message}")]
+    Conflict { state: Conflict, message: String },
+}
+
+/// Why a call does not fit the sandbox's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conflict {
+    /// It is paused: only info, resume, kill and the timeout work.
+    Paused,
+    /// A resume of a sandbox that is not paused.
+    NotPaused,
+    /// A pause while it executes or runs a command.
+    Busy,
+    /// A pause of a sandbox without a cgroup freezer (the rlimit fallback).
+    PauseUnsupported,
 }
 
 impl ServiceError {
@@ -128,7 +145,7 @@ impl From<WorkspaceError> for ServiceError {
 
 /// Resource limits as requests give them; absent fields take the defaults of `corral run`
 /// (docs/cli.md#corral-run).
-#[derive(Debug, Clone, Default, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsRequest {
     /// Wall-clock limit in seconds (sessions: the default per-execution timeout).
@@ -142,6 +159,21 @@ pub struct LimitsRequest {
     pub result_mb: Option<u64>,
     /// Rich results kept per execution.
     pub result_count: Option<u64>,
+}
+
+impl From<&Limits> for LimitsRequest {
+    /// Every field set: the limits a session runs with, as requests give them.
+    fn from(l: &Limits) -> Self {
+        LimitsRequest {
+            timeout_s: Some(l.timeout.as_secs_f64()),
+            memory_mb: Some(l.memory_bytes >> 20),
+            cpus: Some(l.cpus),
+            pids: Some(l.pids),
+            disk_mb: Some(l.disk_bytes >> 20),
+            result_mb: Some((l.result_bytes >> 20) as u64),
+            result_count: Some(l.result_count as u64),
+        }
+    }
 }
 
 impl LimitsRequest {
@@ -297,6 +329,89 @@ pub struct CreateSandboxRequest {
     pub idle_timeout_s: Option<u64>,
     /// Narrows the key's code policy for every execution of the session (docs/code-policy.md).
     pub policy: Option<PolicyRequest>,
+    /// Labels of the caller's own, returned with the session and usable to filter the list
+    /// (at most [`METADATA_ENTRIES`] entries; keys of 1 to [`METADATA_KEY_BYTES`] bytes,
+    /// values of at most [`METADATA_VALUE_BYTES`]).
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// Bounds of a session's `metadata` (docs/api.md).
+pub const METADATA_ENTRIES: usize = 64;
+pub const METADATA_KEY_BYTES: usize = 128;
+pub const METADATA_VALUE_BYTES: usize = 1024;
+
+/// Checks a session's `metadata` against its bounds.
+fn check_metadata(
+    metadata: Option<&BTreeMap<String, String>>,
+) -> Result<BTreeMap<String, String>, ServiceError> {
+    let Some(metadata) = metadata else {
+        return Ok(BTreeMap::new());
+    };
+    if metadata.len() > METADATA_ENTRIES {
+        return Err(ServiceError::BadRequest(format!(
+            "`metadata` has {} entries; at most {METADATA_ENTRIES} are allowed",
+            metadata.len()
+        )));
+    }
+    for (key, value) in metadata {
+        if key.is_empty() || key.len() > METADATA_KEY_BYTES {
+            return Err(ServiceError::BadRequest(format!(
+                "`metadata` key {key:?}: keys have 1 to {METADATA_KEY_BYTES} bytes"
+            )));
+        }
+        if value.len() > METADATA_VALUE_BYTES {
+            return Err(ServiceError::BadRequest(format!(
+                "`metadata.{key}`: values have at most {METADATA_VALUE_BYTES} bytes"
+            )));
+        }
+    }
+    Ok(metadata.clone())
+}
+
+/// Which sessions a listing returns, and how many (docs/api.md, "List").
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ListQuery {
+    /// Only sessions in one of these states (`running`, `paused`, `dead`); empty: all.
+    pub states: Vec<String>,
+    /// Only sessions whose metadata has every one of these entries.
+    pub metadata: BTreeMap<String, String>,
+    /// Only sessions of this image.
+    pub image: Option<String>,
+    /// At most this many (1 to [`LIST_LIMIT`]; default [`LIST_LIMIT`]).
+    pub limit: Option<usize>,
+    /// Only sessions after this cursor: the `next` of the previous page.
+    pub after: Option<String>,
+}
+
+/// The most sessions one page of a listing holds.
+pub const LIST_LIMIT: usize = 1000;
+
+/// One page of a listing: the sessions in creation order, and the cursor of the next page
+/// when there are more.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListPage {
+    pub sandboxes: Vec<SandboxInfo>,
+    pub next: Option<String>,
+}
+
+/// One reading of a session's usage, as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct SandboxMetric {
+    /// RFC 3339, UTC.
+    pub timestamp: String,
+    /// The same, in seconds since the Unix epoch.
+    pub timestamp_unix: u64,
+    /// The session's CPU limit, rounded up to whole CPUs.
+    pub cpu_count: u64,
+    /// CPU used since the previous reading, in percent of `cpu_count` CPUs (0 for the first).
+    pub cpu_used_pct: f64,
+    pub memory_used_bytes: u64,
+    /// Of `memory_used_bytes`, page cache.
+    pub memory_cache_bytes: u64,
+    pub memory_limit_bytes: u64,
+    /// Bytes used in `/workspace`, and its size.
+    pub disk_used_bytes: u64,
+    pub disk_total_bytes: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
@@ -333,8 +448,11 @@ pub struct SandboxInfo {
     /// When the session will be closed if it stays idle (moves with every use).
     pub expires_at: String,
     pub last_used_at: String,
-    /// `running` or `dead`.
+    /// `running`, `paused` or `dead`.
     pub state: String,
+    /// RFC 3339, UTC: since when the sandbox is paused (absent while it runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused_at: Option<String>,
     pub executions: u64,
     /// Why the kernel died, when it did.
     pub death: Option<String>,
@@ -342,6 +460,10 @@ pub struct SandboxInfo {
     pub warnings: Vec<String>,
     /// The code policy every execution is held to: the key's, narrowed by the request's.
     pub policy: PolicyRequest,
+    /// The `metadata` it was created with.
+    pub metadata: BTreeMap<String, String>,
+    /// The limits it runs with (every field set).
+    pub limits: LimitsRequest,
 }
 
 /// A checked command: what runs, with what, for how long.
@@ -364,6 +486,8 @@ struct Owned {
     workspace_bytes: u64,
     /// Its code policy, as the API shows it.
     policy: PolicyRequest,
+    limits: Limits,
+    metadata: BTreeMap<String, String>,
 }
 
 pub struct Service {
@@ -478,7 +602,7 @@ impl Service {
             .to_limits(&Limits::default())
             .map_err(|e| anyhow::anyhow!("default_limits: {e}"))?;
         let code_policies = CodePolicies::of(&config).map_err(anyhow::Error::from)?;
-        let manager = SessionManager::new();
+        let manager = SessionManager::new(Duration::from_secs(config.max_paused_s));
         let pool = match store.resolve(&config.default_image) {
             Ok(image) if config.pool_size > 0 && image.languages.iter().any(|l| l == "python") => {
                 match Pool::start(
@@ -711,6 +835,27 @@ impl Service {
                     retry_after_s: retry_after.as_secs().max(1),
                 }
             }
+            ManagerError::Paused(_) => ServiceError::Conflict {
+                state: Conflict::Paused,
+                message: format!("sandbox {id} is paused: resume it first"),
+            },
+            ManagerError::NotPaused(_) => ServiceError::Conflict {
+                state: Conflict::NotPaused,
+                message: format!("sandbox {id} is not paused"),
+            },
+            ManagerError::Busy(_) => ServiceError::Conflict {
+                state: Conflict::Busy,
+                message: format!(
+                    "sandbox {id} is executing: pause it when the execution has finished"
+                ),
+            },
+            ManagerError::Kernel(e @ KernelError::PauseUnsupported) => ServiceError::Conflict {
+                state: Conflict::PauseUnsupported,
+                message: e.to_string(),
+            },
+            ManagerError::Dead { reason, .. } => ServiceError::SandboxDead(format!(
+                "sandbox {id} is dead ({reason}): delete it and create another"
+            )),
             other => {
                 self.metrics.sandbox_failures.inc();
                 ServiceError::Sandbox(other.to_string())
@@ -772,6 +917,7 @@ impl Service {
             .to_limits(&self.default_limits)?;
         let env = check_env(req.env.as_ref())?;
         let code_policy = self.code_policy(tenant, req.policy.as_ref(), language)?;
+        let metadata = check_metadata(req.metadata.as_ref())?;
         let idle = req
             .idle_timeout_s
             .unwrap_or(self.config.default_idle_timeout_s);
@@ -811,6 +957,8 @@ impl Service {
             promised_bytes: promised,
             workspace_bytes: limits.disk_bytes,
             policy,
+            limits,
+            metadata,
         };
         self.sessions
             .lock()
@@ -836,13 +984,18 @@ impl Service {
             last_used_at: rfc3339(info.last_used),
             state: if info.death.is_some() {
                 "dead".into()
+            } else if info.paused_at.is_some() {
+                "paused".into()
             } else {
                 "running".into()
             },
+            paused_at: info.paused_at.map(rfc3339),
             executions: info.executions,
             death: info.death.clone(),
             warnings: info.warnings.clone(),
             policy: owned.policy.clone(),
+            metadata: owned.metadata.clone(),
+            limits: LimitsRequest::from(&owned.limits),
         }
     }
 
@@ -855,20 +1008,120 @@ impl Service {
         Ok(Self::info(&info, &owned))
     }
 
-    pub fn list(&self, tenant: &Tenant) -> Vec<SandboxInfo> {
+    /// `tenant`'s sessions that `query` asks for, in creation order, a page at a time.
+    pub fn list(&self, tenant: &Tenant, query: &ListQuery) -> Result<ListPage, ServiceError> {
+        let limit = query.limit.unwrap_or(LIST_LIMIT);
+        if limit == 0 || limit > LIST_LIMIT {
+            return Err(ServiceError::BadRequest(format!(
+                "`limit` must be between 1 and {LIST_LIMIT}"
+            )));
+        }
+        if let Some(bad) = query
+            .states
+            .iter()
+            .find(|s| !matches!(s.as_str(), "running" | "paused" | "dead"))
+        {
+            return Err(ServiceError::BadRequest(format!(
+                "`state` {bad:?}: the states are running, paused and dead"
+            )));
+        }
         let owned: HashMap<String, Owned> = self
             .sessions
             .lock()
             .expect("lock")
             .iter()
             .filter(|(_, o)| &o.tenant == tenant)
+            .filter(|(_, o)| query.image.as_ref().is_none_or(|i| *i == o.image))
+            .filter(|(_, o)| {
+                query
+                    .metadata
+                    .iter()
+                    .all(|(k, v)| o.metadata.get(k) == Some(v))
+            })
             .map(|(id, o)| (id.clone(), o.clone()))
             .collect();
-        self.manager
+        // Creation order; a cursor is the creation time and id of the last session of its
+        // page, so that sessions that end meanwhile do not move the next page.
+        let cursor = |info: &corral_kernel::SessionInfo| {
+            let nanos = info
+                .created_at
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            format!("{nanos:020}-{}", info.id)
+        };
+        let mut sessions: Vec<(String, corral_kernel::SessionInfo)> = self
+            .manager
             .list()
+            .into_iter()
+            .filter(|info| owned.contains_key(&info.id))
+            .map(|info| (cursor(&info), info))
+            .collect();
+        sessions.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut matching: Vec<(String, SandboxInfo)> = sessions
             .iter()
-            .filter_map(|info| owned.get(&info.id).map(|o| Self::info(info, o)))
-            .collect()
+            .filter(|(at, _)| query.after.as_ref().is_none_or(|after| at > after))
+            .map(|(at, info)| (at.clone(), Self::info(info, &owned[&info.id])))
+            .filter(|(_, info)| query.states.is_empty() || query.states.contains(&info.state))
+            .take(limit + 1)
+            .collect();
+        let next = (matching.len() > limit).then(|| {
+            matching.truncate(limit);
+            matching
+                .last()
+                .map(|(at, _)| at.clone())
+                .unwrap_or_default()
+        });
+        let matching = matching.into_iter().map(|(_, info)| info).collect();
+        Ok(ListPage {
+            sandboxes: matching,
+            next,
+        })
+    }
+
+    /// Samples of session `id`'s usage from the last ten minutes, one every five seconds, and
+    /// one of now (docs/api.md, "Metrics").
+    pub fn metrics(&self, tenant: &Tenant, id: &str) -> Result<Vec<SandboxMetric>, ServiceError> {
+        let owned = self.owned(tenant, id)?;
+        let samples = self
+            .manager
+            .metrics(id)
+            .map_err(|e| self.manager_error(id, e))?;
+        let cpu_count = owned.limits.cpus.ceil().max(1.0) as u64;
+        let mut previous: Option<&corral_kernel::MetricSample> = None;
+        let mut metrics = Vec::with_capacity(samples.len());
+        for sample in &samples {
+            let cpu_used_pct = match (previous, sample.cpu_time) {
+                (Some(p), Some(now)) => {
+                    let wall = sample.at.duration_since(p.at).unwrap_or_default();
+                    let used = now.saturating_sub(p.cpu_time.unwrap_or_default());
+                    if wall.is_zero() {
+                        0.0
+                    } else {
+                        100.0 * used.as_secs_f64() / wall.as_secs_f64() / cpu_count as f64
+                    }
+                }
+                _ => 0.0,
+            };
+            previous = Some(sample);
+            let memory = sample
+                .memory
+                .unwrap_or(corral_sandbox::cgroup::MemoryUsage { used: 0, cache: 0 });
+            metrics.push(SandboxMetric {
+                timestamp: rfc3339(sample.at),
+                timestamp_unix: sample
+                    .at
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+                cpu_count,
+                cpu_used_pct,
+                memory_used_bytes: memory.used,
+                memory_cache_bytes: memory.cache,
+                memory_limit_bytes: owned.limits.memory_bytes,
+                disk_used_bytes: sample.disk_used,
+                disk_total_bytes: sample.disk_total,
+            });
+        }
+        Ok(metrics)
     }
 
     /// Closes session `id`: its sandbox is torn down and nothing of it remains.
@@ -902,6 +1155,29 @@ impl Service {
         self.get(tenant, id)
     }
 
+    /// Pauses session `id`: every process of its sandbox is frozen, keeping its memory and
+    /// files; its idle clock stops (docs/api.md, "Pause and resume").
+    pub fn pause(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ServiceError> {
+        let owned = self.owned(tenant, id)?;
+        let info = self
+            .manager
+            .pause(id)
+            .map_err(|e| self.manager_error(id, e))?;
+        self.metrics.pauses.inc();
+        Ok(Self::info(&info, &owned))
+    }
+
+    /// Resumes session `id`, paused by [`Service::pause`].
+    pub fn resume(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ServiceError> {
+        let owned = self.owned(tenant, id)?;
+        let info = self
+            .manager
+            .resume(id)
+            .map_err(|e| self.manager_error(id, e))?;
+        self.metrics.resumes.inc();
+        Ok(Self::info(&info, &owned))
+    }
+
     /// Interrupts the running execution of session `id`, if any.
     pub fn interrupt(&self, tenant: &Tenant, id: &str) -> Result<(), ServiceError> {
         self.owned(tenant, id)?;
@@ -910,19 +1186,22 @@ impl Service {
             .map_err(|e| self.manager_error(id, e))
     }
 
-    /// Checks that `id` is `tenant`'s live session, before a stream is opened for it.
+    /// Checks that `id` is `tenant`'s live, running session, before a stream is opened for it.
     pub fn check_session(&self, tenant: &Tenant, id: &str) -> Result<(), ServiceError> {
         self.owned(tenant, id)?;
         let info = self
             .manager
             .get(id)
             .map_err(|e| self.manager_error(id, e))?;
-        match info.death {
-            Some(why) => Err(ServiceError::SandboxDead(format!(
+        if let Some(why) = info.death {
+            return Err(ServiceError::SandboxDead(format!(
                 "sandbox {id} is dead ({why}): delete it and create another"
-            ))),
-            None => Ok(()),
+            )));
         }
+        if info.paused_at.is_some() {
+            return Err(self.manager_error(id, ManagerError::Paused(id.to_string())));
+        }
+        Ok(())
     }
 
     fn audit(

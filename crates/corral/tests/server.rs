@@ -472,6 +472,8 @@ fn one_key_never_sees_another_keys_sandboxes() {
             ),
             ("GET", format!("/v1/sandboxes/{id}/files"), None),
             ("PUT", format!("/v1/sandboxes/{id}/files/x"), Some("x")),
+            ("POST", format!("/v1/sandboxes/{id}/pause"), None),
+            ("POST", format!("/v1/sandboxes/{id}/resume"), None),
             ("DELETE", format!("/v1/sandboxes/{id}"), None),
         ] {
             let (status, answer) = s.call(method, &path, key, body);
@@ -486,6 +488,9 @@ fn one_key_never_sees_another_keys_sandboxes() {
     }
     let (_, list) = s.call("GET", "/v1/sandboxes", Some(&a), None);
     assert_eq!(list["sandboxes"][0]["id"], json!(id));
+    // Another key could neither pause nor resume it: it still runs, with its state.
+    let (_, mine) = s.execute(&id, Some(&a), "x");
+    assert_eq!(mine["results"][0]["text"], "7", "{mine}");
 
     let (status, answer) = s.call("GET", "/v1/sandboxes", Some("crl_not_a_key"), None);
     assert_eq!((status, error_code(&answer)), (401, "unauthorized"));
@@ -962,13 +967,21 @@ fn after_kill_9_a_restart_leaves_nothing_of_the_old_server() {
     wait_until("the sessions run", Duration::from_secs(10), || {
         descendants(s.pid()).len() >= 2
     });
+    // One is paused: on cgroup v1 its frozen processes could not die until thawed.
+    let (status, _) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{}/pause", ids[1]),
+        None,
+        None,
+    );
+    assert_eq!(status, 200);
     let procs = descendants(s.pid());
     let pid = s.pid();
     assert!(!cgroups_of(pid).is_empty(), "sessions have cgroups");
     s.child.kill().unwrap();
     s.child.wait().unwrap();
 
-    // The sandboxes die with their lifeline to the server.
+    // The sandboxes die with their lifeline to the server, the paused one too.
     wait_until(
         "the orphaned sandboxes are gone",
         Duration::from_secs(10),
@@ -2468,4 +2481,304 @@ fn a_keys_code_policy_holds_and_requests_can_only_narrow_it() {
         info["policy"],
         json!({"allowed_modules": ["json", "math", "numpy"], "denied_modules": [], "max_code_bytes": null})
     );
+}
+
+/// Pause freezes every process of a session (a thread that ticks every 10 ms sees a gap as
+/// long as the pause), refuses everything but inspecting, resuming and killing meanwhile, and
+/// resume gives the session back with its state; a paused session is killed like any other.
+/// For a Python session forked from the warm pool and a bash session in a sandbox of its own.
+#[test]
+fn pause_freezes_a_session_and_resume_gives_it_back() {
+    let s = Server::start("pool_size = 1\ndefault_image = \"host\"");
+    let path = |id: &str, rest: &str| format!("/v1/sandboxes/{id}{rest}");
+
+    // Python: state kept across the pause, and no tick while paused.
+    let id = s.create(None);
+    let (status, r) = s.execute(
+        &id,
+        None,
+        "import threading, time\n\
+         gaps = [0.0]\n\
+         def tick():\n\
+         \x20   last = time.monotonic()\n\
+         \x20   while True:\n\
+         \x20       time.sleep(0.01)\n\
+         \x20       now = time.monotonic()\n\
+         \x20       gaps[0] = max(gaps[0], now - last)\n\
+         \x20       last = now\n\
+         threading.Thread(target=tick, daemon=True).start()\n\
+         x = 41",
+    );
+    assert_eq!(
+        (status, r["status"].as_str()),
+        (200, Some("success")),
+        "{r}"
+    );
+    let (status, info) = s.call("POST", &path(&id, "/pause"), None, None);
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["state"], "paused");
+    assert!(info["paused_at"].is_string(), "{info}");
+    let paused_at = Instant::now();
+
+    // Meanwhile: inspecting works, everything else is 409 `sandbox_paused`.
+    let (status, got) = s.call("GET", &path(&id, ""), None, None);
+    assert_eq!((status, got["state"].as_str()), (200, Some("paused")));
+    let (status, body) = s.execute(&id, None, "x");
+    assert_eq!(
+        (status, error_code(&body)),
+        (409, "sandbox_paused"),
+        "{body}"
+    );
+    let (status, body) = s.call(
+        "POST",
+        &path(&id, "/commands"),
+        None,
+        Some(r#"{"cmd":"true"}"#),
+    );
+    assert_eq!(
+        (status, error_code(&body)),
+        (409, "sandbox_paused"),
+        "{body}"
+    );
+    let (status, body) = s.call("PUT", &path(&id, "/files/a.txt"), None, Some("a"));
+    assert_eq!(
+        (status, error_code(&body)),
+        (409, "sandbox_paused"),
+        "{body}"
+    );
+    let (status, body) = s.call("GET", &path(&id, "/files"), None, None);
+    assert_eq!(
+        (status, error_code(&body)),
+        (409, "sandbox_paused"),
+        "{body}"
+    );
+    let (status, body) = s.call("POST", &path(&id, "/pause"), None, None);
+    assert_eq!(
+        (status, error_code(&body)),
+        (409, "sandbox_paused"),
+        "{body}"
+    );
+
+    std::thread::sleep(Duration::from_millis(1000).saturating_sub(paused_at.elapsed()));
+    let (status, info) = s.call("POST", &path(&id, "/resume"), None, None);
+    let paused_for = paused_at.elapsed().as_secs_f64();
+    assert_eq!(
+        (status, info["state"].as_str()),
+        (200, Some("running")),
+        "{info}"
+    );
+    assert!(info.get("paused_at").is_none(), "{info}");
+    let (status, r) = s.execute(&id, None, "print(x + 1, gaps[0])");
+    assert_eq!(status, 200, "{r}");
+    let out = r["stdout"].as_str().unwrap();
+    let (answer, gap) = out.trim().split_once(' ').unwrap();
+    assert_eq!(answer, "42", "{r}");
+    let gap: f64 = gap.parse().unwrap();
+    assert!(
+        // Frozen for the whole pause (a loaded host may stretch the gap, never shorten it).
+        gap >= 0.9 && gap <= paused_for + 3.0,
+        "the ticking thread's longest gap was {gap:.3} s around a pause of {paused_for:.3} s"
+    );
+    let (status, body) = s.call("POST", &path(&id, "/resume"), None, None);
+    assert_eq!(
+        (status, error_code(&body)),
+        (409, "sandbox_not_paused"),
+        "{body}"
+    );
+
+    // A pause while an execution runs is refused; the execution is not disturbed.
+    let (url, busy) = (s.url.clone(), id.clone());
+    let running = std::thread::spawn(move || {
+        ureq::post(&format!("{url}/v1/sandboxes/{busy}/execute"))
+            .set("Accept", "application/json")
+            .send_string(r#"{"code":"import time\ntime.sleep(1.5)\nprint('done')"}"#)
+            .map(|r| r.into_json::<Value>().unwrap())
+            .map_err(|e| e.to_string())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, body) = s.call("POST", &path(&id, "/pause"), None, None);
+    assert_eq!((status, error_code(&body)), (409, "sandbox_busy"), "{body}");
+    assert_eq!(running.join().unwrap().unwrap()["stdout"], "done\n");
+
+    // Bash, a sandbox of its own; killed while paused, nothing of it is left.
+    let (status, info) = s.call(
+        "POST",
+        "/v1/sandboxes",
+        None,
+        Some(r#"{"image":"host","language":"bash"}"#),
+    );
+    assert_eq!(status, 201, "{info}");
+    let bash = info["id"].as_str().unwrap().to_string();
+    let (status, r) = s.execute(
+        &bash,
+        None,
+        "v=7; cp /bin/sleep /tmp/pausedsh && /tmp/pausedsh 1000 &",
+    );
+    assert_eq!(status, 200, "{r}");
+    let (status, info) = s.call("POST", &path(&bash, "/pause"), None, None);
+    assert_eq!(
+        (status, info["state"].as_str()),
+        (200, Some("paused")),
+        "{info}"
+    );
+    let (status, info) = s.call("POST", &path(&bash, "/resume"), None, None);
+    assert_eq!(status, 200, "{info}");
+    let (status, r) = s.execute(&bash, None, "echo $v");
+    assert_eq!((status, r["stdout"].as_str()), (200, Some("7\n")), "{r}");
+
+    // Killed while paused: nothing of either session is left (each named a process of its own
+    // to be found by on the host).
+    let (status, r) = s.execute(
+        &id,
+        None,
+        "import ctypes\nprint(ctypes.CDLL(None).prctl(15, b'pausedpy', 0, 0, 0))",
+    );
+    assert_eq!((status, r["stdout"].as_str()), (200, Some("0\n")), "{r}");
+    let named = || -> Vec<(i32, u64)> {
+        descendants(s.pid())
+            .into_iter()
+            .filter(|(p, _)| {
+                std::fs::read_to_string(format!("/proc/{p}/comm"))
+                    .is_ok_and(|c| c.trim() == "pausedpy" || c.trim() == "pausedsh")
+            })
+            .collect()
+    };
+    let marked = named();
+    assert_eq!(marked.len(), 2, "the sessions' named processes: {marked:?}");
+    for id in [&id, &bash] {
+        let (status, info) = s.call("POST", &path(id, "/pause"), None, None);
+        assert_eq!(status, 200, "{info}");
+        let (status, _) = s.call("DELETE", &path(id, ""), None, None);
+        assert_eq!(status, 204);
+    }
+    wait_until(
+        "the paused sessions' processes are gone",
+        Duration::from_secs(5),
+        || marked.iter().all(|(p, start)| !alive(*p, *start)),
+    );
+}
+
+/// Listing filters by state, image and metadata and pages through the rest; metadata is kept
+/// and bounded; metrics sample the session's own cgroup and workspace.
+#[test]
+fn sessions_are_listed_by_state_and_metadata_and_report_their_usage() {
+    let s = Server::start("");
+    let (a, b) = (s.key("a"), s.key("b"));
+    let create = |key: &str, metadata: Value| {
+        let body = json!({"image": "host", "metadata": metadata}).to_string();
+        let (status, info) = s.call("POST", "/v1/sandboxes", Some(key), Some(&body));
+        assert_eq!(status, 201, "{info}");
+        assert_eq!(info["metadata"], metadata);
+        info["id"].as_str().unwrap().to_string()
+    };
+    let one = create(&a, json!({"team": "data", "run": "1"}));
+    let two = create(&a, json!({"team": "data", "run": "2"}));
+    let three = create(&a, json!({"team": "web"}));
+    create(&b, json!({"team": "data"}));
+    let (status, _) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{two}/pause"),
+        Some(&a),
+        None,
+    );
+    assert_eq!(status, 200);
+
+    let ids = |query: &str| -> (Vec<String>, Option<String>) {
+        let (status, list) = s.call("GET", &format!("/v1/sandboxes{query}"), Some(&a), None);
+        assert_eq!(status, 200, "{query}: {list}");
+        let ids = list["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["id"].as_str().unwrap().to_string())
+            .collect();
+        (ids, list["next"].as_str().map(str::to_string))
+    };
+    assert_eq!(
+        ids(""),
+        (vec![one.clone(), two.clone(), three.clone()], None)
+    );
+    assert_eq!(ids("?metadata.team=data").0, [one.clone(), two.clone()]);
+    assert_eq!(
+        ids("?metadata.team=data&metadata.run=2").0,
+        vec![two.clone()]
+    );
+    assert_eq!(ids("?state=paused").0, vec![two.clone()]);
+    assert_eq!(ids("?state=running,dead").0, [one.clone(), three.clone()]);
+    assert_eq!(ids("?image=host").0.len(), 3);
+    assert_eq!(ids("?image=default").0, Vec::<String>::new());
+    // Pages, each naming the next.
+    let (page, next) = ids("?limit=2");
+    assert_eq!(page, [one.clone(), two.clone()]);
+    let next = next.expect("a second page");
+    assert_eq!(
+        ids(&format!("?limit=2&after={next}")),
+        (vec![three.clone()], None)
+    );
+    for bad in [
+        "?limit=0",
+        "?limit=1001",
+        "?limit=x",
+        "?state=gone",
+        "?colour=red",
+    ] {
+        let (status, body) = s.call("GET", &format!("/v1/sandboxes{bad}"), Some(&a), None);
+        assert_eq!(
+            (status, error_code(&body)),
+            (400, "bad_request"),
+            "{bad}: {body}"
+        );
+    }
+
+    // Metadata is bounded.
+    let many: serde_json::Map<String, Value> =
+        (0..65).map(|i| (format!("k{i}"), json!("v"))).collect();
+    for metadata in [
+        Value::Object(many),
+        json!({"": "v"}),
+        json!({"k".repeat(129): "v"}),
+        json!({"k": "v".repeat(1025)}),
+    ] {
+        let body = json!({"image": "host", "metadata": metadata}).to_string();
+        let (status, answer) = s.call("POST", "/v1/sandboxes", Some(&a), Some(&body));
+        assert_eq!(
+            (status, error_code(&answer)),
+            (400, "bad_request"),
+            "{answer}"
+        );
+    }
+
+    // Metrics: the session's own usage, the latest sample taken now.
+    let (status, r) = s.execute(
+        &one,
+        Some(&a),
+        "open('/workspace/blob', 'wb').write(b'x' * (8 << 20))\nkeep = bytearray(64 << 20)",
+    );
+    assert_eq!(status, 200, "{r}");
+    let (status, m) = s.call(
+        "GET",
+        &format!("/v1/sandboxes/{one}/metrics"),
+        Some(&a),
+        None,
+    );
+    assert_eq!(status, 200, "{m}");
+    let last = m["metrics"].as_array().unwrap().last().unwrap().clone();
+    assert!(
+        last["memory_used_bytes"].as_u64().unwrap() >= 64 << 20,
+        "{last}"
+    );
+    assert_eq!(last["memory_limit_bytes"], 512u64 << 20);
+    assert!(
+        last["disk_used_bytes"].as_u64().unwrap() >= 8 << 20,
+        "{last}"
+    );
+    assert_eq!(last["disk_total_bytes"], 256u64 << 20);
+    assert_eq!(last["cpu_count"], 1);
+    let (status, _) = s.call(
+        "GET",
+        &format!("/v1/sandboxes/{one}/metrics"),
+        Some(&b),
+        None,
+    );
+    assert_eq!(status, 404);
 }

@@ -181,6 +181,44 @@ def test_dropped_results_are_a_warning(sb: Sandbox) -> None:
     assert sb.commands.run("true").warnings == sb.get_info().warnings
 
 
+def test_pause_and_resume(sb: Sandbox) -> None:
+    sb.run_code("kept = 'across the pause'")
+    info = sb.pause()
+    assert info.state == "paused" and info.paused_at
+    with pytest.raises(corral.SandboxStateError) as e:
+        sb.run_code("1")
+    assert e.value.code == "sandbox_paused"
+    with pytest.raises(corral.SandboxStateError) as e:
+        sb.files.list()
+    assert e.value.code == "sandbox_paused"
+    assert sb.get_info().state == "paused"
+    info = sb.resume()
+    assert info.state == "running" and info.paused_at is None
+    assert sb.run_code("kept").text == "'across the pause'"
+    with pytest.raises(corral.SandboxStateError) as e:
+        sb.resume()
+    assert e.value.code == "sandbox_not_paused"
+
+
+def test_list_by_metadata_and_metrics(corral_url: str) -> None:
+    tag = uuid.uuid4().hex
+    made = [Sandbox(corral_url, metadata={"tag": tag, "n": str(i)}) for i in range(2)]
+    try:
+        assert made[0].info.metadata == {"tag": tag, "n": "0"}
+        made[1].pause()
+        listed = Sandbox.list(corral_url, metadata={"tag": tag})
+        assert [s.id for s in listed] == [s.id for s in made]
+        paused = Sandbox.list(corral_url, metadata={"tag": tag}, state=["paused"])
+        assert [s.id for s in paused] == [made[1].id]
+        made[0].run_code("keep = bytearray(32 << 20)")
+        last = made[0].metrics()[-1]
+        assert last.memory_used_bytes >= 32 << 20
+        assert last.memory_limit_bytes == made[0].info.limits["memory_mb"] << 20
+    finally:
+        for s in made:
+            s.kill()
+
+
 def test_timeout(sb: Sandbox) -> None:
     execution = sb.run_code("import time\ntime.sleep(10)", timeout_s=1)
     assert execution.status == "timeout"

@@ -26,6 +26,7 @@ from ._errors import (
     RateLimitError,
     RetryLaterError,
     SandboxDeadError,
+    SandboxStateError,
     SandboxError,
     ServiceUnavailableError,
     StreamError,
@@ -42,6 +43,7 @@ from ._models import (
     RunResult,
     SandboxInfo,
     Violation,
+    SandboxMetric,
 )
 from ._sync import Commands, Files, Sandbox, run
 
@@ -70,6 +72,7 @@ __all__ = [
     "CommandResult",
     "RunResult",
     "SandboxInfo",
+    "SandboxMetric",
     # errors
     "CorralError",
     "InvalidRequestError",
@@ -80,6 +83,7 @@ __all__ = [
     "NotFoundError",
     "SandboxError",
     "SandboxDeadError",
+    "SandboxStateError",
     "PayloadTooLargeError",
     "RateLimitError",
     "RetryLaterError",

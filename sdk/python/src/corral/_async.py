@@ -31,6 +31,7 @@ from ._common import (
     file_data,
     file_url,
     json_body,
+    list_params,
     parse_file_list,
     resolve_api_key,
     resolve_url,
@@ -48,6 +49,7 @@ from ._models import (
     PolicyLike,
     RunResult,
     SandboxInfo,
+    SandboxMetric,
 )
 
 __all__ = ["AsyncSandbox", "AsyncFiles", "AsyncCommands", "async_run"]
@@ -136,11 +138,12 @@ class AsyncSandbox:
         env: Optional[Mapping[str, str]] = None,
         idle_timeout_s: Optional[int] = None,
         policy: Optional[PolicyLike] = None,
+        metadata: Optional[Mapping[str, str]] = None,
         timeout: TimeoutLike = DEFAULT_TIMEOUT,
     ) -> None:
         self._conn = _AsyncConnection(url, api_key, timeout)
         self._create_body: Optional[Dict[str, Any]] = create_body(
-            language, image, limits, env, idle_timeout_s, policy
+            language, image, limits, env, idle_timeout_s, policy, metadata
         )
         self._info: Optional[SandboxInfo] = None
         self.files = AsyncFiles(self)
@@ -158,6 +161,7 @@ class AsyncSandbox:
         env: Optional[Mapping[str, str]] = None,
         idle_timeout_s: Optional[int] = None,
         policy: Optional[PolicyLike] = None,
+        metadata: Optional[Mapping[str, str]] = None,
         timeout: TimeoutLike = DEFAULT_TIMEOUT,
     ) -> "AsyncSandbox":
         """Creates a session (``POST /v1/sandboxes``)."""
@@ -170,6 +174,7 @@ class AsyncSandbox:
             env=env,
             idle_timeout_s=idle_timeout_s,
             policy=policy,
+            metadata=metadata,
             timeout=timeout,
         )
         await sb._ensure_created()
@@ -210,15 +215,26 @@ class AsyncSandbox:
         url: Optional[str] = None,
         api_key: Optional[str] = None,
         *,
+        state: Optional[Sequence[str]] = None,
+        image: Optional[str] = None,
+        metadata: Optional[Mapping[str, str]] = None,
         timeout: TimeoutLike = DEFAULT_TIMEOUT,
     ) -> List[SandboxInfo]:
-        """The sessions of this API key (or of the local tenant)."""
+        """See :meth:`corral.Sandbox.list`."""
         conn = _AsyncConnection(url, api_key, timeout)
+        found: List[SandboxInfo] = []
+        after: Optional[str] = None
         try:
-            payload = await conn.json("GET", "/v1/sandboxes")
+            while True:
+                payload = await conn.json(
+                    "GET", "/v1/sandboxes", params=list_params(state, image, metadata, after)
+                )
+                found.extend(SandboxInfo.from_dict(s) for s in payload.get("sandboxes", []))
+                after = payload.get("next")
+                if not after:
+                    return found
         finally:
             await conn.aclose()
-        return [SandboxInfo.from_dict(s) for s in payload.get("sandboxes", [])]
 
     @property
     def info(self) -> SandboxInfo:
@@ -252,6 +268,25 @@ class AsyncSandbox:
     async def get_info(self) -> SandboxInfo:
         """Fetches the session's current state."""
         self._info = SandboxInfo.from_dict(await self._conn.json("GET", sandbox_url(self.id)))
+        return self._info
+
+    async def metrics(self) -> List[SandboxMetric]:
+        """See :meth:`corral.Sandbox.metrics`."""
+        payload = await self._conn.json("GET", sandbox_url(self.id, "/metrics"))
+        return [SandboxMetric.from_dict(m) for m in payload.get("metrics", [])]
+
+    async def pause(self) -> SandboxInfo:
+        """Pauses the session (see :meth:`corral.Sandbox.pause`)."""
+        self._info = SandboxInfo.from_dict(
+            await self._conn.json("POST", sandbox_url(self.id, "/pause"))
+        )
+        return self._info
+
+    async def resume(self) -> SandboxInfo:
+        """Resumes a paused session (see :meth:`corral.Sandbox.resume`)."""
+        self._info = SandboxInfo.from_dict(
+            await self._conn.json("POST", sandbox_url(self.id, "/resume"))
+        )
         return self._info
 
     async def run_code(

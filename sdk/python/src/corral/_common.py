@@ -145,6 +145,7 @@ def create_body(
     env: Optional[Mapping[str, str]],
     idle_timeout_s: Optional[int],
     policy: Optional[PolicyLike] = None,
+    metadata: Optional[Mapping[str, str]] = None,
 ) -> Dict[str, Any]:
     return _drop_none(
         {
@@ -154,8 +155,26 @@ def create_body(
             "env": dict(env) if env is not None else None,
             "idle_timeout_s": idle_timeout_s,
             "policy": policy_dict(policy),
+            "metadata": dict(metadata) if metadata is not None else None,
         }
     )
+
+
+def list_params(
+    state: Optional[Sequence[str]],
+    image: Optional[str],
+    metadata: Optional[Mapping[str, str]],
+    after: Optional[str],
+) -> Dict[str, str]:
+    """The query of ``GET /v1/sandboxes`` for one page."""
+    params = {f"metadata.{k}": v for k, v in (metadata or {}).items()}
+    if state:
+        params["state"] = ",".join(state)
+    if image is not None:
+        params["image"] = image
+    if after is not None:
+        params["after"] = after
+    return params
 
 
 def execute_body(code: str, language: Optional[str], timeout_s: Optional[float]) -> Dict[str, Any]:

@@ -89,6 +89,12 @@ class SandboxDeadError(SandboxError):
     """409 ``sandbox_dead``: the session's kernel died; kill it and create another."""
 
 
+class SandboxStateError(CorralError):
+    """409 for a call that does not fit the session's state: ``sandbox_paused`` (resume it
+    first), ``sandbox_not_paused``, ``sandbox_busy`` (a pause while it executes) and
+    ``pause_unsupported`` (no cgroup freezer on the server's host)."""
+
+
 class PayloadTooLargeError(CorralError):
     """413 ``payload_too_large``: a request body or uploaded file over the server's limit."""
 
@@ -163,6 +169,10 @@ _BY_CODE: Mapping[str, Type[CorralError]] = {
     "not_found": NotFoundError,
     "file_not_found": NotFoundError,
     "sandbox_dead": SandboxDeadError,
+    "sandbox_paused": SandboxStateError,
+    "sandbox_not_paused": SandboxStateError,
+    "sandbox_busy": SandboxStateError,
+    "pause_unsupported": SandboxStateError,
     "sandbox_error": SandboxError,
     "payload_too_large": PayloadTooLargeError,
     "insufficient_storage": InsufficientStorageError,

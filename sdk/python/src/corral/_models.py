@@ -316,6 +316,12 @@ class SandboxInfo:
     warnings: List[str] = field(default_factory=list)
     #: The session's code policy: its key's, narrowed by the one it was created with.
     policy: Optional[Policy] = None
+    #: Since when the session is paused (RFC 3339); ``None`` while it runs.
+    paused_at: Optional[str] = None
+    #: The labels it was created with.
+    metadata: Dict[str, str] = field(default_factory=dict)
+    #: The limits it runs with (``timeout_s``, ``memory_mb``, ``cpus``, …).
+    limits: Dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SandboxInfo":
@@ -332,4 +338,37 @@ class SandboxInfo:
             death=data.get("death"),
             warnings=[str(w) for w in data.get("warnings") or []],
             policy=Policy.from_dict(policy) if isinstance(policy, dict) else None,
+            paused_at=data.get("paused_at"),
+            metadata={str(k): str(v) for k, v in (data.get("metadata") or {}).items()},
+            limits=dict(data.get("limits") or {}),
+        )
+
+
+@dataclass
+class SandboxMetric:
+    """One sample of a session's usage (``Sandbox.metrics()``)."""
+
+    timestamp: str
+    timestamp_unix: int
+    cpu_count: int
+    #: CPU used since the previous sample, in percent of ``cpu_count`` CPUs.
+    cpu_used_pct: float
+    memory_used_bytes: int
+    memory_cache_bytes: int
+    memory_limit_bytes: int
+    disk_used_bytes: int
+    disk_total_bytes: int
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SandboxMetric":
+        return cls(
+            timestamp=str(data["timestamp"]),
+            timestamp_unix=int(data["timestamp_unix"]),
+            cpu_count=int(data["cpu_count"]),
+            cpu_used_pct=float(data["cpu_used_pct"]),
+            memory_used_bytes=int(data["memory_used_bytes"]),
+            memory_cache_bytes=int(data["memory_cache_bytes"]),
+            memory_limit_bytes=int(data["memory_limit_bytes"]),
+            disk_used_bytes=int(data["disk_used_bytes"]),
+            disk_total_bytes=int(data["disk_total_bytes"]),
         )

@@ -26,6 +26,7 @@ from ._common import (
     file_data,
     file_url,
     json_body,
+    list_params,
     parse_file_list,
     resolve_api_key,
     resolve_url,
@@ -43,6 +44,7 @@ from ._models import (
     PolicyLike,
     RunResult,
     SandboxInfo,
+    SandboxMetric,
 )
 
 __all__ = ["Sandbox", "Files", "Commands", "run"]
@@ -146,6 +148,7 @@ class Sandbox:
         env: Optional[Mapping[str, str]] = None,
         idle_timeout_s: Optional[int] = None,
         policy: Optional[PolicyLike] = None,
+        metadata: Optional[Mapping[str, str]] = None,
         timeout: TimeoutLike = DEFAULT_TIMEOUT,
     ) -> None:
         self._init(_Connection(url, api_key, timeout))
@@ -153,7 +156,7 @@ class Sandbox:
             payload = self._conn.json(
                 "POST",
                 "/v1/sandboxes",
-                json=create_body(language, image, limits, env, idle_timeout_s, policy),
+                json=create_body(language, image, limits, env, idle_timeout_s, policy, metadata),
             )
         except BaseException:
             self._conn.close()
@@ -198,15 +201,28 @@ class Sandbox:
         url: Optional[str] = None,
         api_key: Optional[str] = None,
         *,
+        state: Optional[Sequence[str]] = None,
+        image: Optional[str] = None,
+        metadata: Optional[Mapping[str, str]] = None,
         timeout: TimeoutLike = DEFAULT_TIMEOUT,
     ) -> List[SandboxInfo]:
-        """The sessions of this API key (or of the local tenant)."""
+        """The sessions of this API key (or of the local tenant), in creation order: only those
+        in one of ``state`` (``running``, ``paused``, ``dead``), of ``image``, and whose
+        metadata holds every entry of ``metadata``. Follows every page."""
         conn = _Connection(url, api_key, timeout)
+        found: List[SandboxInfo] = []
+        after: Optional[str] = None
         try:
-            payload = conn.json("GET", "/v1/sandboxes")
+            while True:
+                payload = conn.json(
+                    "GET", "/v1/sandboxes", params=list_params(state, image, metadata, after)
+                )
+                found.extend(SandboxInfo.from_dict(s) for s in payload.get("sandboxes", []))
+                after = payload.get("next")
+                if not after:
+                    return found
         finally:
             conn.close()
-        return [SandboxInfo.from_dict(s) for s in payload.get("sandboxes", [])]
 
     @property
     def sandbox_id(self) -> str:
@@ -250,6 +266,24 @@ class Sandbox:
         return folder.execution()
 
     # ---- lifetime -------------------------------------------------------------------------
+
+    def metrics(self) -> List[SandboxMetric]:
+        """Samples of the session's usage: one every five seconds over the last ten minutes,
+        oldest first, and one of now."""
+        payload = self._conn.json("GET", sandbox_url(self.id, "/metrics"))
+        return [SandboxMetric.from_dict(m) for m in payload.get("metrics", [])]
+
+    def pause(self) -> SandboxInfo:
+        """Pauses the session between executions: every process is frozen, keeping its memory
+        and files, and its idle clock stops. Until :meth:`resume`, running code, commands and
+        files raise :class:`SandboxStateError` (``sandbox_paused``)."""
+        self.info = SandboxInfo.from_dict(self._conn.json("POST", sandbox_url(self.id, "/pause")))
+        return self.info
+
+    def resume(self) -> SandboxInfo:
+        """Resumes a paused session with every process and variable as it was."""
+        self.info = SandboxInfo.from_dict(self._conn.json("POST", sandbox_url(self.id, "/resume")))
+        return self.info
 
     def kill(self) -> bool:
         """Kills the session. Returns ``False`` if the server no longer knew it (already killed
