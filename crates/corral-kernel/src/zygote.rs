@@ -537,6 +537,7 @@ impl Supervised for ForkedRun {
             cpu_time,
             peak_memory_bytes,
             oom_killed,
+            network: None,
         }
     }
 

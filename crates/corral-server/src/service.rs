@@ -139,6 +139,11 @@ pub struct LimitsRequest {
     pub result_mb: Option<u64>,
     /// Rich results kept per execution.
     pub result_count: Option<u64>,
+    /// MiB the sandbox may move through its egress proxy, both ways together (with a
+    /// `network` policy).
+    pub net_mb: Option<u64>,
+    /// Connections the sandbox's egress proxy accepts in all.
+    pub net_connections: Option<u64>,
 }
 
 impl LimitsRequest {
@@ -168,6 +173,12 @@ impl LimitsRequest {
         if let Some(n) = self.result_count {
             limits.result_count = usize::try_from(n).unwrap_or(usize::MAX);
         }
+        if let Some(m) = self.net_mb {
+            limits.net_bytes = m.saturating_mul(1 << 20);
+        }
+        if let Some(n) = self.net_connections {
+            limits.net_connections = n;
+        }
         limits.validate().map_err(limits_error)?;
         Ok(limits)
     }
@@ -183,6 +194,8 @@ fn limits_error(e: LimitError) -> ServiceError {
         LimitField::Disk => "disk_mb",
         LimitField::ResultBytes => "result_mb",
         LimitField::ResultCount => "result_count",
+        LimitField::NetBytes => "net_mb",
+        LimitField::NetConnections => "net_connections",
     };
     ServiceError::BadRequest(e.naming(&format!("limits.{field}")))
 }

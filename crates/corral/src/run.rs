@@ -12,7 +12,9 @@ use clap::{Args, ValueEnum};
 use corral_image::{ImageError, Recipe, ResolvedImage, Store};
 use corral_kernel::bytecode::BytecodeCache;
 use corral_sandbox::workspace::{CopyError, CopyLimits, OutDir, MAX_ENTRIES};
-use corral_sandbox::{ExecutionResult, InputFile, Limits, Policy, SandboxSpec, Status, Stream};
+use corral_sandbox::{
+    Egress, ExecutionResult, InputFile, Limits, NetworkPolicy, Policy, SandboxSpec, Status, Stream,
+};
 
 /// Files skipped by a copy that are named one by one in `warnings`; the rest are counted.
 const MAX_SKIP_WARNINGS: usize = 20;
@@ -134,9 +136,26 @@ pub struct RunArgs {
     /// Rich results kept per run; later ones are dropped with a warning.
     #[arg(long, default_value_t = 256)]
     result_count: u64,
-    /// Network: only `none` exists (a loopback interface of the sandbox's own).
-    #[arg(long, default_value = "none")]
-    net: String,
+    /// Network: `none` (a loopback interface of the sandbox's own, nothing else), or
+    /// `allow:HOST[,HOST...]`: these hosts through the host's egress proxy (HOST is NAME,
+    /// *.SUFFIX or CIDR, each with :PORT or ports 80 and 443; docs/network.md).
+    #[arg(long, value_name = "none|allow:HOST[,HOST...]")]
+    net: Option<String>,
+    /// The network policy from a TOML or JSON file: `allow` (names), `cidrs` (address
+    /// ranges), `allow_private` (names that may resolve to internal addresses).
+    #[arg(long, value_name = "FILE", conflicts_with = "net")]
+    net_policy: Option<PathBuf>,
+    /// An allowed name that may resolve to internal addresses (loopback, private,
+    /// link-local, the host's own); repeatable. You are the operator: only for names you
+    /// trust to point there.
+    #[arg(long = "net-allow-private", value_name = "HOST")]
+    net_allow_private: Vec<String>,
+    /// Bytes the sandbox may move through the egress proxy, both ways together.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    net_bytes: u64,
+    /// Connections the egress proxy accepts from the sandbox in all.
+    #[arg(long, default_value_t = 1024)]
+    net_connections: u64,
     /// Environment variable for the program (repeatable).
     #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
     env: Vec<(String, String)>,
@@ -191,10 +210,48 @@ fn checked_limits(args: &RunArgs) -> Result<Limits> {
         disk_bytes: args.disk,
         result_bytes: usize::try_from(args.result_bytes).unwrap_or(usize::MAX),
         result_count: usize::try_from(args.result_count).unwrap_or(usize::MAX),
+        net_bytes: args.net_bytes,
+        net_connections: args.net_connections,
         ..Limits::default()
     };
     limits.validate().map_err(flag)?;
     Ok(limits)
+}
+
+/// A policy file (`--net-policy`): TOML, or JSON when its name ends in `.json`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyFile {
+    #[serde(default)]
+    allow: Vec<String>,
+    #[serde(default)]
+    cidrs: Vec<String>,
+    #[serde(default)]
+    allow_private: Vec<String>,
+}
+
+/// The network policy `--net`, `--net-policy` and `--net-allow-private` ask for.
+fn network_policy(args: &RunArgs) -> Result<NetworkPolicy> {
+    let Some(path) = &args.net_policy else {
+        let flag = args.net.as_deref().unwrap_or("none");
+        return NetworkPolicy::parse_flag(flag, &args.net_allow_private)
+            .map_err(|e| anyhow::anyhow!("--net: {e}"));
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--net-policy {}", path.display()))?;
+    let file: PolicyFile = if path.extension().is_some_and(|e| e == "json") {
+        serde_json::from_str(&text).map_err(anyhow::Error::from)
+    } else {
+        toml::from_str(&text).map_err(anyhow::Error::from)
+    }
+    .with_context(|| format!("--net-policy {}", path.display()))?;
+    let private: Vec<String> = file
+        .allow_private
+        .into_iter()
+        .chain(args.net_allow_private.iter().cloned())
+        .collect();
+    NetworkPolicy::from_lists(&file.allow, &file.cidrs, &private)
+        .map_err(|e| anyhow::anyhow!("--net-policy {}: {e}", path.display()))
 }
 
 /// Feeds the program's standard input from Corral's own when the program did not come from
@@ -271,12 +328,7 @@ fn build_spec(args: &RunArgs) -> Result<Prepared> {
     if let Some(dir) = &args.out {
         OutDir::check(dir).context("--out")?;
     }
-    if args.net != "none" {
-        bail!(
-            "--net {}: only `none` is supported (the sandbox has its own loopback only)",
-            args.net
-        );
-    }
+    let network = network_policy(args)?;
     let limits = checked_limits(args)?;
     let from_stdin =
         args.code.is_none() && args.file.as_deref().is_none_or(|f| f == Path::new("-"));
@@ -361,6 +413,7 @@ fn build_spec(args: &RunArgs) -> Result<Prepared> {
         strict: args.strict,
         allow_degraded: args.allow_degraded,
     };
+    spec.egress = Egress::new(network);
     spec.input_files = input_files;
     let mut stdin_cut = None;
     if !from_stdin {
