@@ -663,6 +663,16 @@ fn report(args: &RunArgs, result: &ExecutionResult) -> i32 {
         for w in &result.warnings {
             tell!("warning: {w}");
         }
+        // What the egress proxy refused, in the words a model or a person can act on.
+        for d in result.network.iter().flat_map(|n| &n.denials) {
+            tell!(
+                "egress {}:{} refused ({}): {}",
+                d.host.escape_debug(),
+                d.port,
+                d.reason.name(),
+                d.message.escape_debug()
+            );
+        }
         // A cut stream ends with a marker in the stream itself, where its reader looks.
         let cap = Limits::default().output_bytes;
         if result.stdout_truncated {
