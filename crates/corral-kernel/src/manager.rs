@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
-use corral_sandbox::{ExecutionResult, Workspace};
+use corral_sandbox::egress::EgressMonitor;
+use corral_sandbox::{ExecutionResult, NetworkReport, Workspace};
 
 use crate::event::Event;
 use crate::pool::Pool;
@@ -27,6 +28,9 @@ pub struct SessionInfo {
     pub death: Option<String>,
     /// Protections weaker than requested for this session.
     pub warnings: Vec<String>,
+    /// What its egress proxy has done since the kernel started (none without a network
+    /// policy).
+    pub network: Option<NetworkReport>,
 }
 
 struct Entry {
@@ -37,6 +41,23 @@ struct Entry {
     workspace: Mutex<Workspace>,
     info: Mutex<SessionInfo>,
     last_used: Mutex<Instant>,
+    /// Reads the session's egress report without waiting for the session (a restart
+    /// replaces it).
+    network: Mutex<Option<EgressMonitor>>,
+}
+
+impl Entry {
+    /// The session's info, with its egress report as of now.
+    fn info(&self) -> SessionInfo {
+        let mut info = self.info.lock().expect("lock").clone();
+        info.network = self
+            .network
+            .lock()
+            .expect("lock")
+            .as_ref()
+            .map(EgressMonitor::report);
+        info
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -131,14 +152,17 @@ impl SessionManager {
             executions: 0,
             death: None,
             warnings: session.warnings().to_vec(),
+            network: None,
         };
         let entry = Arc::new(Entry {
+            network: Mutex::new(session.network_monitor()),
             interrupter: session.interrupter(),
             workspace: Mutex::new(session.workspace().clone()),
             session: Mutex::new(session),
             info: Mutex::new(info.clone()),
             last_used: Mutex::new(Instant::now()),
         });
+        let info = entry.info();
         self.sessions.lock().expect("lock").insert(id, entry);
         Ok(info)
     }
@@ -213,10 +237,13 @@ impl SessionManager {
         let mut session = entry.session.lock().expect("session lock");
         session.restart()?;
         *entry.workspace.lock().expect("lock") = session.workspace().clone();
-        let mut info = entry.info.lock().expect("lock");
-        info.death = None;
-        info.executions = 0;
-        Ok(info.clone())
+        *entry.network.lock().expect("lock") = session.network_monitor();
+        {
+            let mut info = entry.info.lock().expect("lock");
+            info.death = None;
+            info.executions = 0;
+        }
+        Ok(entry.info())
     }
 
     /// The workspace of session `id` (for the files API). It is not the session: using it
@@ -240,7 +267,7 @@ impl SessionManager {
     }
 
     pub fn get(&self, id: &str) -> Result<SessionInfo, ManagerError> {
-        Ok(self.entry(id)?.info.lock().expect("lock").clone())
+        Ok(self.entry(id)?.info())
     }
 
     pub fn list(&self) -> Vec<SessionInfo> {
@@ -251,10 +278,7 @@ impl SessionManager {
             .values()
             .cloned()
             .collect();
-        let mut infos: Vec<SessionInfo> = entries
-            .iter()
-            .map(|e| e.info.lock().expect("lock").clone())
-            .collect();
+        let mut infos: Vec<SessionInfo> = entries.iter().map(|e| e.info()).collect();
         infos.sort_by(|a, b| a.id.cmp(&b.id));
         infos
     }

@@ -839,10 +839,9 @@ impl Sandbox {
         }
     }
 
-    /// What the egress proxy has done so far (none without a network policy, or once the
-    /// sandbox has finished).
-    pub fn network_report(&self) -> Option<NetworkReport> {
-        self.egress.as_ref().map(EgressProxy::report)
+    /// Reads what the egress proxy does (none without a network policy).
+    pub fn network_monitor(&self) -> Option<crate::egress::EgressMonitor> {
+        self.egress.as_ref().map(EgressProxy::monitor)
     }
 
     /// Starts the program and waits for it to end (or for the timeout), passing output to

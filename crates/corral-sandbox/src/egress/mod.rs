@@ -26,7 +26,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub use policy::{CidrRule, HostPattern, HostRule, NetworkPolicy, PolicyError};
-pub use proxy::EgressProxy;
+pub use proxy::{EgressMonitor, EgressProxy};
 pub use resolve::{FixedResolver, Resolve, SystemResolver};
 
 /// Where the proxy listens inside a sandbox's network namespace.

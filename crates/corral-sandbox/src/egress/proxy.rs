@@ -112,6 +112,12 @@ impl EgressProxy {
         self.shared.report()
     }
 
+    /// A handle that reads the report from anywhere, as long as it is kept (also once the
+    /// proxy has stopped: then its last report).
+    pub fn monitor(&self) -> EgressMonitor {
+        EgressMonitor(self.shared.clone())
+    }
+
     /// Closes the endpoint and every connection, waits for every thread, and reports.
     pub fn stop(&mut self) -> NetworkReport {
         self.shared.cut(None);
@@ -123,6 +129,22 @@ impl EgressProxy {
             let _ = t.join();
         }
         self.shared.report()
+    }
+}
+
+/// Reads a proxy's report without holding the proxy ([`EgressProxy::monitor`]).
+#[derive(Clone)]
+pub struct EgressMonitor(Arc<Shared>);
+
+impl EgressMonitor {
+    pub fn report(&self) -> NetworkReport {
+        self.0.report()
+    }
+}
+
+impl std::fmt::Debug for EgressMonitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("EgressMonitor").finish()
     }
 }
 
