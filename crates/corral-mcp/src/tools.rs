@@ -5,7 +5,18 @@ use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
 use corral_sandbox::{ExecutionResult, Status};
-use corral_server::service::{CommandRequest, CreateSandboxRequest, ExecuteRequest};
+use corral_server::service::{
+    CommandRequest, CreateSandboxRequest, ExecuteRequest, NetworkRequest,
+};
+
+/// The network of every sandbox the tools make: the server's default policy (`[network]
+/// default`; none when it has none). Tool arguments, which a model writes, never widen it.
+fn server_network() -> NetworkRequest {
+    NetworkRequest {
+        default: true,
+        ..Default::default()
+    }
+}
 use corral_server::Tenant;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -499,6 +510,7 @@ impl CorralMcp {
         let c = caller.clone();
         let req = CreateSandboxRequest {
             language: Some(language.name().into()),
+            network: Some(server_network()),
             ..Default::default()
         };
         let info = blocking(move || backend.create_session(&c, &req)).await?;
@@ -591,6 +603,7 @@ impl CorralMcp {
         let req = CreateSandboxRequest {
             language: Some(p.language.unwrap_or(Language::Python).name().into()),
             image: p.image,
+            network: Some(server_network()),
             ..Default::default()
         };
         let backend = self.shared.backend.clone();

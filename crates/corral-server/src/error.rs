@@ -94,6 +94,7 @@ impl From<ServiceError> for ApiError {
                 },
             ),
             ServiceError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            ServiceError::NetworkNotAllowed(_) => (StatusCode::FORBIDDEN, "network_not_allowed"),
         };
         let retry_after_s = match e {
             ServiceError::TooManySandboxes { retry_after_s, .. }

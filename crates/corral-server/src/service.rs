@@ -16,18 +16,19 @@ use corral_kernel::{
     Event, KernelError, Language, ManagerError, Pool, SessionManager, SessionOptions, Stopper,
     ZygoteStatus,
 };
+use corral_sandbox::egress::{Decision, EgressObserver};
 use corral_sandbox::limits::show_bytes;
 use corral_sandbox::limits::timeout_from_secs;
 use corral_sandbox::{
-    ExecutionResult, FileEntry, InputFile, LimitError, LimitField, Limits, Policy, ResultBudget,
-    SandboxSpec, Status, WorkspaceError,
+    Egress, ExecutionResult, FileEntry, InputFile, LimitError, LimitField, Limits, NetworkPolicy,
+    NetworkReport, Policy, ResultBudget, SandboxSpec, Status, WorkspaceError,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::admission::{Admission, RunPermit};
 use crate::config::Config;
-use crate::db::{AuditEntry, Db};
-use crate::metrics::Metrics;
+use crate::db::{AuditEntry, Db, EgressEntry};
+use crate::metrics::{DirectionLabels, EgressLabels, Metrics};
 
 /// The tenant a request acts for: an API key's id, or `local` for keyless loopback use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +78,9 @@ pub enum ServiceError {
     InsufficientStorage(String),
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// A network policy outside what the server's operator allows (403).
+    #[error("{0}")]
+    NetworkNotAllowed(String),
 }
 
 impl ServiceError {
@@ -200,6 +204,22 @@ fn limits_error(e: LimitError) -> ServiceError {
     ServiceError::BadRequest(e.naming(&format!("limits.{field}")))
 }
 
+/// What a sandbox may reach beyond its loopback (docs/network.md). Absent, or with nothing
+/// in it: nothing. Every item must lie within the server's `[network]` settings.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRequest {
+    /// Host names, `NAME[:PORT]` or `*.SUFFIX[:PORT]` (ports 80 and 443 when none is given).
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Address ranges, `CIDR[:PORT]` (`[IPv6-CIDR]:PORT`).
+    #[serde(default)]
+    pub cidrs: Vec<String>,
+    /// The server's default policy (`[network] default`) instead of `allow` and `cidrs`.
+    #[serde(default)]
+    pub default: bool,
+}
+
 /// A file for a one-shot run's workspace: text in `content`, or bytes in `content_base64`.
 #[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -221,6 +241,7 @@ pub struct RunRequest {
     pub limits: Option<LimitsRequest>,
     pub env: Option<BTreeMap<String, String>>,
     pub files: Option<Vec<InputFileRequest>>,
+    pub network: Option<NetworkRequest>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, utoipa::ToSchema)]
@@ -232,6 +253,7 @@ pub struct CreateSandboxRequest {
     pub env: Option<BTreeMap<String, String>>,
     /// The session is closed after this long without use (default 600).
     pub idle_timeout_s: Option<u64>,
+    pub network: Option<NetworkRequest>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
@@ -275,6 +297,9 @@ pub struct SandboxInfo {
     pub death: Option<String>,
     /// Protections weaker than requested for this session (also in every execution's result).
     pub warnings: Vec<String>,
+    /// What its egress proxy has done since the kernel started; `null` without a network
+    /// policy.
+    pub network: Option<NetworkReport>,
 }
 
 /// A checked command: what runs, with what, for how long.
@@ -302,8 +327,11 @@ pub struct Service {
     store: Store,
     manager: Arc<SessionManager>,
     pool: Option<Arc<Pool>>,
-    db: Db,
+    db: Arc<Db>,
     pub metrics: Metrics,
+    /// The operator's `[network]`: what requests may ask for, and the default policy.
+    network_bound: NetworkPolicy,
+    network_default: NetworkPolicy,
     sessions: Mutex<HashMap<String, Owned>>,
     /// Session slots taken by creations in progress, per tenant.
     reserved: Mutex<HashMap<String, usize>>,
@@ -316,6 +344,66 @@ pub struct Service {
     result_shares: Mutex<HashMap<String, Arc<ResultBudget>>>,
     /// The limits a request leaves out (`default_limits` in the config).
     default_limits: Limits,
+}
+
+/// Hears a sandbox's egress decisions: each is a line of the audit log (`egress` table) and
+/// a count in `corral_egress_decisions_total`; the bytes go to `corral_egress_bytes_total`.
+struct EgressAudit {
+    db: Arc<Db>,
+    decisions: prometheus_client::metrics::family::Family<
+        EgressLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    bytes: prometheus_client::metrics::family::Family<
+        DirectionLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    tenant: String,
+    /// The session's id, once it has one (none for a one-shot run).
+    session: std::sync::OnceLock<String>,
+}
+
+impl std::fmt::Debug for EgressAudit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressAudit")
+            .field("tenant", &self.tenant)
+            .field("session", &self.session.get())
+            .finish()
+    }
+}
+
+impl EgressObserver for EgressAudit {
+    fn decision(&self, d: &Decision) {
+        let reason = d.verdict.reason().map_or("", |r| r.name());
+        self.decisions
+            .get_or_create(&EgressLabels {
+                decision: d.verdict.name().into(),
+                reason: reason.into(),
+            })
+            .inc();
+        let entry = EgressEntry {
+            key_id: &self.tenant,
+            session_id: self.session.get().map(String::as_str),
+            host: &d.host,
+            port: d.port,
+            decision: d.verdict.name(),
+            reason,
+            address: d.address.map(|a| a.to_string()),
+        };
+        if let Err(e) = self.db.egress(&entry) {
+            eprintln!("corral: audit log: {e}");
+        }
+    }
+
+    fn closed(&self, bytes_up: u64, bytes_down: u64) {
+        for (direction, n) in [("up", bytes_up), ("down", bytes_down)] {
+            self.bytes
+                .get_or_create(&DirectionLabels {
+                    direction: direction.into(),
+                })
+                .inc_by(n);
+        }
+    }
 }
 
 fn rfc3339(t: SystemTime) -> String {
@@ -386,7 +474,8 @@ impl Service {
             .db
             .clone()
             .unwrap_or_else(|| store.data_dir().join("corral.db"));
-        let db = Db::open(&db_path)?;
+        let db = Arc::new(Db::open(&db_path)?);
+        let (network_bound, network_default) = config.network.policies()?;
         let orphans = db.end_orphaned_sessions()?;
         if !orphans.is_empty() {
             eprintln!(
@@ -451,6 +540,8 @@ impl Service {
             pool,
             db,
             metrics,
+            network_bound,
+            network_default,
             sessions: Mutex::new(HashMap::new()),
             reserved: Mutex::new(HashMap::new()),
             admission,
@@ -549,6 +640,55 @@ impl Service {
             strict: self.config.strict,
             allow_degraded: self.config.allow_degraded,
         }
+    }
+
+    /// Whether the operator offers a default network policy (`[network] default`).
+    pub fn has_default_network(&self) -> bool {
+        !self.network_default.is_none()
+    }
+
+    /// The egress of a request of `tenant`'s: its policy, checked against the operator's
+    /// `[network]`, and an observer that writes every decision to the audit log and the
+    /// metrics (which learns the session's id once it has one).
+    fn egress(
+        &self,
+        tenant: &Tenant,
+        req: Option<&NetworkRequest>,
+    ) -> Result<(Egress, Option<Arc<EgressAudit>>), ServiceError> {
+        let Some(req) = req else {
+            return Ok((Egress::default(), None));
+        };
+        let policy = if req.default {
+            if !req.allow.is_empty() || !req.cidrs.is_empty() {
+                return Err(ServiceError::BadRequest(
+                    "network: give either default or allow and cidrs".into(),
+                ));
+            }
+            self.network_default.clone()
+        } else {
+            let asked = NetworkPolicy::from_lists(&req.allow, &req.cidrs, &[])
+                .map_err(|e| ServiceError::BadRequest(format!("network: {e}")))?;
+            asked.within(&self.network_bound).map_err(|item| {
+                ServiceError::NetworkNotAllowed(format!(
+                    "network: {item} is not on this server's network allow-list (its \
+                     operator's [network] allow and cidrs)"
+                ))
+            })?;
+            asked.with_private_hosts_of(&self.network_bound)
+        };
+        if policy.is_none() {
+            return Ok((Egress::default(), None));
+        }
+        let audit = Arc::new(EgressAudit {
+            db: self.db.clone(),
+            decisions: self.metrics.egress_decisions.clone(),
+            bytes: self.metrics.egress_bytes.clone(),
+            tenant: tenant.0.clone(),
+            session: std::sync::OnceLock::new(),
+        });
+        let mut egress = Egress::new(policy);
+        egress.observer = Some(audit.clone());
+        Ok((egress, Some(audit)))
     }
 
     fn check_running(&self) -> Result<(), ServiceError> {
@@ -680,9 +820,18 @@ impl Service {
             self.release_slot(tenant);
             return Err(e);
         }
+        let (egress, audit) = match self.egress(tenant, req.network.as_ref()) {
+            Ok(egress) => egress,
+            Err(e) => {
+                self.admission.release(promised);
+                self.release_slot(tenant);
+                return Err(e);
+            }
+        };
         let started = Instant::now();
         let mut options = session_options(&image, language, limits, env, self.policy());
         options.result_budget = Some(self.result_share(tenant));
+        options.egress = egress;
         let created = self.manager.create(&options, Duration::from_secs(idle));
         self.metrics
             .session_create_seconds
@@ -695,6 +844,9 @@ impl Service {
                 return Err(self.manager_error("(new)", e));
             }
         };
+        if let Some(audit) = audit {
+            let _ = audit.session.set(info.id.clone());
+        }
         let owned = Owned {
             tenant: tenant.clone(),
             image: image.name.clone(),
@@ -732,6 +884,7 @@ impl Service {
             executions: info.executions,
             death: info.death.clone(),
             warnings: info.warnings.clone(),
+            network: info.network.clone(),
         }
     }
 
@@ -1058,6 +1211,8 @@ impl Service {
             .clone()
             .unwrap_or_default()
             .to_limits(&self.default_limits)?;
+        // A network policy outside the operator's is refused before the run waits for a slot.
+        self.egress(tenant, req.network.as_ref())?;
         self.admission
             .admit_run(&tenant.0, limits.host_memory_bytes())
             .await
@@ -1086,6 +1241,7 @@ impl Service {
         spec.env = image.env.clone();
         spec.env.extend(check_env(req.env.as_ref())?);
         spec.policy = self.policy();
+        spec.egress = self.egress(tenant, req.network.as_ref())?.0;
         for f in req.files.iter().flatten() {
             spec.input_files.push(input_file(f)?);
         }
