@@ -20,6 +20,7 @@ from ._errors import (
     InsufficientStorageError,
     InvalidPathError,
     InvalidRequestError,
+    NetworkNotAllowedError,
     NotFoundError,
     PayloadTooLargeError,
     RateLimitError,
@@ -68,6 +69,7 @@ __all__ = [
     # errors
     "CorralError",
     "InvalidRequestError",
+    "NetworkNotAllowedError",
     "InsufficientStorageError",
     "InvalidPathError",
     "AuthenticationError",

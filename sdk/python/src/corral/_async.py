@@ -45,6 +45,7 @@ from ._models import (
     Execution,
     FileInfo,
     LimitsLike,
+    NetworkLike,
     RunResult,
     SandboxInfo,
 )
@@ -134,11 +135,12 @@ class AsyncSandbox:
         limits: Optional[LimitsLike] = None,
         env: Optional[Mapping[str, str]] = None,
         idle_timeout_s: Optional[int] = None,
+        network: Optional[NetworkLike] = None,
         timeout: TimeoutLike = DEFAULT_TIMEOUT,
     ) -> None:
         self._conn = _AsyncConnection(url, api_key, timeout)
         self._create_body: Optional[Dict[str, Any]] = create_body(
-            language, image, limits, env, idle_timeout_s
+            language, image, limits, env, idle_timeout_s, network
         )
         self._info: Optional[SandboxInfo] = None
         self.files = AsyncFiles(self)
@@ -155,6 +157,7 @@ class AsyncSandbox:
         limits: Optional[LimitsLike] = None,
         env: Optional[Mapping[str, str]] = None,
         idle_timeout_s: Optional[int] = None,
+        network: Optional[NetworkLike] = None,
         timeout: TimeoutLike = DEFAULT_TIMEOUT,
     ) -> "AsyncSandbox":
         """Creates a session (``POST /v1/sandboxes``)."""
@@ -166,6 +169,7 @@ class AsyncSandbox:
             limits=limits,
             env=env,
             idle_timeout_s=idle_timeout_s,
+            network=network,
             timeout=timeout,
         )
         await sb._ensure_created()
@@ -376,11 +380,12 @@ async def async_run(
     files: Optional[RunFiles] = None,
     env: Optional[Mapping[str, str]] = None,
     *,
+    network: Optional[NetworkLike] = None,
     timeout: TimeoutLike = DEFAULT_TIMEOUT,
 ) -> RunResult:
     """See :func:`corral.run`."""
     conn = _AsyncConnection(url, api_key, timeout)
-    body = run_body(code, language, image, limits, files, env)
+    body = run_body(code, language, image, limits, files, env, network)
     timeout_s = body.get("limits", {}).get("timeout_s")
     try:
         payload = await conn.json(

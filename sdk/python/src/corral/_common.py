@@ -40,6 +40,7 @@ from ._models import (
     Limits,
     LimitsLike,
     Logs,
+    NetworkLike,
     Result,
 )
 
@@ -124,6 +125,17 @@ def limits_dict(limits: Optional[LimitsLike]) -> Optional[Dict[str, Any]]:
     return {k: v for k, v in dict(limits).items() if v is not None}
 
 
+def network_dict(network: Optional[NetworkLike]) -> Optional[Dict[str, Any]]:
+    """The API's ``network`` object: a list of hosts is its ``allow``."""
+    if network is None:
+        return None
+    if isinstance(network, Mapping):
+        return dict(network)
+    if isinstance(network, str):
+        raise TypeError("network: give a list of hosts, not one string")
+    return {"allow": list(network)}
+
+
 def _drop_none(body: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in body.items() if v is not None}
 
@@ -134,6 +146,7 @@ def create_body(
     limits: Optional[LimitsLike],
     env: Optional[Mapping[str, str]],
     idle_timeout_s: Optional[int],
+    network: Optional[NetworkLike] = None,
 ) -> Dict[str, Any]:
     return _drop_none(
         {
@@ -142,6 +155,7 @@ def create_body(
             "limits": limits_dict(limits),
             "env": dict(env) if env is not None else None,
             "idle_timeout_s": idle_timeout_s,
+            "network": network_dict(network),
         }
     )
 
@@ -191,6 +205,7 @@ def run_body(
     limits: Optional[LimitsLike],
     files: Optional[RunFiles],
     env: Optional[Mapping[str, str]],
+    network: Optional[NetworkLike] = None,
 ) -> Dict[str, Any]:
     return _drop_none(
         {
@@ -200,6 +215,7 @@ def run_body(
             "limits": limits_dict(limits),
             "env": dict(env) if env is not None else None,
             "files": run_files(files),
+            "network": network_dict(network),
         }
     )
 

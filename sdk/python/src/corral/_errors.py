@@ -70,6 +70,11 @@ class AuthenticationError(CorralError):
     """401 ``unauthorized``: missing or unknown API key."""
 
 
+class NetworkNotAllowedError(CorralError):
+    """403 ``network_not_allowed``: the network policy asked for is outside what the server's
+    operator allows (the message names the host)."""
+
+
 class NotFoundError(CorralError):
     """404 ``not_found``: unknown sandbox (or another key's), unknown route; ``file_not_found``:
     no such file or directory in a live sandbox's workspace."""
@@ -153,6 +158,7 @@ _BY_CODE: Mapping[str, Type[CorralError]] = {
     "unknown_image": InvalidRequestError,
     "unsupported_language": InvalidRequestError,
     "unauthorized": AuthenticationError,
+    "network_not_allowed": NetworkNotAllowedError,
     "not_found": NotFoundError,
     "file_not_found": NotFoundError,
     "sandbox_dead": SandboxDeadError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 __all__ = [
     "Limits",
@@ -41,6 +41,10 @@ class Limits:
 
 
 LimitsLike = Union[Limits, Mapping[str, Any]]
+
+#: A network policy: a list of hosts (``"pypi.org"``, ``"*.pythonhosted.org:443"``), or the
+#: API's ``network`` object itself (``{"allow": [...], "cidrs": [...]}``, ``{"default": True}``).
+NetworkLike = Union[Sequence[str], Mapping[str, Any]]
 
 
 @dataclass
@@ -207,6 +211,10 @@ class RunResult:
     peak_memory_bytes: int = 0
     error_message: Optional[str] = None
     warnings: List[str] = field(default_factory=list)
+    #: What the sandbox's egress proxy did (``connections``, ``denied``, ``failed``,
+    #: ``bytes_up``, ``bytes_down``, ``denials``, ``limit_reached``); ``None`` without a
+    #: network policy (docs/network.md).
+    network: Optional[Dict[str, Any]] = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RunResult":
@@ -227,6 +235,7 @@ class RunResult:
             peak_memory_bytes=int(data.get("peak_memory_bytes") or 0),
             error_message=data.get("error_message"),
             warnings=[str(w) for w in data.get("warnings") or []],
+            network=data.get("network"),
         )
 
     @property
@@ -261,6 +270,9 @@ class SandboxInfo:
     executions: Optional[int] = None
     death: Optional[str] = None
     warnings: List[str] = field(default_factory=list)
+    #: What the session's egress proxy has done since its kernel started, as
+    #: :attr:`RunResult.network`; ``None`` without a network policy.
+    network: Optional[Dict[str, Any]] = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SandboxInfo":
@@ -275,4 +287,5 @@ class SandboxInfo:
             executions=data.get("executions"),
             death=data.get("death"),
             warnings=[str(w) for w in data.get("warnings") or []],
+            network=data.get("network"),
         )

@@ -40,6 +40,7 @@ from ._models import (
     Execution,
     FileInfo,
     LimitsLike,
+    NetworkLike,
     RunResult,
     SandboxInfo,
 )
@@ -141,6 +142,7 @@ class Sandbox:
         limits: Optional[LimitsLike] = None,
         env: Optional[Mapping[str, str]] = None,
         idle_timeout_s: Optional[int] = None,
+        network: Optional[NetworkLike] = None,
         timeout: TimeoutLike = DEFAULT_TIMEOUT,
     ) -> None:
         self._init(_Connection(url, api_key, timeout))
@@ -148,7 +150,7 @@ class Sandbox:
             payload = self._conn.json(
                 "POST",
                 "/v1/sandboxes",
-                json=create_body(language, image, limits, env, idle_timeout_s),
+                json=create_body(language, image, limits, env, idle_timeout_s, network),
             )
         except BaseException:
             self._conn.close()
@@ -362,6 +364,7 @@ def run(
     files: Optional[RunFiles] = None,
     env: Optional[Mapping[str, str]] = None,
     *,
+    network: Optional[NetworkLike] = None,
     timeout: TimeoutLike = DEFAULT_TIMEOUT,
 ) -> RunResult:
     """Runs ``code`` once in a fresh sandbox (``POST /v1/run``) and returns its result object.
@@ -370,7 +373,7 @@ def run(
     program does not raise; see ``status``, ``exit_code`` and ``error``.
     """
     conn = _Connection(url, api_key, timeout)
-    body = run_body(code, language, image, limits, files, env)
+    body = run_body(code, language, image, limits, files, env, network)
     timeout_s = body.get("limits", {}).get("timeout_s")
     try:
         payload = conn.json(
