@@ -241,14 +241,17 @@ mod tests {
     #[test]
     fn the_network_table_bounds_requests_and_names_a_default() {
         let c: Config = toml::from_str(
-            "[network]\nallow = [\"pypi.org\", \"*.pythonhosted.org:443\"]\n\
-             allow_private = [\"pypi.org\"]\ndefault = [\"pypi.org:443\"]",
+            "[network]\nallow = [\"index.example.org\", \"*.example.net:443\"]\n\
+             allow_private = [\"index.example.org\"]\ndefault = [\"index.example.org:443\"]",
         )
         .unwrap();
         c.check().unwrap();
         let (bound, default) = c.network.policies().unwrap();
-        assert_eq!(bound.items(), ["pypi.org:80+443", "*.pythonhosted.org:443"]);
-        assert_eq!(default.check_name("pypi.org", 443), Ok(true));
+        assert_eq!(
+            bound.items(),
+            ["index.example.org:80+443", "*.example.net:443"]
+        );
+        assert_eq!(default.check_name("index.example.org", 443), Ok(true));
         for bad in [
             "[network]\ndefault = [\"evil.com\"]",
             "[network]\nallow = [\"10.0.0.0/8\"]",

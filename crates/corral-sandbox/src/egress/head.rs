@@ -264,12 +264,12 @@ mod tests {
 
     #[test]
     fn connect_names_a_host_and_a_port() {
-        let text = "CONNECT PyPI.org.:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\n\x16\x03";
+        let text = "CONNECT Index.Example.org.:443 HTTP/1.1\r\nHost: index.example.org:443\r\n\r\n\x16\x03";
         let (req, len) = parsed(text).unwrap().unwrap();
         assert_eq!(
             req,
             Request::Connect {
-                host: Host::Name("pypi.org".into()),
+                host: Host::Name("index.example.org".into()),
                 port: 443
             }
         );
@@ -293,11 +293,14 @@ mod tests {
                 .0,
             &Host::Address("10.0.0.1".parse().unwrap())
         );
-        assert_eq!(parsed("CONNECT pypi.org:443 HTTP/1.1\r\n"), Ok(None));
+        assert_eq!(
+            parsed("CONNECT index.example.org:443 HTTP/1.1\r\n"),
+            Ok(None)
+        );
         for bad in [
-            "CONNECT pypi.org HTTP/1.1\r\n\r\n",
-            "CONNECT pypi.org:0 HTTP/1.1\r\n\r\n",
-            "CONNECT user@pypi.org:443 HTTP/1.1\r\n\r\n",
+            "CONNECT index.example.org HTTP/1.1\r\n\r\n",
+            "CONNECT index.example.org:0 HTTP/1.1\r\n\r\n",
+            "CONNECT user@index.example.org:443 HTTP/1.1\r\n\r\n",
             "CONNECT 127.1:443 HTTP/1.1\r\n\r\n",
             "CONNECT 2130706433:443 HTTP/1.1\r\n\r\n",
             "CONNECT [::1:443 HTTP/1.1\r\n\r\n",

@@ -567,9 +567,9 @@ mod tests {
     #[test]
     fn items_parse_into_rules_with_default_ports() {
         let p = policy(&[
-            "PyPI.org.",
-            "*.pythonhosted.org:443",
-            "pypi.org:8443",
+            "Index.Example.org.",
+            "*.example.net:443",
+            "index.example.org:8443",
             "10.1.2.0/24:5432",
             "[2001:db8::/32]:443",
             "2001:db8:1::5",
@@ -578,8 +578,8 @@ mod tests {
         assert_eq!(
             p.items(),
             [
-                "pypi.org:80+443+8443",
-                "*.pythonhosted.org:443",
+                "index.example.org:80+443+8443",
+                "*.example.net:443",
                 "10.1.2.0/24:5432",
                 "[2001:db8::/32]:443",
                 "[2001:db8:1::5/128]:80+443",
@@ -603,10 +603,10 @@ mod tests {
             "-a.com",
             "a-.com",
             "ex\u{e4}mple.com",
-            "pypi.org:0",
-            "pypi.org:65536",
-            "pypi.org:+1",
-            "pypi.org:",
+            "index.example.org:0",
+            "index.example.org:65536",
+            "index.example.org:+1",
+            "index.example.org:",
             "10.0.0.0/33",
             "[::1",
             "[::1]443",
@@ -688,19 +688,19 @@ mod tests {
     #[test]
     fn a_request_must_lie_within_the_operators_list() {
         let operator = NetworkPolicy::from_items(
-            &["*.pythonhosted.org:443", "pypi.org", "10.0.0.0/8:5432"],
-            &["pypi.org"],
+            &["*.example.net:443", "index.example.org", "10.0.0.0/8:5432"],
+            &["index.example.org"],
         )
         .unwrap();
         let ok = policy(&[
-            "files.pythonhosted.org:443",
-            "pypi.org:80",
+            "files.example.net:443",
+            "index.example.org:80",
             "10.1.0.0/16:5432",
         ]);
         assert_eq!(ok.within(&operator), Ok(()));
         assert_eq!(
-            policy(&["files.pythonhosted.org"]).within(&operator),
-            Err("files.pythonhosted.org:80".into())
+            policy(&["files.example.net"]).within(&operator),
+            Err("files.example.net:80".into())
         );
         assert_eq!(
             policy(&["evil.com"]).within(&operator),
@@ -713,8 +713,8 @@ mod tests {
         assert!(policy(&["a.com"]).within(&NetworkPolicy::None).is_err());
         assert_eq!(NetworkPolicy::None.within(&NetworkPolicy::None), Ok(()));
         let marked = ok.with_private_hosts_of(&operator);
-        assert_eq!(marked.check_name("pypi.org", 80), Ok(true));
-        assert_eq!(marked.check_name("files.pythonhosted.org", 443), Ok(false));
+        assert_eq!(marked.check_name("index.example.org", 80), Ok(true));
+        assert_eq!(marked.check_name("files.example.net", 443), Ok(false));
     }
 
     proptest! {

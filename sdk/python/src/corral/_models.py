@@ -42,7 +42,7 @@ class Limits:
 
 LimitsLike = Union[Limits, Mapping[str, Any]]
 
-#: A network policy: a list of hosts (``"pypi.org"``, ``"*.pythonhosted.org:443"``), or the
+#: A network policy: a list of hosts (``"index.example.org"``, ``"*.example.net:443"``), or the
 #: API's ``network`` object itself (``{"allow": [...], "cidrs": [...]}``, ``{"default": True}``).
 NetworkLike = Union[Sequence[str], Mapping[str, Any]]
 
