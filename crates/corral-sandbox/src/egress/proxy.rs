@@ -56,6 +56,9 @@ impl std::fmt::Debug for EgressProxy {
 
 struct Shared {
     egress: Egress,
+    /// The sandbox's endpoint; shut down (no longer listening: connections are refused) when
+    /// the proxy stops, closed with the last reference.
+    listener: OwnedFd,
     net_bytes: u64,
     net_connections: u64,
     /// Readable (hung up) once the proxy is to stop: every thread polls it.
@@ -86,6 +89,7 @@ impl EgressProxy {
         let (stop_r, stop_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let shared = Arc::new(Shared {
             egress,
+            listener,
             net_bytes: limits.net_bytes,
             net_connections: limits.net_connections,
             stop_r,
@@ -100,7 +104,7 @@ impl EgressProxy {
         let accept = std::thread::Builder::new()
             .name("corral-egress".into())
             .stack_size(256 << 10)
-            .spawn(move || accept_loop(&accepting, listener))?;
+            .spawn(move || accept_loop(&accepting))?;
         Ok(EgressProxy {
             shared,
             accept: Some(accept),
@@ -170,6 +174,8 @@ impl Shared {
             state.report.limit_reached.get_or_insert(why);
         }
         self.stopped.store(true, Ordering::SeqCst);
+        // At once: a connection made after this is refused, whatever the threads are doing.
+        let _ = socket::shutdown(self.listener.as_raw_fd(), Shutdown::Both);
         drop(self.stop_w.lock().expect("lock").take());
     }
 
@@ -238,7 +244,8 @@ fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
-fn accept_loop(shared: &Arc<Shared>, listener: OwnedFd) {
+fn accept_loop(shared: &Arc<Shared>) {
+    let listener = &shared.listener;
     loop {
         let mut fds = [
             PollFd::new(listener.as_fd(), PollFlags::POLLIN),
@@ -315,14 +322,32 @@ fn ready(fd: &PollFd<'_>) -> bool {
     fd.revents().is_some_and(|r| !r.is_empty())
 }
 
-/// Refuses a connection without reading its request (from the accepting thread: it must not
-/// block): what arrived is read and dropped so that closing sends the answer rather than a
-/// reset.
+/// How long the accepting thread waits for a refused client to finish sending.
+const REFUSAL_LINGER: Duration = Duration::from_millis(200);
+
+/// Refuses a connection without parsing its request (from the accepting thread, which waits
+/// at most [`REFUSAL_LINGER`]): what the client sends is read and dropped until it is done, so
+/// that closing leaves the answer to be read rather than resetting the connection.
 fn refuse_at_once(shared: &Shared, conn: &OwnedFd, reason: Reason, status: u16, why: &str) {
-    let mut buf = [0u8; 4096];
-    while matches!(nix::unistd::read(conn.as_raw_fd(), &mut buf), Ok(n) if n > 0) {}
     let _ = nix::unistd::write(conn, &http_error(status, why));
     let _ = socket::shutdown(conn.as_raw_fd(), Shutdown::Write);
+    let until = Instant::now() + REFUSAL_LINGER;
+    let mut buf = [0u8; 4096];
+    loop {
+        match nix::unistd::read(conn.as_raw_fd(), &mut buf) {
+            Ok(0) => break,
+            Ok(_) => continue,
+            Err(Errno::EAGAIN | Errno::EINTR) => {}
+            Err(_) => break,
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        let mut fds = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
+        if left.is_zero()
+            || !matches!(poll(&mut fds, PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX)), Ok(n) if n > 0)
+        {
+            break;
+        }
+    }
     shared.decide(Decision {
         host: "?".into(),
         port: 0,
@@ -761,6 +786,12 @@ impl Direction {
     fn waiting(&self) -> bool {
         self.sent < self.pending.len()
     }
+
+    /// Whether to read more from the source: it is open and what waits is below a chunk, so
+    /// that reading one side and writing the other overlap.
+    fn wants(&self) -> bool {
+        self.open && self.pending.len() - self.sent < CHUNK
+    }
 }
 
 /// Moves bytes between the client and the server until both ends are done, the connection has
@@ -816,13 +847,13 @@ fn relay(
         }
         let mut client_events = PollFlags::empty();
         let mut server_events = PollFlags::empty();
-        if up.open && !up.waiting() {
+        if up.wants() {
             client_events |= PollFlags::POLLIN;
         }
         if down.waiting() {
             client_events |= PollFlags::POLLOUT;
         }
-        if down.open && !down.waiting() {
+        if down.wants() {
             server_events |= PollFlags::POLLIN;
         }
         if up.waiting() {
@@ -870,20 +901,17 @@ fn relay(
             (&mut up, c, s, client, server, true),
             (&mut down, s, c, server, client, false),
         ] {
-            let moved = if dir.waiting() {
-                if !to_events.intersects(writable) {
-                    continue;
+            if dir.wants() && from_events.intersects(readable) {
+                match read_more(shared, from, dir, is_up, &mut buf) {
+                    Ok(moved) => progressed |= moved,
+                    Err(()) => broken = true,
                 }
-                write_pending(to, dir)
-            } else {
-                if !from_events.intersects(readable) {
-                    continue;
+            }
+            if dir.waiting() && to_events.intersects(writable) {
+                match write_pending(to, dir) {
+                    Ok(moved) => progressed |= moved,
+                    Err(()) => broken = true,
                 }
-                read_more(shared, from, dir, is_up, &mut buf)
-            };
-            match moved {
-                Ok(moved) => progressed |= moved,
-                Err(()) => broken = true,
             }
         }
         if broken {
@@ -908,6 +936,9 @@ fn write_pending(to: &OwnedFd, dir: &mut Direction) -> Result<bool, ()> {
             dir.sent += n;
             if !dir.waiting() {
                 dir.pending.clear();
+                dir.sent = 0;
+            } else if dir.sent >= CHUNK {
+                dir.pending.drain(..dir.sent);
                 dir.sent = 0;
             }
             Ok(n > 0)
