@@ -317,6 +317,24 @@ fn egress_other_protocols_and_ports_are_refused() {
 }
 
 #[test]
+fn egress_a_range_rule_carries_any_protocol_to_its_addresses_only() {
+    let _g = shared();
+    let l = HostListener::new();
+    let o = attack("range", l.port)
+        .arg("--net")
+        .arg(format!("allow:127.0.0.1/32:{}", l.port))
+        .run();
+    o.assert_completed();
+    o.assert_no_escape();
+    assert!(o.has_line("CONTROL raw-to-rule through"), "{}", o.dump());
+    o.assert_blocked("raw-next-door", &["HTTP403"]);
+    o.assert_blocked("raw-other-port", &["HTTP403"]);
+    let got = l.accepted();
+    assert_eq!(got.len(), 1, "SANDBOX HOLE: {got:?}\n{}", o.dump());
+    assert!(got[0].starts_with(b"SSH-2.0"), "{got:?}");
+}
+
+#[test]
 fn egress_udp_goes_nowhere() {
     let _g = shared();
     let u = UdpSocket::bind("0.0.0.0:0").unwrap();

@@ -56,6 +56,7 @@ def tunnel(what, target, first=None, expect_through=False):
         allowed(what, 'tunnel opened')
         return
     s.sendall(first)
+    s.settimeout(2 if expect_through else 10)
     try:
         reply = s.recv(64)
     except socket.timeout:
@@ -147,6 +148,11 @@ elif attack == 'protocols':
     tunnel('not-a-hello', 'ok.test:%d' % port, b'\x16\x03\x01\x00\x05hello')
     plain('https-absolute', 'https://ok.test:%d/' % port)
     plain('host-mismatch', 'http://ok.test:%d/' % port, host='other.test')
+elif attack == 'range':
+    # A range rule names 127.0.0.1 alone: any protocol to it, nothing to its neighbours.
+    tunnel('raw-to-rule', '127.0.0.1:%d' % port, b'SSH-2.0-OpenSSH_9.2\r\n', expect_through=True)
+    tunnel('raw-next-door', '127.0.0.2:%d' % port, b'SSH-2.0-OpenSSH_9.2\r\n')
+    tunnel('raw-other-port', '127.0.0.1:%d' % (port + 1), b'SSH-2.0-OpenSSH_9.2\r\n')
 elif attack == 'udp':
     u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     u.settimeout(1)

@@ -506,7 +506,12 @@ fn serve(shared: &Shared, client: OwnedFd) {
             if write_all(shared, &client, ok, deadline).is_err() {
                 return;
             }
-            match read_hello(shared, &client, &host, rest, deadline) {
+            // A tunnel to an address an explicit range rule allows carries any protocol; one
+            // to a name carries TLS naming that name.
+            let Host::Name(name) = &host else {
+                return connect_and_relay(shared, &client, &addresses, &shown, port, rest, None);
+            };
+            match read_hello(shared, &client, name, rest, deadline) {
                 Ok(hello) => (hello, None),
                 Err((reason, why)) => {
                     let _ = write_all(shared, &client, &TLS_ACCESS_DENIED, deadline);
@@ -527,15 +532,30 @@ fn serve(shared: &Shared, client: OwnedFd) {
             (first, Some(body - early as u64))
         }
     };
-    let (upstream, address) = match connect(shared, &addresses, port) {
+    connect_and_relay(shared, &client, &addresses, &shown, port, first_bytes, body);
+}
+
+/// Connects to the first vetted address that answers and relays (see [`relay`]); a plain
+/// request whose server cannot be reached is answered 502, a tunnel is closed.
+fn connect_and_relay(
+    shared: &Shared,
+    client: &OwnedFd,
+    addresses: &[IpAddr],
+    shown: &str,
+    port: u16,
+    first_bytes: Vec<u8>,
+    body: Option<u64>,
+) {
+    let (upstream, address) = match connect(shared, addresses, port) {
         Ok(connected) => connected,
         Err(why) => {
             let why = format!("could not connect to {shown}:{port}: {why}");
             if body.is_some() {
-                return deny(Verdict::Failed(Reason::UpstreamFailed), 502, why);
+                let deadline = Instant::now() + HEAD_TIMEOUT;
+                let _ = write_all(shared, client, &http_error(502, &why), deadline);
             }
             return shared.decide(Decision {
-                host: shown,
+                host: shown.to_string(),
                 port,
                 verdict: Verdict::Failed(Reason::UpstreamFailed),
                 address: None,
@@ -544,13 +564,13 @@ fn serve(shared: &Shared, client: OwnedFd) {
         }
     };
     shared.decide(Decision {
-        host: shown.clone(),
+        host: shown.to_string(),
         port,
         verdict: Verdict::Allowed,
         address: Some(address),
         message: format!("{shown}:{port} allowed, connected to {address}"),
     });
-    let (up, down) = relay(shared, &client, &upstream, first_bytes, body);
+    let (up, down) = relay(shared, client, &upstream, first_bytes, body);
     if let Some(observer) = &shared.egress.observer {
         observer.closed(up, down);
     }
@@ -661,7 +681,7 @@ fn vet(shared: &Shared, host: &Host, port: u16) -> Result<Vec<IpAddr>, (Verdict,
 fn read_hello(
     shared: &Shared,
     client: &OwnedFd,
-    host: &Host,
+    name: &str,
     early: Vec<u8>,
     deadline: Instant,
 ) -> Result<Vec<u8>, (Reason, String)> {
@@ -685,32 +705,22 @@ fn read_hello(
             }
         }
     }
-    let expected = match host {
-        Host::Name(name) => Some(name.as_str()),
-        Host::Address(_) => None,
-    };
     match verdict.expect("loop ends with one") {
         Hello::ServerName(sni) => {
             let sni = sni.map(|s| s.trim_end_matches('.').to_ascii_lowercase());
-            if sni.as_deref() == expected {
-                Ok(reader.bytes)
-            } else {
-                Err((
+            match sni {
+                Some(sni) if sni == name => Ok(reader.bytes),
+                Some(sni) => Err((
                     Reason::TlsServerName,
-                    match (sni, expected) {
-                        (None, Some(name)) => {
-                            format!("the TLS ClientHello names no server; it must name {name}")
-                        }
-                        (Some(sni), Some(name)) => format!(
-                            "the TLS ClientHello names {sni}, not {name}, the host the tunnel \
-                             was allowed for"
-                        ),
-                        (Some(sni), None) => {
-                            format!("the TLS ClientHello names {sni}, but the tunnel is to {host}")
-                        }
-                        (None, None) => unreachable!("equal"),
-                    },
-                ))
+                    format!(
+                        "the TLS ClientHello names {sni}, not {name}, the host the tunnel was \
+                         allowed for"
+                    ),
+                )),
+                None => Err((
+                    Reason::TlsServerName,
+                    format!("the TLS ClientHello names no server; it must name {name}"),
+                )),
             }
         }
         Hello::NotTls(why) => Err((
