@@ -667,10 +667,10 @@ fn report(args: &RunArgs, result: &ExecutionResult) -> i32 {
         for d in result.network.iter().flat_map(|n| &n.denials) {
             tell!(
                 "egress {}:{} refused ({}): {}",
-                d.host.escape_debug(),
+                printable(&d.host),
                 d.port,
                 d.reason.name(),
-                d.message.escape_debug()
+                printable(&d.message)
             );
         }
         // A cut stream ends with a marker in the stream itself, where its reader looks.
@@ -693,6 +693,17 @@ fn report(args: &RunArgs, result: &ExecutionResult) -> i32 {
     result
         .status
         .cli_exit_code(result.exit_code.or(result.signal.map(|s| 128 + s)))
+}
+
+/// `text` (which may carry names a sandbox chose) with its control characters escaped, for a
+/// terminal.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c.is_control() {
+            true => c.escape_default().to_string(),
+            false => c.to_string(),
+        })
+        .collect()
 }
 
 /// A failure before any sandbox existed: still a result object in --json mode.
