@@ -81,6 +81,8 @@ pub struct Run {
     timeout_secs: u64,
     json: bool,
     caller: Caller,
+    /// For a run by the engine in this process: its egress and limits.
+    egress: Option<(corral_sandbox::Egress, corral_sandbox::Limits)>,
 }
 
 impl Run {
@@ -106,11 +108,24 @@ impl Run {
             timeout_secs: 15,
             json: true,
             caller: Caller::Command,
+            egress: None,
         }
     }
 
     pub fn caller(mut self, caller: Caller) -> Self {
         self.caller = caller;
+        self
+    }
+
+    /// Run by the engine in this process (a threaded caller), with this egress (a resolver of
+    /// the test's) and these limits.
+    pub fn engine_egress(
+        mut self,
+        egress: corral_sandbox::Egress,
+        limits: corral_sandbox::Limits,
+    ) -> Self {
+        self.caller = Caller::Threaded;
+        self.egress = Some((egress, limits));
         self
     }
 
@@ -215,6 +230,10 @@ impl Run {
     fn run_in_threaded_caller(self) -> Outcome {
         assert_eq!(self.lang, "python", "threaded runs take Python attacks");
         let mut spec = corral_sandbox::SandboxSpec::new(Vec::new());
+        if let Some((egress, limits)) = self.egress.clone() {
+            spec.egress = egress;
+            spec.limits = limits;
+        }
         spec.limits.timeout = Duration::from_secs(self.timeout_secs);
         for pair in self.args.chunks(2) {
             let [flag, value] = pair else {

@@ -15,6 +15,7 @@ mod filesystem;
 mod host_bounds;
 mod multitenant;
 mod network;
+mod network_egress;
 mod out_copies;
 mod privileges;
 mod processes;

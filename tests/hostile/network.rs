@@ -114,7 +114,7 @@ fn dns_to_host_resolver_and_public_resolvers() {
 }
 
 /// The host's primary (non-loopback) address, found without sending.
-fn host_ip() -> Option<IpAddr> {
+pub fn host_ip() -> Option<IpAddr> {
     let s = UdpSocket::bind("0.0.0.0:0").ok()?;
     s.connect("192.0.2.1:9").ok()?;
     let ip = s.local_addr().ok()?.ip();

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant, SystemTime};
 use std::collections::VecDeque;
 
 use corral_sandbox::cgroup::{MemoryUsage, Meter};
-use corral_sandbox::{ExecutionResult, Workspace};
+use corral_sandbox::egress::EgressMonitor;
+use corral_sandbox::{ExecutionResult, NetworkReport, Workspace};
 
 use crate::event::Event;
 use crate::pool::Pool;
@@ -32,6 +33,9 @@ pub struct SessionInfo {
     pub warnings: Vec<String>,
     /// Since when the session is paused (frozen, see [`SessionManager::pause`]).
     pub paused_at: Option<SystemTime>,
+    /// What its egress proxy has done since the kernel started (none without a network
+    /// policy).
+    pub network: Option<NetworkReport>,
 }
 
 /// How often the usage of every session is sampled, and how many samples each keeps (the last
@@ -67,9 +71,24 @@ struct Entry {
     meter: Mutex<Option<Meter>>,
     /// The last [`SAMPLES_KEPT`] samples, oldest first.
     samples: Mutex<VecDeque<MetricSample>>,
+    /// Reads the session's egress report without waiting for the session (a restart
+    /// replaces it).
+    network: Mutex<Option<EgressMonitor>>,
 }
 
 impl Entry {
+    /// The session's info, with its egress report as of now.
+    fn info(&self) -> SessionInfo {
+        let mut info = self.info.lock().expect("lock").clone();
+        info.network = self
+            .network
+            .lock()
+            .expect("lock")
+            .as_ref()
+            .map(EgressMonitor::report);
+        info
+    }
+
     /// Keeps a sample of now, dropping the oldest beyond [`SAMPLES_KEPT`].
     fn record_sample(&self) {
         let sample = self.sample();
@@ -218,8 +237,10 @@ impl SessionManager {
             death: None,
             warnings: session.warnings().to_vec(),
             paused_at: None,
+            network: None,
         };
         let entry = Arc::new(Entry {
+            network: Mutex::new(session.network_monitor()),
             interrupter: session.interrupter(),
             workspace: Mutex::new(session.workspace().clone()),
             meter: Mutex::new(session.meter()),
@@ -230,6 +251,7 @@ impl SessionManager {
             samples: Mutex::new(VecDeque::with_capacity(SAMPLES_KEPT)),
         });
         entry.record_sample();
+        let info = entry.info();
         self.sessions.lock().expect("lock").insert(id, entry);
         Ok(info)
     }
@@ -324,9 +346,8 @@ impl SessionManager {
         }
         session.pause()?;
         *paused = Some(Instant::now());
-        let mut info = entry.info.lock().expect("lock");
-        info.paused_at = Some(SystemTime::now());
-        Ok(info.clone())
+        entry.info.lock().expect("lock").paused_at = Some(SystemTime::now());
+        Ok(entry.info())
     }
 
     /// Thaws session `id`, paused by [`SessionManager::pause`]; its idle clock starts again
@@ -341,10 +362,12 @@ impl SessionManager {
         session.resume()?;
         *paused = None;
         *entry.last_used.lock().expect("lock") = Instant::now();
-        let mut info = entry.info.lock().expect("lock");
-        info.paused_at = None;
-        info.last_used = SystemTime::now();
-        Ok(info.clone())
+        {
+            let mut info = entry.info.lock().expect("lock");
+            info.paused_at = None;
+            info.last_used = SystemTime::now();
+        }
+        Ok(entry.info())
     }
 
     /// Replaces the kernel of session `id` (state is lost, files are kept).
@@ -355,10 +378,13 @@ impl SessionManager {
         session.restart()?;
         *entry.workspace.lock().expect("lock") = session.workspace().clone();
         *entry.meter.lock().expect("lock") = session.meter();
-        let mut info = entry.info.lock().expect("lock");
-        info.death = None;
-        info.executions = 0;
-        Ok(info.clone())
+        *entry.network.lock().expect("lock") = session.network_monitor();
+        {
+            let mut info = entry.info.lock().expect("lock");
+            info.death = None;
+            info.executions = 0;
+        }
+        Ok(entry.info())
     }
 
     /// The workspace of session `id` (for the files API). It is not the session: using it
@@ -414,7 +440,7 @@ impl SessionManager {
     }
 
     pub fn get(&self, id: &str) -> Result<SessionInfo, ManagerError> {
-        Ok(self.entry(id)?.info.lock().expect("lock").clone())
+        Ok(self.entry(id)?.info())
     }
 
     pub fn list(&self) -> Vec<SessionInfo> {
@@ -425,10 +451,7 @@ impl SessionManager {
             .values()
             .cloned()
             .collect();
-        let mut infos: Vec<SessionInfo> = entries
-            .iter()
-            .map(|e| e.info.lock().expect("lock").clone())
-            .collect();
+        let mut infos: Vec<SessionInfo> = entries.iter().map(|e| e.info()).collect();
         infos.sort_by(|a, b| a.id.cmp(&b.id));
         infos
     }

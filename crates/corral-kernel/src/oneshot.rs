@@ -152,7 +152,8 @@ fn refused(policy: &CodePolicy, code: &[u8]) -> Option<ExecutionResult> {
 /// A Python one-shot run ([`run`]'s `spec`, `file_name`, `code` and `policy`) served by a
 /// sandbox forked from `pool`'s zygote instead of a fresh interpreter, with the same result
 /// (its `files` listed, the workspace gone with the sandbox): `None`
-/// when the pool cannot serve it so (another image, policy or image environment, or an `env`
+/// when the pool cannot serve it so (another image, policy or image environment, a network
+/// policy (which needs a proxy endpoint of the run's own), or an `env`
 /// naming a variable of [`READ_AT_START`]) or when the fork failed (the zygote is being
 /// replaced, say); run it with [`run`] then. The fork has the run's limits, its own uid,
 /// cgroup, namespaces and workspace, and the lockdown of a session; the code, `env` and the

@@ -249,7 +249,9 @@ impl Pool {
     /// its first execution), else forked now from the zygote (see [`Pool::fork_session`]).
     pub fn acquire(&self, options: &SessionOptions) -> Result<Session, KernelError> {
         check_env(&options.env)?;
+        // A session with a network policy gets a proxy endpoint of its own when it is forked.
         let pooled = options.limits == self.template.limits
+            && options.egress.policy.is_none()
             && options.policy == self.template.policy
             && options.image_env == self.template.image_env;
         *self.last_acquired.lock().expect("pool lock") = Instant::now();
@@ -309,7 +311,8 @@ impl Pool {
     /// [`crate::oneshot::run_forked`].
     pub(crate) fn run_env<'a>(&self, spec: &'a SandboxSpec) -> Option<&'a [(String, String)]> {
         let t = &self.template;
-        if spec.rootfs != t.rootfs || spec.policy != t.policy {
+        // A run with a network policy runs in a fresh sandbox, with its proxy endpoint.
+        if spec.rootfs != t.rootfs || spec.policy != t.policy || !spec.egress.policy.is_none() {
             return None;
         }
         spec.env.strip_prefix(t.image_env.as_slice())

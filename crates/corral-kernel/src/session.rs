@@ -6,9 +6,11 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use corral_sandbox::egress::EgressMonitor;
 use corral_sandbox::{
-    hit_rlimit_data, rlimit_data_message, ControlSocket, ExecutionResult, LanguageError, Limits,
-    Policy, Report, ResultBudget, Rootfs, Sandbox, SandboxError, SandboxSpec, Status, Workspace,
+    hit_rlimit_data, rlimit_data_message, ControlSocket, Egress, ExecutionResult, LanguageError,
+    Limits, Policy, Report, ResultBudget, Rootfs, Sandbox, SandboxError, SandboxSpec, Status,
+    Workspace,
 };
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
@@ -68,6 +70,9 @@ pub struct SessionOptions {
     /// What the session's code may import and how long it may be (docs/code-policy.md); it
     /// applies to every execution, and the kernel learns its module rules before the first.
     pub code_policy: CodePolicy,
+    /// What the session may reach beyond its loopback (a session with a network policy is
+    /// never taken from the warm pool).
+    pub egress: Egress,
     /// How long the kernel may take to become ready.
     pub startup_timeout: Duration,
     /// The host's budget of results held at once, shared with other sessions and runs (none:
@@ -85,6 +90,7 @@ impl SessionOptions {
             env: Vec::new(),
             policy: Policy::default(),
             code_policy: CodePolicy::default(),
+            egress: Egress::default(),
             startup_timeout: Duration::from_secs(60),
             result_budget: None,
         }
@@ -97,6 +103,7 @@ impl SessionOptions {
         spec.env = self.image_env.iter().chain(&self.env).cloned().collect();
         spec.limits = self.limits;
         spec.policy = self.policy;
+        spec.egress = self.egress.clone();
         spec.support_files = runtime::support_files(self.language);
         spec.control_socket = Some(ControlSocket::Stream);
         spec
@@ -329,6 +336,12 @@ impl KernelHost {
         match self {
             KernelHost::Sandbox(s) => s.workspace(),
             KernelHost::Forked(f) => &f.workspace,
+        }
+    }
+    fn network_monitor(&self) -> Option<EgressMonitor> {
+        match self {
+            KernelHost::Sandbox(s) => s.network_monitor(),
+            KernelHost::Forked(f) => f.network_monitor(),
         }
     }
 }
@@ -610,6 +623,11 @@ impl Session {
         self.kernel.host.workspace()
     }
 
+    /// Reads what the session's egress proxy does (none without a network policy).
+    pub fn network_monitor(&self) -> Option<EgressMonitor> {
+        self.kernel.host.network_monitor()
+    }
+
     fn drain_wake(&self) {
         let mut buf = [0u8; 64];
         while read_into(self.wake_read.as_fd(), &mut buf).is_some() {}
@@ -761,6 +779,8 @@ impl Session {
     ) -> ExecutionResult {
         let started = Instant::now();
         let cpu_before = self.kernel.host.cpu_time();
+        let monitor = self.kernel.host.network_monitor();
+        let network_before = monitor.as_ref().map(EgressMonitor::report);
         let mut result = ExecutionResult {
             status: Status::Success,
             warnings: self.warnings.clone(),
@@ -887,6 +907,17 @@ impl Session {
 
         result.warnings.extend(self.decoder.warnings());
         result.reservation = self.decoder.take_held();
+        // What the proxy did while this ran.
+        result.network = monitor
+            .zip(network_before)
+            .map(|(m, before)| m.report().since(&before));
+        if let Some(limit) = result
+            .network
+            .as_ref()
+            .and_then(|n| n.limit_reached.as_ref())
+        {
+            result.warnings.push(format!("egress: {limit}"));
+        }
         let was_stopped = stop.is_some_and(Stopper::end);
         if let Some(death) = &self.dead {
             result.status = death.status;

@@ -13,14 +13,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use corral_sandbox::cgroup::Cgroup;
+use corral_sandbox::egress::{proxy_environment, EgressMonitor, EgressProxy};
 use corral_sandbox::ids::IdLease;
 use corral_sandbox::session::{
-    SessionPlan, MAX_PLAN_BYTES, MSG_ERROR, MSG_EXIT, MSG_KERNEL, MSG_READY,
+    SessionPlan, MAX_PLAN_BYTES, MSG_ERROR, MSG_EXIT, MSG_KERNEL, MSG_PROXY, MSG_READY,
 };
 use corral_sandbox::{
     children_peak_memory, landlock_warning, recv_with_credentials, rootless_shared_uid_warning,
-    sandbox_cgroup, send_fds, Charge, ControlSocket, Finish, Limits, Policy, Report, Role, Rootfs,
-    Sandbox, SandboxError, SandboxSpec, Supervised, Workspace, ROOTLESS_INOTIFY_LIMITS,
+    sandbox_cgroup, send_fds, Charge, ControlSocket, Egress, Finish, Limits, Policy, Report, Role,
+    Rootfs, Sandbox, SandboxError, SandboxSpec, Supervised, Workspace, ROOTLESS_INOTIFY_LIMITS,
 };
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{setsockopt, socketpair, sockopt, AddressFamily, SockFlag, SockType};
@@ -177,7 +178,13 @@ impl Zygote {
     /// zygote's) and waits until its kernel is ready and verified.
     pub fn fork_session(&self, options: &SessionOptions) -> Result<Session, KernelError> {
         assert_eq!(options.language, Language::Python, "the zygote runs Python");
-        let forked = self.fork(&options.limits, options.policy, &options.env, None)?;
+        let forked = self.fork(
+            &options.limits,
+            options.policy,
+            &options.egress,
+            &options.env,
+            None,
+        )?;
         let session = Session::from_kernel(
             KernelProcess {
                 host: KernelHost::Forked(forked.kernel),
@@ -203,7 +210,13 @@ impl Zygote {
         file_name: &str,
         code: &[u8],
     ) -> Result<ForkedRun, KernelError> {
-        let forked = self.fork(limits, policy, env, Some((file_name, code)))?;
+        let forked = self.fork(
+            limits,
+            policy,
+            &Egress::default(),
+            env,
+            Some((file_name, code)),
+        )?;
         Ok(ForkedRun {
             kernel: forked.kernel,
             protocol: forked.protocol,
@@ -215,14 +228,16 @@ impl Zygote {
         })
     }
 
-    /// Forks a child that enters a sandbox of its own with `limits` and `env` (and, for a
-    /// one-shot run, the program's file name and text): the request carries descriptors only,
-    /// the plan goes to the child on its own control socket. Returns once the child's init has
-    /// reported its workspace and its kernel; the kernel may still be locking itself down.
+    /// Forks a child that enters a sandbox of its own with `limits`, `egress` and `env` (and,
+    /// for a one-shot run, the program's file name and text): the request carries descriptors
+    /// only, the plan goes to the child on its own control socket. Returns once the child's
+    /// init has reported its workspace, its proxy endpoint (with a network policy) and its
+    /// kernel; the kernel may still be locking itself down.
     fn fork(
         &self,
         limits: &Limits,
         policy: Policy,
+        egress: &Egress,
         env: &[(String, String)],
         program: Option<(&str, &[u8])>,
     ) -> Result<Forked, KernelError> {
@@ -278,6 +293,15 @@ impl Zygote {
         // Root mode: the session's own host uid, which no other live sandbox has.
         let id_lease = root_mode.then(IdLease::acquire).transpose()?;
         let host_ids = id_lease.as_ref().map(|lease| (lease.id(), lease.id()));
+        let proxy_endpoint = !egress.policy.is_none();
+        // The proxy's variables first, so that the session's own override them.
+        let env: Vec<(String, String)> = match proxy_endpoint {
+            true => proxy_environment()
+                .into_iter()
+                .chain(env.iter().cloned())
+                .collect(),
+            false => env.to_vec(),
+        };
         let plan = SessionPlan {
             host_ids,
             disk_bytes: limits.disk_bytes,
@@ -286,8 +310,9 @@ impl Zygote {
             in_cgroup: cgroup.is_some(),
             landlock_required: !policy.allow_degraded,
             inotify_limits: (!root_mode).then_some(ROOTLESS_INOTIFY_LIMITS),
-            env: env.to_vec(),
+            env,
             program: program.map(|(name, _)| name.to_string()),
+            proxy_endpoint,
         };
         let plan = serde_json::to_vec(&plan).expect("a plan serializes");
         if plan.len() > MAX_PLAN_BYTES {
@@ -327,9 +352,10 @@ impl Zygote {
         let mut workspace = None;
         let mut init_pid = None;
         let mut kernel_pid = None;
+        let mut proxy = None;
         let deadline = Instant::now() + FORK_TIMEOUT;
         let mut buf = [0u8; 4096];
-        while workspace.is_none() || kernel_pid.is_none() {
+        while workspace.is_none() || kernel_pid.is_none() || (proxy_endpoint && proxy.is_none()) {
             let left = deadline.saturating_duration_since(Instant::now());
             let mut pfd = [PollFd::new(control_host.as_fd(), PollFlags::POLLIN)];
             if left.is_zero()
@@ -352,6 +378,12 @@ impl Zygote {
                     init_pid = Some(pid);
                 }
                 (Some([MSG_KERNEL]), _, Some(pid)) => kernel_pid = Some(pid),
+                (Some([MSG_PROXY]), Some(fd), _) if proxy_endpoint && proxy.is_none() => {
+                    proxy = Some(
+                        EgressProxy::start(fd, egress.clone(), &limits)
+                            .map_err(|e| fork_failed(format!("starting the egress proxy: {e}")))?,
+                    );
+                }
                 (Some([MSG_ERROR, msg @ ..]), _, _) => {
                     return Err(fork_failed(String::from_utf8_lossy(msg).into_owned()))
                 }
@@ -367,6 +399,7 @@ impl Zygote {
                 init_pid: init_pid.expect("set with the workspace"),
                 cgroup,
                 killed: false,
+                egress: proxy,
                 _id_lease: id_lease,
             },
             protocol: proto_host,
@@ -542,12 +575,14 @@ impl Supervised for ForkedRun {
             .as_ref()
             .and_then(Cgroup::cpu_time)
             .unwrap_or(Duration::ZERO);
+        let network = self.kernel.egress.take().map(|mut proxy| proxy.stop());
         self.kernel.kill();
         drop(cgroup);
         Finish {
             cpu_time,
             peak_memory_bytes,
             oom_killed,
+            network,
         }
     }
 
@@ -610,6 +645,8 @@ pub(crate) struct ForkedKernel {
     init_pid: i32,
     pub cgroup: Option<Cgroup>,
     killed: bool,
+    /// The egress proxy serving the session's network policy, stopped when it is killed.
+    egress: Option<EgressProxy>,
     /// Root mode: the lease on the session's host uid, released once it is killed.
     _id_lease: Option<IdLease>,
 }
@@ -629,6 +666,11 @@ impl ForkedKernel {
             }
             _ => Report::Closed,
         }
+    }
+
+    /// Reads what the egress proxy does (none without a network policy).
+    pub fn network_monitor(&self) -> Option<EgressMonitor> {
+        self.egress.as_ref().map(EgressProxy::monitor)
     }
 
     pub fn interrupt(&self) -> io::Result<()> {
@@ -672,6 +714,9 @@ impl ForkedKernel {
             return;
         }
         self.killed = true;
+        if let Some(mut proxy) = self.egress.take() {
+            proxy.stop();
+        }
         if let Some(c) = &self.cgroup {
             c.kill_all();
         }

@@ -928,3 +928,76 @@ fn pooled_sessions_take_their_env_and_show_nothing_of_the_warm_up() {
     ));
     pool.shutdown();
 }
+
+/// A session with a network policy, direct and forked: its proxy endpoint is its own, each
+/// execution's result reports what went through during it, and a name off the list is refused
+/// with a reason the code can read. The upstream is a server on the host's loopback, which the
+/// policy's operator opt-in lets the allowed name resolve to.
+#[test]
+fn sessions_with_a_network_policy_reach_their_allowed_names_only() {
+    use corral_sandbox::egress::FixedResolver;
+    use corral_sandbox::{Egress, NetworkPolicy};
+    use std::io::{Read, Write};
+
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = server.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in server.incoming().flatten() {
+            let mut conn = conn;
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello");
+        }
+    });
+    let item = format!("ok.test:{port}");
+    let mut options = SessionOptions::new(Language::Python);
+    options.egress = Egress {
+        policy: NetworkPolicy::from_items(&[item.as_str()], &["ok.test"]).unwrap(),
+        resolver: std::sync::Arc::new(FixedResolver(
+            [("ok.test".to_string(), vec!["127.0.0.1".parse().unwrap()])].into(),
+        )),
+        observer: None,
+    };
+    let fetch = format!(
+        "import urllib.request\n\
+         opener = urllib.request.build_opener(urllib.request.ProxyHandler())\n\
+         print(opener.open('http://ok.test:{port}/').read().decode())"
+    );
+    let refused = "import urllib.request, urllib.error\n\
+         try:\n    urllib.request.urlopen('http://example.com/')\n\
+         except urllib.error.HTTPError as e:\n    print(e.code, e.reason)";
+    for (how, mut s) in [
+        ("direct", Session::create(&options).unwrap()),
+        ("zygote", zygote().fork_session(&options).unwrap()),
+    ] {
+        let r = run(&mut s, &fetch);
+        assert_eq!(r.status, Status::Success, "{how}: {r:?}");
+        assert_eq!(r.stdout, "hello\n", "{how}: {r:?}");
+        let network = r.network.as_ref().expect("a network report");
+        assert_eq!(
+            (network.connections, network.denied),
+            (1, 0),
+            "{how}: {r:?}"
+        );
+        let r = run(&mut s, refused);
+        assert!(
+            r.stdout.starts_with("403 corral: example.com is not on"),
+            "{how}: {r:?}"
+        );
+        let network = r.network.as_ref().expect("a network report");
+        assert_eq!(
+            (network.connections, network.denied),
+            (0, 1),
+            "{how}: {r:?}"
+        );
+        let total = s.network_monitor().expect("a proxy").report();
+        assert_eq!((total.connections, total.denied), (1, 1), "{how}");
+    }
+    // Without a policy: no proxy, no report.
+    let mut s = zygote()
+        .fork_session(&SessionOptions::new(Language::Python))
+        .unwrap();
+    let r = run(&mut s, "import os; print(os.environ.get('HTTPS_PROXY'))");
+    assert_eq!(r.stdout, "None\n", "{r:?}");
+    assert_eq!(r.network, None);
+}

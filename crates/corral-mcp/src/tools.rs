@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 use base64::Engine as _;
 use corral_sandbox::{ExecutionResult, Status};
 use corral_server::service::{
-    CommandRequest, CreateSandboxRequest, ExecuteRequest, PolicyRequest, SandboxInfo,
+    CommandRequest, CreateSandboxRequest, ExecuteRequest, NetworkRequest, PolicyRequest,
+    SandboxInfo,
 };
 use corral_server::Tenant;
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -19,6 +20,15 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use crate::backend::{Backend, BackendError, Caller};
+
+/// The network of every sandbox the tools make: the server's default policy (`[network]
+/// default`; none when it has none). Tool arguments, which a model writes, never widen it.
+fn server_network() -> NetworkRequest {
+    NetworkRequest {
+        default: true,
+        ..Default::default()
+    }
+}
 
 /// What the sandbox offers, repeated in the descriptions of the tools that run code.
 macro_rules! sandbox {
@@ -526,6 +536,7 @@ impl CorralMcp {
         let req = CreateSandboxRequest {
             language: Some(language.name().into()),
             policy: self.policy_for(language),
+            network: Some(server_network()),
             ..Default::default()
         };
         let info = blocking(move || backend.create_session(&c, &req)).await?;
@@ -635,6 +646,7 @@ impl CorralMcp {
             language: Some(language.name().into()),
             image: p.image,
             policy: self.policy_for(language),
+            network: Some(server_network()),
             ..Default::default()
         };
         let backend = self.shared.backend.clone();

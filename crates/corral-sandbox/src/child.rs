@@ -35,6 +35,10 @@ pub(crate) const MSG_EXIT: u8 = b'X';
 /// empty once init reports the exit, so the host can read and remove the cgroup while init
 /// and its namespaces are still being torn down.
 pub(crate) const MSG_CGROUP: u8 = b'C';
+/// init → host, once, when the sandbox has a network policy: the egress proxy's listening
+/// socket ([`crate::egress::listen`]), made in the sandbox's network namespace before the
+/// program runs; init keeps no copy.
+pub(crate) const MSG_PROXY: u8 = b'N';
 /// Most cgroup hierarchies a sandbox joins (v1: memory, pids, cpu, cpuacct, freezer).
 const MAX_CGROUP_FILES: usize = 8;
 
@@ -82,6 +86,9 @@ pub(crate) struct ChildPlan {
     /// init starts the workload once the root is built and readiness is reported, without
     /// waiting for the host's `g`.
     pub start_at_once: bool,
+    /// init listens for the egress proxy in the sandbox's network namespace and hands the
+    /// socket to the host ([`MSG_PROXY`]).
+    pub proxy_endpoint: bool,
     /// The CPUs the host may use, read before init exists: the host and init move init and
     /// the workload while the sandbox is built ([`move_off_this_cpu`]), and the program gets
     /// these back.
@@ -358,6 +365,14 @@ fn init(plan: &ChildPlan) -> ! {
     // /proc/1/net.
     if let Err(e) = nix::sched::setns(network, CloneFlags::CLONE_NEWNET) {
         plan.fail("joining the sandbox's network namespace", e);
+    }
+    if plan.proxy_endpoint {
+        let sent = crate::egress::listen().and_then(|endpoint| {
+            sys::send_message(plan.report(), &[MSG_PROXY], Some(endpoint.as_raw_fd()))
+        });
+        if let Err(e) = sent {
+            plan.fail("opening the egress proxy's endpoint", e);
+        }
     }
     let workspace = match nix::fcntl::open(
         "/workspace",

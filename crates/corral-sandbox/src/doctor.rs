@@ -37,6 +37,39 @@ fn in_child(probe: impl FnOnce() -> nix::Result<()>) -> nix::Result<()> {
     }
 }
 
+/// Whether this host can offer egress allow-lists (docs/network.md): its proxy resolves names
+/// with the host's resolver and connects out. Informational: `--net none` needs neither.
+fn egress_check() -> Check {
+    let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let servers = resolv
+        .lines()
+        .filter(|l| l.trim_start().starts_with("nameserver"))
+        .count();
+    // Connecting a UDP socket sends nothing; it fails where there is no route.
+    let route = std::net::UdpSocket::bind("0.0.0.0:0").and_then(|s| s.connect("192.0.2.1:9"));
+    match (servers, route) {
+        (0, _) => check(
+            "egress",
+            false,
+            "/etc/resolv.conf names no name server: the proxy could not resolve allowed names \
+             (--net none is unaffected)",
+        ),
+        (_, Err(e)) => check(
+            "egress",
+            false,
+            format!("no route out of this host ({e}): allowed names could not be reached"),
+        ),
+        (n, Ok(())) => check(
+            "egress",
+            true,
+            format!(
+                "--net allow:... can be offered: {n} name server(s), a route out; each sandbox's \
+                 proxy listens on 127.0.0.1:3128 in its own network namespace"
+            ),
+        ),
+    }
+}
+
 fn check(layer: &str, active: bool, detail: impl Into<String>) -> Check {
     Check {
         layer: layer.to_string(),
@@ -201,6 +234,8 @@ pub fn run_checks() -> Vec<Check> {
             ));
         }
     }
+
+    checks.push(egress_check());
 
     let spec = SandboxSpec::new(vec!["/bin/true".to_string()]);
     let (result, _) = sandbox::run(&spec, &mut |_, _| {}, None);

@@ -12,6 +12,7 @@ pub mod cgroup;
 mod charge;
 mod child;
 pub mod doctor;
+pub mod egress;
 pub mod ids;
 mod landlock_rules;
 pub mod limits;
@@ -32,6 +33,7 @@ pub mod workspace;
 
 pub use budget::{Reservation, ResultBudget};
 pub use charge::Charge;
+pub use egress::{Egress, NetworkPolicy, NetworkReport};
 pub use ids::ROOT_MODE_ID_BASE;
 pub use limits::{LimitError, LimitField};
 pub use result::{

@@ -21,6 +21,11 @@ pub const MAX_CPUS: f64 = 64.0;
 /// The server's budget of results held at once bounds them across executions too.
 pub const MAX_RESULT_BYTES: u64 = 1 << 30;
 pub const MAX_RESULT_COUNT: u64 = 4096;
+/// Egress through the proxy: bytes both ways together, and connections in all.
+pub const MIN_NET_BYTES: u64 = 1 << 20;
+pub const MAX_NET_BYTES: u64 = 1 << 40;
+pub const MIN_NET_CONNECTIONS: u64 = 1;
+pub const MAX_NET_CONNECTIONS: u64 = 65_536;
 
 /// Which limit is out of range; front-ends name it in their own terms (`--memory`,
 /// `limits.memory_mb`).
@@ -33,6 +38,8 @@ pub enum LimitField {
     Disk,
     ResultBytes,
     ResultCount,
+    NetBytes,
+    NetConnections,
 }
 
 impl LimitField {
@@ -45,6 +52,8 @@ impl LimitField {
             LimitField::Disk => "disk",
             LimitField::ResultBytes => "result-bytes",
             LimitField::ResultCount => "result-count",
+            LimitField::NetBytes => "net-bytes",
+            LimitField::NetConnections => "net-connections",
         }
     }
 }
@@ -167,6 +176,20 @@ impl Limits {
             0,
             MAX_RESULT_COUNT,
             |n| n.to_string(),
+        )?;
+        range_u64(
+            LimitField::NetBytes,
+            self.net_bytes,
+            MIN_NET_BYTES,
+            MAX_NET_BYTES,
+            show_bytes,
+        )?;
+        range_u64(
+            LimitField::NetConnections,
+            self.net_connections,
+            MIN_NET_CONNECTIONS,
+            MAX_NET_CONNECTIONS,
+            |n| n.to_string(),
         )
     }
 
@@ -193,6 +216,8 @@ mod tests {
             cpus: MAX_CPUS,
             pids: MAX_PIDS,
             disk_bytes: MAX_DISK_BYTES,
+            net_bytes: MAX_NET_BYTES,
+            net_connections: MAX_NET_CONNECTIONS,
             ..Limits::default()
         }
         .validate()
@@ -203,6 +228,8 @@ mod tests {
             cpus: 0.01,
             pids: MIN_PIDS,
             disk_bytes: MIN_DISK_BYTES,
+            net_bytes: MIN_NET_BYTES,
+            net_connections: MIN_NET_CONNECTIONS,
             ..Limits::default()
         }
         .validate()
@@ -266,6 +293,34 @@ mod tests {
                 LimitField::Disk,
             ),
             (Limits { disk_bytes: 0, ..d }, LimitField::Disk),
+            (
+                Limits {
+                    net_bytes: MIN_NET_BYTES - 1,
+                    ..d
+                },
+                LimitField::NetBytes,
+            ),
+            (
+                Limits {
+                    net_bytes: MAX_NET_BYTES + 1,
+                    ..d
+                },
+                LimitField::NetBytes,
+            ),
+            (
+                Limits {
+                    net_connections: 0,
+                    ..d
+                },
+                LimitField::NetConnections,
+            ),
+            (
+                Limits {
+                    net_connections: MAX_NET_CONNECTIONS + 1,
+                    ..d
+                },
+                LimitField::NetConnections,
+            ),
         ];
         for (limits, field) in cases {
             let e = limits.validate().unwrap_err();

@@ -116,6 +116,9 @@ pub struct ExecutionResult {
     pub error_message: Option<String>,
     /// Protections that were weaker than requested for this run (e.g. the rlimit fallback).
     pub warnings: Vec<String>,
+    /// What the sandbox's egress proxy did during the execution; `null` without a network
+    /// policy (docs/network.md).
+    pub network: Option<crate::egress::NetworkReport>,
     /// The room its results and error take in the host's budget of results held at once
     /// (none without a budget); not part of the result object. An answer made of the result
     /// takes it over, so that it is given back only once the answer is gone.
@@ -142,6 +145,7 @@ impl ExecutionResult {
             peak_memory_bytes: 0,
             error_message: Some(message.into()),
             warnings: Vec::new(),
+            network: None,
             reservation: Reservation::default(),
         }
     }

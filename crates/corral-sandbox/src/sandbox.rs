@@ -15,7 +15,10 @@ use nix::unistd::{ForkResult, Gid, Pid, Uid};
 
 use crate::cgroup::{Cgroup, Layout};
 use crate::charge::Charge;
-use crate::child::{self, ChildPlan, MSG_CGROUP, MSG_ERROR, MSG_EXIT, MSG_INIT_PID, MSG_READY};
+use crate::child::{
+    self, ChildPlan, MSG_CGROUP, MSG_ERROR, MSG_EXIT, MSG_INIT_PID, MSG_PROXY, MSG_READY,
+};
+use crate::egress::{proxy_environment, EgressProxy, NetworkReport};
 use crate::ids::IdLease;
 use crate::landlock_rules;
 use crate::result::{ExecutionResult, Status};
@@ -147,6 +150,8 @@ pub struct Outcome {
     pub cpu_time: Duration,
     pub peak_memory_bytes: u64,
     pub error_message: Option<String>,
+    /// What the egress proxy did, when the sandbox had one.
+    pub network: Option<NetworkReport>,
 }
 
 impl Outcome {
@@ -156,6 +161,9 @@ impl Outcome {
             warnings.push(format!("listing the workspace failed: {e}"));
             Vec::new()
         });
+        if let Some(limit) = self.network.as_ref().and_then(|n| n.limit_reached.as_ref()) {
+            warnings.push(format!("egress: {limit}"));
+        }
         ExecutionResult {
             status: self.status,
             exit_code: self.exit_code,
@@ -172,6 +180,7 @@ impl Outcome {
             peak_memory_bytes: self.peak_memory_bytes,
             error_message: self.error_message,
             warnings,
+            network: self.network,
             reservation: Default::default(),
         }
     }
@@ -331,6 +340,8 @@ pub struct Sandbox {
     limits: crate::spec::Limits,
     /// The spec's `stop` descriptor (a duplicate), polled while the program runs.
     stop: Option<OwnedFd>,
+    /// The egress proxy serving the sandbox's network policy, until the sandbox ends.
+    egress: Option<EgressProxy>,
     /// Root mode: the lease on `host_ids`, released (after `Drop` has killed and reaped
     /// everything) when the sandbox is dropped.
     _id_lease: Option<IdLease>,
@@ -351,12 +362,14 @@ pub enum Report {
 }
 
 /// Resource use and cause of death, read after the sandbox has ended.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Finish {
     pub cpu_time: Duration,
     pub peak_memory_bytes: u64,
     /// The kernel's OOM killer killed a process of this sandbox.
     pub oom_killed: bool,
+    /// What the egress proxy did, when the sandbox had one (it is stopped by then).
+    pub network: Option<NetworkReport>,
 }
 
 impl Sandbox {
@@ -411,6 +424,10 @@ impl Sandbox {
                 .collect()
         };
         let mut env = base_environment(&limits);
+        let proxy_endpoint = !spec.egress.policy.is_none();
+        if proxy_endpoint {
+            env.extend(proxy_environment());
+        }
         for (k, v) in &spec.env {
             if k.is_empty() || k.contains('=') {
                 return Err(SandboxError::Refused(format!(
@@ -494,6 +511,7 @@ impl Sandbox {
             workload_filters,
             init_filters,
             start_at_once,
+            proxy_endpoint,
             cpus: nix::sched::sched_getaffinity(Pid::from_raw(0)).ok(),
         };
 
@@ -560,6 +578,7 @@ impl Sandbox {
             workspace: None,
             warnings,
             limits,
+            egress: None,
             stop: spec
                 .stop
                 .as_ref()
@@ -621,7 +640,10 @@ impl Sandbox {
         // knows init's pid already.)
         let handshake = (|| {
             let mut init_pid = direct.then_some(first_child);
-            while init_pid.is_none() || sandbox.workspace.is_none() {
+            while init_pid.is_none()
+                || sandbox.workspace.is_none()
+                || (proxy_endpoint && sandbox.egress.is_none())
+            {
                 let (n, fd) = sandbox.recv(&mut buf)?;
                 match (buf.get(..n), fd) {
                     (Some([MSG_INIT_PID, pid @ ..]), _) if pid.len() == 4 => {
@@ -648,6 +670,13 @@ impl Sandbox {
                         return Err(SandboxError::Setup(
                             String::from_utf8_lossy(msg).into_owned(),
                         ))
+                    }
+                    (Some([MSG_PROXY]), Some(fd)) if proxy_endpoint && sandbox.egress.is_none() => {
+                        let proxy =
+                            EgressProxy::start(fd, spec.egress.clone(), &limits).map_err(|e| {
+                                SandboxError::Setup(format!("starting the egress proxy: {e}"))
+                            })?;
+                        sandbox.egress = Some(proxy);
                     }
                     _ => {
                         if init_pid.is_none() {
@@ -787,6 +816,7 @@ impl Sandbox {
         // reported the exit: it is read and removed while init's namespaces are torn down.
         // (Without a report, removing it kills and waits out what is left.)
         let cgroup = self.cgroup.take();
+        let network = self.egress.take().map(|mut proxy| proxy.stop());
         let oom_killed = self.oom_killed_in(cgroup.as_ref());
         let peak_memory = cgroup.as_ref().and_then(Cgroup::peak_memory);
         // rusage misses processes the kernel reaped itself (a killed tree): prefer the cgroup.
@@ -805,7 +835,13 @@ impl Sandbox {
             cpu_time,
             peak_memory_bytes,
             oom_killed,
+            network,
         }
+    }
+
+    /// Reads what the egress proxy does (none without a network policy).
+    pub fn network_monitor(&self) -> Option<crate::egress::EgressMonitor> {
+        self.egress.as_ref().map(EgressProxy::monitor)
     }
 
     /// Starts the program and waits for it to end (or for the timeout), passing output to
@@ -1011,6 +1047,7 @@ pub fn wait_for_program(
             cpu_time: Duration::ZERO,
             peak_memory_bytes: 0,
             error_message: Some(e.to_string()),
+            network: None,
         };
     }
     // The program is running and the host has nothing to do until it writes or exits:
@@ -1199,6 +1236,7 @@ pub fn wait_for_program(
         cpu_time: finish.cpu_time,
         peak_memory_bytes: finish.peak_memory_bytes,
         error_message: message,
+        network: finish.network,
     }
 }
 

@@ -45,6 +45,9 @@ pub const MSG_READY: u8 = b'R';
 pub const MSG_KERNEL: u8 = b'K';
 pub const MSG_ERROR: u8 = b'E';
 pub const MSG_EXIT: u8 = b'X';
+/// The egress proxy's listening socket, made in the session's network namespace before the
+/// kernel exists, when the plan asks for it; init keeps no copy.
+pub const MSG_PROXY: u8 = b'N';
 
 /// The largest plan the child reads; a plan carries the session's environment. (One
 /// SEQPACKET message, which must fit the socket's default send buffer.)
@@ -72,6 +75,8 @@ pub struct SessionPlan {
     /// `/run/corral/<name>` (on a filesystem of its own over the zygote's `/run/corral`), as
     /// a one-shot sandbox has it.
     pub program: Option<String>,
+    /// Listen for the egress proxy in the session's network namespace ([`MSG_PROXY`]).
+    pub proxy_endpoint: bool,
 }
 
 /// Where a one-shot run's program is, as in a one-shot sandbox.
@@ -242,6 +247,14 @@ fn init(fds: &SessionFds, plan: SessionPlan, program: Option<(String, OwnedFd)>)
         fds.fail("reporting readiness", e);
     }
     let _ = nix::unistd::close(workspace);
+    if plan.proxy_endpoint {
+        let sent = crate::egress::listen().and_then(|endpoint| {
+            sys::send_message(fds.control(), &[MSG_PROXY], Some(endpoint.as_raw_fd()))
+        });
+        if let Err(e) = sent {
+            fds.fail("opening the egress proxy's endpoint", e);
+        }
+    }
 
     // SIGCHLD through a signalfd, as the one-shot init takes it; the kernel unblocks it.
     let mut sigchld = nix::sys::signal::SigSet::empty();

@@ -27,6 +27,12 @@ pub struct Limits {
     pub result_bytes: usize,
     /// Rich results kept per execution; later ones are dropped (with a warning).
     pub result_count: usize,
+    /// Bytes the sandbox may move through its egress proxy, both ways together; reaching it
+    /// closes every connection and the proxy's endpoint (docs/network.md).
+    pub net_bytes: u64,
+    /// Connections the sandbox's egress proxy accepts in all; the next one is refused and
+    /// the endpoint closed.
+    pub net_connections: u64,
 }
 
 impl Default for Limits {
@@ -40,6 +46,8 @@ impl Default for Limits {
             output_bytes: 1 << 20,
             result_bytes: 64 << 20,
             result_count: 256,
+            net_bytes: 1 << 30,
+            net_connections: 1024,
         }
     }
 }
@@ -107,6 +115,8 @@ pub struct SandboxSpec {
     pub env: Vec<(String, String)>,
     pub limits: Limits,
     pub policy: Policy,
+    /// What the sandbox may reach beyond its own loopback, and how the host enforces it.
+    pub egress: crate::egress::Egress,
     /// A file placed read-only at `/run/corral/<name>` (the program text of a one-shot run).
     pub program_file: Option<(String, Vec<u8>)>,
     /// More read-only files under `/run/corral` (e.g. a kernel's runtime).
@@ -135,6 +145,7 @@ impl SandboxSpec {
             env: Vec::new(),
             limits: Limits::default(),
             policy: Policy::default(),
+            egress: crate::egress::Egress::default(),
             program_file: None,
             support_files: Vec::new(),
             runtime_dir: None,

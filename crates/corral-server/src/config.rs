@@ -68,6 +68,46 @@ pub struct Config {
     /// The code policy of the keys named NAME, instead of `code_policy` (`[key_code_policy.NAME]`
     /// tables).
     pub key_code_policy: std::collections::BTreeMap<String, crate::service::PolicyRequest>,
+    /// What sandboxes may reach beyond their loopback (a `[network]` table;
+    /// docs/network.md): by default nothing.
+    pub network: NetworkConfig,
+}
+
+/// The operator's network settings: what any request may ask for, which names may resolve
+/// to internal addresses, and the policy of requests that ask for the server's default.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NetworkConfig {
+    /// Host names (`NAME[:PORT]`, `*.SUFFIX[:PORT]`) a request may allow; a request's names
+    /// must lie within them (403 `network_not_allowed` otherwise).
+    pub allow: Vec<String>,
+    /// Address ranges (`CIDR[:PORT]`) a request may allow.
+    pub cidrs: Vec<String>,
+    /// Names of `allow` that may resolve to internal addresses (loopback, private,
+    /// link-local, the host's own): a mirror on a private network, say.
+    pub allow_private: Vec<String>,
+    /// The policy of a request that asks for the default (`"network": {"default": true}`,
+    /// E2B `allow_internet_access`, the MCP tools): items within `allow` and `cidrs`; empty:
+    /// none.
+    pub default: Vec<String>,
+}
+
+impl NetworkConfig {
+    /// The operator's bound (its names marked as `allow_private` says) and the default policy,
+    /// checked.
+    pub fn policies(
+        &self,
+    ) -> anyhow::Result<(corral_sandbox::NetworkPolicy, corral_sandbox::NetworkPolicy)> {
+        use corral_sandbox::NetworkPolicy;
+        let bound = NetworkPolicy::from_lists(&self.allow, &self.cidrs, &self.allow_private)
+            .map_err(|e| anyhow::anyhow!("[network]: {e}"))?;
+        let default = NetworkPolicy::from_items(&self.default, &[])
+            .map_err(|e| anyhow::anyhow!("[network] default: {e}"))?;
+        default.within(&bound).map_err(|item| {
+            anyhow::anyhow!("[network] default: {item} is not within [network] allow and cidrs")
+        })?;
+        Ok((bound.clone(), default.with_private_hosts_of(&bound)))
+    }
 }
 
 impl Default for Config {
@@ -99,6 +139,7 @@ impl Default for Config {
             default_limits: Default::default(),
             code_policy: Default::default(),
             key_code_policy: Default::default(),
+            network: Default::default(),
         }
     }
 }
@@ -156,6 +197,7 @@ impl Config {
         if self.memory_budget_bytes == Some(0) {
             anyhow::bail!("memory_budget_bytes must be more than 0");
         }
+        self.network.policies()?;
         Ok(())
     }
 
@@ -205,6 +247,33 @@ mod tests {
         assert!(!Config::default().requires_keys());
         let err = toml::from_str::<Config>("pool_sise = 2").unwrap_err();
         assert!(err.to_string().contains("pool_sise"), "{err}");
+    }
+
+    #[test]
+    fn the_network_table_bounds_requests_and_names_a_default() {
+        let c: Config = toml::from_str(
+            "[network]\nallow = [\"index.example.org\", \"*.example.net:443\"]\n\
+             allow_private = [\"index.example.org\"]\ndefault = [\"index.example.org:443\"]",
+        )
+        .unwrap();
+        c.check().unwrap();
+        let (bound, default) = c.network.policies().unwrap();
+        assert_eq!(
+            bound.items(),
+            ["index.example.org:80+443", "*.example.net:443"]
+        );
+        assert_eq!(default.check_name("index.example.org", 443), Ok(true));
+        for bad in [
+            "[network]\ndefault = [\"evil.com\"]",
+            "[network]\nallow = [\"10.0.0.0/8\"]",
+            "[network]\nallow = [\"a.com\"]\nallow_private = [\"b.com\"]",
+            "[network]\nallowed = []",
+        ] {
+            let c = toml::from_str::<Config>(bad);
+            assert!(c.is_err() || c.unwrap().check().is_err(), "{bad}");
+        }
+        let (bound, default) = Config::default().network.policies().unwrap();
+        assert!(bound.is_none() && default.is_none());
     }
 
     #[test]

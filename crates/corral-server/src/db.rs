@@ -36,6 +36,22 @@ pub struct AuditEntry<'a> {
     pub peak_memory_bytes: u64,
 }
 
+/// One decision of a sandbox's egress proxy, for the audit log.
+#[derive(Debug, Clone)]
+pub struct EgressEntry<'a> {
+    pub key_id: &'a str,
+    /// The session, or none for a one-shot run.
+    pub session_id: Option<&'a str>,
+    pub host: &'a str,
+    pub port: u16,
+    /// `allowed`, `denied` or `failed`.
+    pub decision: &'a str,
+    /// Empty when allowed.
+    pub reason: &'a str,
+    /// The address connected to, when allowed.
+    pub address: Option<String>,
+}
+
 pub struct Db {
     conn: Mutex<Connection>,
 }
@@ -69,6 +85,17 @@ CREATE TABLE IF NOT EXISTS executions (
     execution_time_ms INTEGER NOT NULL,
     cpu_time_ms INTEGER NOT NULL,
     peak_memory_bytes INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS egress (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    key_id TEXT NOT NULL,
+    session_id TEXT,
+    at INTEGER NOT NULL,
+    host TEXT NOT NULL,
+    port INTEGER NOT NULL,
+    decision TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    address TEXT
 );
 ";
 
@@ -240,6 +267,41 @@ impl Db {
             ],
         )?;
         Ok(())
+    }
+
+    /// Records one egress decision.
+    pub fn egress(&self, e: &EgressEntry<'_>) -> Result<(), DbError> {
+        self.conn().execute(
+            "INSERT INTO egress (key_id, session_id, at, host, port, decision, reason, address) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                e.key_id,
+                e.session_id,
+                now(),
+                e.host,
+                e.port,
+                e.decision,
+                e.reason,
+                e.address
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// The egress decisions recorded for `key_id`, oldest first: host, port, decision,
+    /// reason (for tests and inspection).
+    pub fn egress_decisions(
+        &self,
+        key_id: &str,
+    ) -> Result<Vec<(String, u16, String, String)>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT host, port, decision, reason FROM egress WHERE key_id = ?1 ORDER BY id",
+        )?;
+        let rows = stmt.query_map(params![key_id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     /// How many audit-log lines there are for `session_id` (for tests and inspection).

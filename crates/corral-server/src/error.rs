@@ -104,6 +104,7 @@ impl From<ServiceError> for ApiError {
                     Conflict::PauseUnsupported => "pause_unsupported",
                 },
             ),
+            ServiceError::NetworkNotAllowed(_) => (StatusCode::FORBIDDEN, "network_not_allowed"),
         };
         let retry_after_s = match e {
             ServiceError::TooManySandboxes { retry_after_s, .. }

@@ -15,6 +15,20 @@ pub struct ExecutionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EgressLabels {
+    /// `allowed`, `denied` or `failed`.
+    pub decision: String,
+    /// Why it was denied or failed (docs/network.md); empty when allowed.
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabels {
+    /// `up` (sandbox to server) or `down`.
+    pub direction: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
     pub status: u16,
 }
@@ -48,6 +62,10 @@ pub struct Metrics {
     pub zygote_restarts: Family<ImageLabels, Counter>,
     pub pauses: Counter,
     pub resumes: Counter,
+    /// Every decision of a sandbox's egress proxy.
+    pub egress_decisions: Family<EgressLabels, Counter>,
+    /// Bytes moved through egress proxies, by direction.
+    pub egress_bytes: Family<DirectionLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -71,6 +89,8 @@ impl Default for Metrics {
             zygote_restarts: Family::default(),
             pauses: Counter::default(),
             resumes: Counter::default(),
+            egress_decisions: Family::default(),
+            egress_bytes: Family::default(),
             registry: Registry::default(),
         };
         registry.register("sessions_live", "Sessions alive", m.sessions_live.clone());
@@ -142,6 +162,16 @@ impl Default for Metrics {
         );
         registry.register("pauses", "Sandboxes paused", m.pauses.clone());
         registry.register("resumes", "Paused sandboxes resumed", m.resumes.clone());
+        registry.register(
+            "egress_decisions",
+            "Decisions of sandboxes' egress proxies, by decision and reason",
+            m.egress_decisions.clone(),
+        );
+        registry.register(
+            "egress_bytes",
+            "Bytes moved through sandboxes' egress proxies, by direction",
+            m.egress_bytes.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
@@ -197,6 +227,17 @@ mod tests {
             last_error: None,
         };
         m.record_zygote("default", &down);
+        m.egress_decisions
+            .get_or_create(&EgressLabels {
+                decision: "denied".into(),
+                reason: "not_allowed".into(),
+            })
+            .inc();
+        m.egress_bytes
+            .get_or_create(&DirectionLabels {
+                direction: "down".into(),
+            })
+            .inc_by(5);
         m.record_zygote(
             "default",
             &corral_kernel::ZygoteStatus {
@@ -217,6 +258,8 @@ mod tests {
             "corral_sandbox_failures_total",
             "corral_zygote_up{image=\"default\"} 0",
             "corral_zygote_restarts_total{image=\"default\"} 3",
+            "corral_egress_decisions_total{decision=\"denied\",reason=\"not_allowed\"} 1",
+            "corral_egress_bytes_total{direction=\"down\"} 5",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }

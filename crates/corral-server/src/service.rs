@@ -16,18 +16,19 @@ use corral_kernel::{
     CodePolicy, Event, KernelError, Language, ManagerError, PolicyError, Pool, SessionManager,
     SessionOptions, Stopper, ZygoteStatus,
 };
+use corral_sandbox::egress::{Decision, EgressObserver};
 use corral_sandbox::limits::show_bytes;
 use corral_sandbox::limits::timeout_from_secs;
 use corral_sandbox::{
-    ExecutionResult, FileEntry, InputFile, LimitError, LimitField, Limits, Policy, ResultBudget,
-    SandboxSpec, Status, WorkspaceError,
+    Egress, ExecutionResult, FileEntry, InputFile, LimitError, LimitField, Limits, NetworkPolicy,
+    NetworkReport, Policy, ResultBudget, SandboxSpec, Status, WorkspaceError,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::admission::{Admission, RunPermit};
 use crate::config::Config;
-use crate::db::{AuditEntry, Db};
-use crate::metrics::Metrics;
+use crate::db::{AuditEntry, Db, EgressEntry};
+use crate::metrics::{DirectionLabels, EgressLabels, Metrics};
 
 /// The tenant a request acts for: an API key's id, or `local` for keyless loopback use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +81,9 @@ pub enum ServiceError {
     InsufficientStorage(String),
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// A network policy outside what the server's operator allows (403).
+    #[error("{0}")]
+    NetworkNotAllowed(String),
     /// The sandbox is not in a state that allows the call (each answered 409 with its own
     /// code).
     #[error("{message}")]
@@ -159,6 +163,11 @@ pub struct LimitsRequest {
     pub result_mb: Option<u64>,
     /// Rich results kept per execution.
     pub result_count: Option<u64>,
+    /// MiB the sandbox may move through its egress proxy, both ways together (with a
+    /// `network` policy).
+    pub net_mb: Option<u64>,
+    /// Connections the sandbox's egress proxy accepts in all.
+    pub net_connections: Option<u64>,
 }
 
 impl From<&Limits> for LimitsRequest {
@@ -172,6 +181,8 @@ impl From<&Limits> for LimitsRequest {
             disk_mb: Some(l.disk_bytes >> 20),
             result_mb: Some((l.result_bytes >> 20) as u64),
             result_count: Some(l.result_count as u64),
+            net_mb: Some(l.net_bytes >> 20),
+            net_connections: Some(l.net_connections),
         }
     }
 }
@@ -203,6 +214,12 @@ impl LimitsRequest {
         if let Some(n) = self.result_count {
             limits.result_count = usize::try_from(n).unwrap_or(usize::MAX);
         }
+        if let Some(m) = self.net_mb {
+            limits.net_bytes = m.saturating_mul(1 << 20);
+        }
+        if let Some(n) = self.net_connections {
+            limits.net_connections = n;
+        }
         limits.validate().map_err(limits_error)?;
         Ok(limits)
     }
@@ -218,8 +235,26 @@ fn limits_error(e: LimitError) -> ServiceError {
         LimitField::Disk => "disk_mb",
         LimitField::ResultBytes => "result_mb",
         LimitField::ResultCount => "result_count",
+        LimitField::NetBytes => "net_mb",
+        LimitField::NetConnections => "net_connections",
     };
     ServiceError::BadRequest(e.naming(&format!("limits.{field}")))
+}
+
+/// What a sandbox may reach beyond its loopback (docs/network.md). Absent, or with nothing
+/// in it: nothing. Every item must lie within the server's `[network]` settings.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRequest {
+    /// Host names, `NAME[:PORT]` or `*.SUFFIX[:PORT]` (ports 80 and 443 when none is given).
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Address ranges, `CIDR[:PORT]` (`[IPv6-CIDR]:PORT`).
+    #[serde(default)]
+    pub cidrs: Vec<String>,
+    /// The server's default policy (`[network] default`) instead of `allow` and `cidrs`.
+    #[serde(default)]
+    pub default: bool,
 }
 
 /// A code policy as requests and the server's settings give it (docs/code-policy.md): what
@@ -316,6 +351,7 @@ pub struct RunRequest {
     pub files: Option<Vec<InputFileRequest>>,
     /// Narrows the key's code policy for this run (docs/code-policy.md).
     pub policy: Option<PolicyRequest>,
+    pub network: Option<NetworkRequest>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, utoipa::ToSchema)]
@@ -333,6 +369,7 @@ pub struct CreateSandboxRequest {
     /// (at most [`METADATA_ENTRIES`] entries; keys of 1 to [`METADATA_KEY_BYTES`] bytes,
     /// values of at most [`METADATA_VALUE_BYTES`]).
     pub metadata: Option<BTreeMap<String, String>>,
+    pub network: Option<NetworkRequest>,
 }
 
 /// Bounds of a session's `metadata` (docs/api.md).
@@ -464,6 +501,9 @@ pub struct SandboxInfo {
     pub metadata: BTreeMap<String, String>,
     /// The limits it runs with (every field set).
     pub limits: LimitsRequest,
+    /// What its egress proxy has done since the kernel started; `null` without a network
+    /// policy.
+    pub network: Option<NetworkReport>,
 }
 
 /// A checked command: what runs, with what, for how long.
@@ -495,8 +535,11 @@ pub struct Service {
     store: Store,
     manager: Arc<SessionManager>,
     pool: Option<Arc<Pool>>,
-    db: Db,
+    db: Arc<Db>,
     pub metrics: Metrics,
+    /// The operator's `[network]`: what requests may ask for, and the default policy.
+    network_bound: NetworkPolicy,
+    network_default: NetworkPolicy,
     sessions: Mutex<HashMap<String, Owned>>,
     /// Session slots taken by creations in progress, per tenant.
     reserved: Mutex<HashMap<String, usize>>,
@@ -511,6 +554,66 @@ pub struct Service {
     default_limits: Limits,
     /// The code policies of keys, which requests narrow (`code_policy`, `key_code_policy`).
     code_policies: CodePolicies,
+}
+
+/// Hears a sandbox's egress decisions: each is a line of the audit log (`egress` table) and
+/// a count in `corral_egress_decisions_total`; the bytes go to `corral_egress_bytes_total`.
+struct EgressAudit {
+    db: Arc<Db>,
+    decisions: prometheus_client::metrics::family::Family<
+        EgressLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    bytes: prometheus_client::metrics::family::Family<
+        DirectionLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    tenant: String,
+    /// The session's id, once it has one (none for a one-shot run).
+    session: std::sync::OnceLock<String>,
+}
+
+impl std::fmt::Debug for EgressAudit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressAudit")
+            .field("tenant", &self.tenant)
+            .field("session", &self.session.get())
+            .finish()
+    }
+}
+
+impl EgressObserver for EgressAudit {
+    fn decision(&self, d: &Decision) {
+        let reason = d.verdict.reason().map_or("", |r| r.name());
+        self.decisions
+            .get_or_create(&EgressLabels {
+                decision: d.verdict.name().into(),
+                reason: reason.into(),
+            })
+            .inc();
+        let entry = EgressEntry {
+            key_id: &self.tenant,
+            session_id: self.session.get().map(String::as_str),
+            host: &d.host,
+            port: d.port,
+            decision: d.verdict.name(),
+            reason,
+            address: d.address.map(|a| a.to_string()),
+        };
+        if let Err(e) = self.db.egress(&entry) {
+            eprintln!("corral: audit log: {e}");
+        }
+    }
+
+    fn closed(&self, bytes_up: u64, bytes_down: u64) {
+        for (direction, n) in [("up", bytes_up), ("down", bytes_down)] {
+            self.bytes
+                .get_or_create(&DirectionLabels {
+                    direction: direction.into(),
+                })
+                .inc_by(n);
+        }
+    }
 }
 
 fn rfc3339(t: SystemTime) -> String {
@@ -581,7 +684,8 @@ impl Service {
             .db
             .clone()
             .unwrap_or_else(|| store.data_dir().join("corral.db"));
-        let db = Db::open(&db_path)?;
+        let db = Arc::new(Db::open(&db_path)?);
+        let (network_bound, network_default) = config.network.policies()?;
         let orphans = db.end_orphaned_sessions()?;
         if !orphans.is_empty() {
             eprintln!(
@@ -647,6 +751,8 @@ impl Service {
             pool,
             db,
             metrics,
+            network_bound,
+            network_default,
             sessions: Mutex::new(HashMap::new()),
             reserved: Mutex::new(HashMap::new()),
             admission,
@@ -779,6 +885,55 @@ impl Service {
             ))
         })?;
         Ok(policy.for_language(language))
+    }
+
+    /// Whether the operator offers a default network policy (`[network] default`).
+    pub fn has_default_network(&self) -> bool {
+        !self.network_default.is_none()
+    }
+
+    /// The egress of a request of `tenant`'s: its policy, checked against the operator's
+    /// `[network]`, and an observer that writes every decision to the audit log and the
+    /// metrics (which learns the session's id once it has one).
+    fn egress(
+        &self,
+        tenant: &Tenant,
+        req: Option<&NetworkRequest>,
+    ) -> Result<(Egress, Option<Arc<EgressAudit>>), ServiceError> {
+        let Some(req) = req else {
+            return Ok((Egress::default(), None));
+        };
+        let policy = if req.default {
+            if !req.allow.is_empty() || !req.cidrs.is_empty() {
+                return Err(ServiceError::BadRequest(
+                    "network: give either default or allow and cidrs".into(),
+                ));
+            }
+            self.network_default.clone()
+        } else {
+            let asked = NetworkPolicy::from_lists(&req.allow, &req.cidrs, &[])
+                .map_err(|e| ServiceError::BadRequest(format!("network: {e}")))?;
+            asked.within(&self.network_bound).map_err(|item| {
+                ServiceError::NetworkNotAllowed(format!(
+                    "network: {item} is not on this server's network allow-list (its \
+                     operator's [network] allow and cidrs)"
+                ))
+            })?;
+            asked.with_private_hosts_of(&self.network_bound)
+        };
+        if policy.is_none() {
+            return Ok((Egress::default(), None));
+        }
+        let audit = Arc::new(EgressAudit {
+            db: self.db.clone(),
+            decisions: self.metrics.egress_decisions.clone(),
+            bytes: self.metrics.egress_bytes.clone(),
+            tenant: tenant.0.clone(),
+            session: std::sync::OnceLock::new(),
+        });
+        let mut egress = Egress::new(policy);
+        egress.observer = Some(audit.clone());
+        Ok((egress, Some(audit)))
     }
 
     fn check_running(&self) -> Result<(), ServiceError> {
@@ -933,11 +1088,20 @@ impl Service {
             self.release_slot(tenant);
             return Err(e);
         }
+        let (egress, audit) = match self.egress(tenant, req.network.as_ref()) {
+            Ok(egress) => egress,
+            Err(e) => {
+                self.admission.release(promised);
+                self.release_slot(tenant);
+                return Err(e);
+            }
+        };
         let started = Instant::now();
         let mut options = session_options(&image, language, limits, env, self.policy());
         options.result_budget = Some(self.result_share(tenant));
         let policy = PolicyRequest::of(&code_policy);
         options.code_policy = code_policy;
+        options.egress = egress;
         let created = self.manager.create(&options, Duration::from_secs(idle));
         self.metrics
             .session_create_seconds
@@ -950,6 +1114,9 @@ impl Service {
                 return Err(self.manager_error("(new)", e));
             }
         };
+        if let Some(audit) = audit {
+            let _ = audit.session.set(info.id.clone());
+        }
         let owned = Owned {
             tenant: tenant.clone(),
             image: image.name.clone(),
@@ -996,6 +1163,7 @@ impl Service {
             policy: owned.policy.clone(),
             metadata: owned.metadata.clone(),
             limits: LimitsRequest::from(&owned.limits),
+            network: info.network.clone(),
         }
     }
 
@@ -1450,6 +1618,8 @@ impl Service {
             .to_limits(&self.default_limits)?;
         let language = parse_language(req.language.as_deref())?;
         self.code_policy(tenant, req.policy.as_ref(), language)?;
+        // A network policy outside the operator's is refused before the run waits for a slot.
+        self.egress(tenant, req.network.as_ref())?;
         self.admission
             .admit_run(&tenant.0, limits.host_memory_bytes())
             .await
@@ -1479,6 +1649,7 @@ impl Service {
         spec.env = image.env.clone();
         spec.env.extend(check_env(req.env.as_ref())?);
         spec.policy = self.policy();
+        spec.egress = self.egress(tenant, req.network.as_ref())?.0;
         for f in req.files.iter().flatten() {
             spec.input_files.push(input_file(f)?);
         }

@@ -12,8 +12,9 @@ use clap::Args;
 pub struct BenchArgs {
     /// Timed runs per contender (after 3 warm-up runs each).
     #[arg(long, default_value_t = 60)]
-    runs: usize,
-    /// Which benchmarks: all, oneshot, sessions, density, server, or soak (not part of all).
+    pub runs: usize,
+    /// Which benchmarks: all, oneshot, sessions, density, server, egress, or soak (not part
+    /// of all).
     #[arg(long, default_value = "all")]
     only: String,
     /// Image for the session benchmarks.
@@ -152,12 +153,18 @@ pub fn main(args: BenchArgs) -> Result<()> {
     if all || args.only == "server" {
         crate::bench_server::run(&args)?;
     }
+    if all || args.only == "egress" {
+        crate::bench_egress::run(&args)?;
+    }
     // The soak runs for minutes and fails on any error: only when asked for by name.
     if args.only == "soak" {
         crate::bench_soak::run(&args)?;
     }
-    if !["all", "oneshot", "sessions", "density", "server", "soak"].contains(&args.only.as_str()) {
-        bail!("--only takes all, oneshot, sessions, density, server or soak");
+    let known = [
+        "all", "oneshot", "sessions", "density", "server", "egress", "soak",
+    ];
+    if !known.contains(&args.only.as_str()) {
+        bail!("--only takes all, oneshot, sessions, density, server, egress or soak");
     }
     Ok(())
 }

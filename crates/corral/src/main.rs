@@ -1,6 +1,7 @@
 //! The `corral` command line: a thin layer over the `corral-sandbox` library.
 
 mod bench;
+mod bench_egress;
 mod bench_server;
 mod bench_sessions;
 mod bench_soak;

@@ -13,7 +13,9 @@ use corral_image::{ImageError, Recipe, ResolvedImage, Store};
 use corral_kernel::bytecode::BytecodeCache;
 use corral_kernel::policy::{CodePolicy, PolicyField};
 use corral_sandbox::workspace::{CopyError, CopyLimits, OutDir, MAX_ENTRIES};
-use corral_sandbox::{ExecutionResult, InputFile, Limits, Policy, SandboxSpec, Status, Stream};
+use corral_sandbox::{
+    Egress, ExecutionResult, InputFile, Limits, NetworkPolicy, Policy, SandboxSpec, Status, Stream,
+};
 
 /// Files skipped by a copy that are named one by one in `warnings`; the rest are counted.
 const MAX_SKIP_WARNINGS: usize = 20;
@@ -135,9 +137,26 @@ pub struct RunArgs {
     /// Rich results kept per run; later ones are dropped with a warning.
     #[arg(long, default_value_t = 256)]
     result_count: u64,
-    /// Network: only `none` exists (a loopback interface of the sandbox's own).
-    #[arg(long, default_value = "none")]
-    net: String,
+    /// Network: `none` (a loopback interface of the sandbox's own, nothing else), or
+    /// `allow:HOST[,HOST...]`: these hosts through the host's egress proxy (HOST is NAME,
+    /// *.SUFFIX or CIDR, each with :PORT or ports 80 and 443; docs/network.md).
+    #[arg(long, value_name = "none|allow:HOST[,HOST...]")]
+    net: Option<String>,
+    /// The network policy from a TOML or JSON file: `allow` (names), `cidrs` (address
+    /// ranges), `allow_private` (names that may resolve to internal addresses).
+    #[arg(long, value_name = "FILE", conflicts_with = "net")]
+    net_policy: Option<PathBuf>,
+    /// An allowed name that may resolve to internal addresses (loopback, private,
+    /// link-local, the host's own); repeatable. You are the operator: only for names you
+    /// trust to point there.
+    #[arg(long = "net-allow-private", value_name = "HOST")]
+    net_allow_private: Vec<String>,
+    /// Bytes the sandbox may move through the egress proxy, both ways together.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    net_bytes: u64,
+    /// Connections the egress proxy accepts from the sandbox in all.
+    #[arg(long, default_value_t = 1024)]
+    net_connections: u64,
     /// Code policy: a module the program may import (repeatable, or comma-separated); given
     /// any, it may import only these. Defence in depth, not a boundary (docs/code-policy.md).
     #[arg(long = "allow-module", value_name = "MODULE", value_delimiter = ',')]
@@ -202,6 +221,8 @@ fn checked_limits(args: &RunArgs) -> Result<Limits> {
         disk_bytes: args.disk,
         result_bytes: usize::try_from(args.result_bytes).unwrap_or(usize::MAX),
         result_count: usize::try_from(args.result_count).unwrap_or(usize::MAX),
+        net_bytes: args.net_bytes,
+        net_connections: args.net_connections,
         ..Limits::default()
     };
     limits.validate().map_err(flag)?;
@@ -230,6 +251,42 @@ pub fn policy_of_flags(allow: &[String], deny: &[String], max: Option<u64>) -> R
         };
         anyhow::anyhow!(e.naming(flag))
     })
+}
+
+/// A policy file (`--net-policy`): TOML, or JSON when its name ends in `.json`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyFile {
+    #[serde(default)]
+    allow: Vec<String>,
+    #[serde(default)]
+    cidrs: Vec<String>,
+    #[serde(default)]
+    allow_private: Vec<String>,
+}
+
+/// The network policy `--net`, `--net-policy` and `--net-allow-private` ask for.
+fn network_policy(args: &RunArgs) -> Result<NetworkPolicy> {
+    let Some(path) = &args.net_policy else {
+        let flag = args.net.as_deref().unwrap_or("none");
+        return NetworkPolicy::parse_flag(flag, &args.net_allow_private)
+            .map_err(|e| anyhow::anyhow!("--net: {e}"));
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--net-policy {}", path.display()))?;
+    let file: PolicyFile = if path.extension().is_some_and(|e| e == "json") {
+        serde_json::from_str(&text).map_err(anyhow::Error::from)
+    } else {
+        toml::from_str(&text).map_err(anyhow::Error::from)
+    }
+    .with_context(|| format!("--net-policy {}", path.display()))?;
+    let private: Vec<String> = file
+        .allow_private
+        .into_iter()
+        .chain(args.net_allow_private.iter().cloned())
+        .collect();
+    NetworkPolicy::from_lists(&file.allow, &file.cidrs, &private)
+        .map_err(|e| anyhow::anyhow!("--net-policy {}: {e}", path.display()))
 }
 
 /// Feeds the program's standard input from Corral's own when the program did not come from
@@ -307,12 +364,7 @@ fn build_spec(args: &RunArgs) -> Result<Prepared> {
     if let Some(dir) = &args.out {
         OutDir::check(dir).context("--out")?;
     }
-    if args.net != "none" {
-        bail!(
-            "--net {}: only `none` is supported (the sandbox has its own loopback only)",
-            args.net
-        );
-    }
+    let network = network_policy(args)?;
     let limits = checked_limits(args)?;
     let from_stdin =
         args.code.is_none() && args.file.as_deref().is_none_or(|f| f == Path::new("-"));
@@ -400,6 +452,7 @@ fn build_spec(args: &RunArgs) -> Result<Prepared> {
         strict: args.strict,
         allow_degraded: args.allow_degraded,
     };
+    spec.egress = Egress::new(network);
     spec.input_files = input_files;
     let mut stdin_cut = None;
     if !from_stdin {
@@ -651,6 +704,16 @@ fn report(args: &RunArgs, result: &ExecutionResult) -> i32 {
         for w in &result.warnings {
             tell!("warning: {w}");
         }
+        // What the egress proxy refused, in the words a model or a person can act on.
+        for d in result.network.iter().flat_map(|n| &n.denials) {
+            tell!(
+                "egress {}:{} refused ({}): {}",
+                printable(&d.host),
+                d.port,
+                d.reason.name(),
+                printable(&d.message)
+            );
+        }
         // A cut stream ends with a marker in the stream itself, where its reader looks.
         let cap = Limits::default().output_bytes;
         if result.stdout_truncated {
@@ -674,6 +737,17 @@ fn report(args: &RunArgs, result: &ExecutionResult) -> i32 {
     result
         .status
         .cli_exit_code(result.exit_code.or(result.signal.map(|s| 128 + s)))
+}
+
+/// `text` (which may carry names a sandbox chose) with its control characters escaped, for a
+/// terminal.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c.is_control() {
+            true => c.escape_default().to_string(),
+            false => c.to_string(),
+        })
+        .collect()
 }
 
 /// A failure before any sandbox existed: still a result object in --json mode.

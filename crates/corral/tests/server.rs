@@ -2782,3 +2782,154 @@ fn sessions_are_listed_by_state_and_metadata_and_report_their_usage() {
     );
     assert_eq!(status, 404);
 }
+
+/// The network of `/v1/run`, sessions and the E2B face: a request within the operator's
+/// `[network]` reaches its names through the sandbox's proxy and the result, the session's info,
+/// the audit log and the metrics say what went through; one outside is 403
+/// `network_not_allowed` naming the item; E2B's `allow_internet_access` takes the server's
+/// default. The upstream is a server of the test's on loopback, which the operator opts in.
+#[test]
+fn network_requests_are_bounded_by_the_operator_and_audited() {
+    let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = upstream.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in upstream.incoming().flatten() {
+            let mut conn = conn;
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello");
+        }
+    });
+    let config = format!(
+        "[network]\nallow = [\"localhost:{port}\", \"*.example.org\"]\n\
+         allow_private = [\"localhost\"]\ndefault = [\"localhost:{port}\"]\n"
+    );
+    let server = Server::start(&config);
+    let key = server.key("net");
+    let fetch = format!(
+        "import os, urllib.request\n\
+         for k in ('NO_PROXY', 'no_proxy'): os.environ.pop(k)\n\
+         print(urllib.request.urlopen('http://localhost:{port}/').read().decode())"
+    );
+    let body = json!({"code": fetch, "image": "host",
+                      "network": {"allow": [format!("localhost:{port}")]}});
+    let (status, r) = server.call("POST", "/v1/run", Some(&key), Some(&body.to_string()));
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["stdout"], "hello\n", "{r}");
+    assert_eq!(r["network"]["connections"], 1, "{r}");
+
+    // Outside the operator's list: refused before anything runs, naming the item.
+    for network in [
+        json!({"allow": ["evil.com"]}),
+        json!({"allow": ["localhost:1"]}),
+        json!({"cidrs": ["127.0.0.1/32"]}),
+    ] {
+        let body = json!({"code": "1", "image": "host", "network": network});
+        let (status, e) = server.call("POST", "/v1/run", Some(&key), Some(&body.to_string()));
+        assert_eq!(
+            (status, error_code(&e)),
+            (403, "network_not_allowed"),
+            "{e}"
+        );
+    }
+    let body = json!({"code": "1", "image": "host", "network": {"allow": ["10.0.0.1"]}});
+    let (status, e) = server.call("POST", "/v1/run", Some(&key), Some(&body.to_string()));
+    assert_eq!((status, error_code(&e)), (400, "bad_request"), "{e}");
+
+    // A session with the default policy: its executions and its info report egress.
+    let body = json!({"image": "host", "network": {"default": true}});
+    let (status, info) = server.call("POST", "/v1/sandboxes", Some(&key), Some(&body.to_string()));
+    assert_eq!(status, 201, "{info}");
+    let id = info["id"].as_str().unwrap();
+    let (_, r) = server.execute(id, Some(&key), &fetch);
+    assert_eq!(r["stdout"], "hello\n", "{r}");
+    assert_eq!(r["network"]["connections"], 1, "{r}");
+    let (_, r) = server.execute(
+        id,
+        Some(&key),
+        "import urllib.request\ntry:\n    urllib.request.urlopen('http://a.example.org/')\nexcept Exception as e:\n    print(e)",
+    );
+    assert!(
+        r["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("is not on this sandbox's network allow-list"),
+        "{r}"
+    );
+    assert_eq!(r["network"]["denied"], 1, "{r}");
+    let (_, info) = server.call("GET", &format!("/v1/sandboxes/{id}"), Some(&key), None);
+    assert_eq!(info["network"]["connections"], 1, "{info}");
+    assert_eq!(info["network"]["denied"], 1, "{info}");
+    let (_, plain) = server.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(&key),
+        Some(r#"{"image":"host"}"#),
+    );
+    assert_eq!(plain["network"], Value::Null, "{plain}");
+
+    // E2B: allow_internet_access takes the default; allowOut outside the list is refused.
+    let e2b = |body: Value| {
+        ureq::post(&format!("{}/v2/sandboxes", server.url))
+            .set("X-API-Key", &key)
+            .send_string(&body.to_string())
+            .map(|r| r.status())
+            .unwrap_or_else(|e| match e {
+                ureq::Error::Status(s, _) => s,
+                e => panic!("{e}"),
+            })
+    };
+    assert_eq!(
+        e2b(json!({"templateID": "host", "allow_internet_access": true})),
+        201
+    );
+    assert_eq!(
+        e2b(json!({"templateID": "host", "network": {"allowOut": ["evil.com"]}})),
+        403
+    );
+
+    // Every decision is in the audit log and the metrics.
+    let db = corral_server::db::Db::open(&server.db).unwrap();
+    let tenant = {
+        let (_, me) = server.call("GET", "/v1/sandboxes", Some(&key), None);
+        drop(me);
+        db.list_keys().unwrap()[0].id.clone()
+    };
+    let decisions = db.egress_decisions(&tenant).unwrap();
+    assert_eq!(
+        decisions,
+        [
+            (
+                "localhost".to_string(),
+                port,
+                "allowed".to_string(),
+                String::new()
+            ),
+            (
+                "localhost".to_string(),
+                port,
+                "allowed".to_string(),
+                String::new()
+            ),
+            (
+                "a.example.org".to_string(),
+                80,
+                "denied".to_string(),
+                "not_allowed".to_string()
+            ),
+        ],
+    );
+    let metrics = ureq::get(&format!("{}/metrics", server.url))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(
+        metrics.contains("corral_egress_decisions_total{decision=\"allowed\",reason=\"\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("corral_egress_bytes_total{direction=\"down\"}"),
+        "{metrics}"
+    );
+}

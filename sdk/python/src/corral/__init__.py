@@ -21,6 +21,7 @@ from ._errors import (
     InsufficientStorageError,
     InvalidPathError,
     InvalidRequestError,
+    NetworkNotAllowedError,
     NotFoundError,
     PayloadTooLargeError,
     RateLimitError,
@@ -76,6 +77,7 @@ __all__ = [
     # errors
     "CorralError",
     "InvalidRequestError",
+    "NetworkNotAllowedError",
     "InsufficientStorageError",
     "InvalidPathError",
     "AuthenticationError",

@@ -46,6 +46,7 @@ from ._models import (
     Execution,
     FileInfo,
     LimitsLike,
+    NetworkLike,
     PolicyLike,
     RunResult,
     SandboxInfo,
@@ -139,11 +140,12 @@ class AsyncSandbox:
         idle_timeout_s: Optional[int] = None,
         policy: Optional[PolicyLike] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        network: Optional[NetworkLike] = None,
         timeout: TimeoutLike = DEFAULT_TIMEOUT,
     ) -> None:
         self._conn = _AsyncConnection(url, api_key, timeout)
         self._create_body: Optional[Dict[str, Any]] = create_body(
-            language, image, limits, env, idle_timeout_s, policy, metadata
+            language, image, limits, env, idle_timeout_s, policy, metadata, network
         )
         self._info: Optional[SandboxInfo] = None
         self.files = AsyncFiles(self)
@@ -162,6 +164,7 @@ class AsyncSandbox:
         idle_timeout_s: Optional[int] = None,
         policy: Optional[PolicyLike] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        network: Optional[NetworkLike] = None,
         timeout: TimeoutLike = DEFAULT_TIMEOUT,
     ) -> "AsyncSandbox":
         """Creates a session (``POST /v1/sandboxes``)."""
@@ -175,6 +178,7 @@ class AsyncSandbox:
             idle_timeout_s=idle_timeout_s,
             policy=policy,
             metadata=metadata,
+            network=network,
             timeout=timeout,
         )
         await sb._ensure_created()
@@ -416,11 +420,12 @@ async def async_run(
     env: Optional[Mapping[str, str]] = None,
     *,
     policy: Optional[PolicyLike] = None,
+    network: Optional[NetworkLike] = None,
     timeout: TimeoutLike = DEFAULT_TIMEOUT,
 ) -> RunResult:
     """See :func:`corral.run`."""
     conn = _AsyncConnection(url, api_key, timeout)
-    body = run_body(code, language, image, limits, files, env, policy)
+    body = run_body(code, language, image, limits, files, env, policy, network)
     timeout_s = body.get("limits", {}).get("timeout_s")
     try:
         payload = await conn.json(

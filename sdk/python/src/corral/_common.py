@@ -40,6 +40,7 @@ from ._models import (
     Limits,
     LimitsLike,
     Logs,
+    NetworkLike,
     Policy,
     PolicyLike,
     Result,
@@ -134,6 +135,17 @@ def policy_dict(policy: Optional[PolicyLike]) -> Optional[Dict[str, Any]]:
     return {k: v for k, v in dict(policy).items() if v is not None}
 
 
+def network_dict(network: Optional[NetworkLike]) -> Optional[Dict[str, Any]]:
+    """The API's ``network`` object: a list of hosts is its ``allow``."""
+    if network is None:
+        return None
+    if isinstance(network, Mapping):
+        return dict(network)
+    if isinstance(network, str):
+        raise TypeError("network: give a list of hosts, not one string")
+    return {"allow": list(network)}
+
+
 def _drop_none(body: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in body.items() if v is not None}
 
@@ -146,6 +158,7 @@ def create_body(
     idle_timeout_s: Optional[int],
     policy: Optional[PolicyLike] = None,
     metadata: Optional[Mapping[str, str]] = None,
+    network: Optional[NetworkLike] = None,
 ) -> Dict[str, Any]:
     return _drop_none(
         {
@@ -156,6 +169,7 @@ def create_body(
             "idle_timeout_s": idle_timeout_s,
             "policy": policy_dict(policy),
             "metadata": dict(metadata) if metadata is not None else None,
+            "network": network_dict(network),
         }
     )
 
@@ -223,6 +237,7 @@ def run_body(
     files: Optional[RunFiles],
     env: Optional[Mapping[str, str]],
     policy: Optional[PolicyLike] = None,
+    network: Optional[NetworkLike] = None,
 ) -> Dict[str, Any]:
     return _drop_none(
         {
@@ -233,6 +248,7 @@ def run_body(
             "env": dict(env) if env is not None else None,
             "files": run_files(files),
             "policy": policy_dict(policy),
+            "network": network_dict(network),
         }
     )
 

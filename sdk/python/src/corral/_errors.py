@@ -76,6 +76,11 @@ class ForbiddenError(AuthenticationError):
     that would widen the API key's code policy (the message names what it would widen)."""
 
 
+class NetworkNotAllowedError(CorralError):
+    """403 ``network_not_allowed``: the network policy asked for is outside what the server's
+    operator allows (the message names the host)."""
+
+
 class NotFoundError(CorralError):
     """404 ``not_found``: unknown sandbox (or another key's), unknown route; ``file_not_found``:
     no such file or directory in a live sandbox's workspace."""
@@ -166,6 +171,7 @@ _BY_CODE: Mapping[str, Type[CorralError]] = {
     "unsupported_language": InvalidRequestError,
     "unauthorized": AuthenticationError,
     "forbidden": ForbiddenError,
+    "network_not_allowed": NetworkNotAllowedError,
     "not_found": NotFoundError,
     "file_not_found": NotFoundError,
     "sandbox_dead": SandboxDeadError,

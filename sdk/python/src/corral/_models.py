@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 __all__ = [
     "Limits",
@@ -43,6 +43,10 @@ class Limits:
 
 
 LimitsLike = Union[Limits, Mapping[str, Any]]
+
+#: A network policy: a list of hosts (``"index.example.org"``, ``"*.example.net:443"``), or the
+#: API's ``network`` object itself (``{"allow": [...], "cidrs": [...]}``, ``{"default": True}``).
+NetworkLike = Union[Sequence[str], Mapping[str, Any]]
 
 
 @dataclass
@@ -260,6 +264,10 @@ class RunResult:
     peak_memory_bytes: int = 0
     error_message: Optional[str] = None
     warnings: List[str] = field(default_factory=list)
+    #: What the sandbox's egress proxy did (``connections``, ``denied``, ``failed``,
+    #: ``bytes_up``, ``bytes_down``, ``denials``, ``limit_reached``); ``None`` without a
+    #: network policy (docs/network.md).
+    network: Optional[Dict[str, Any]] = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RunResult":
@@ -280,6 +288,7 @@ class RunResult:
             peak_memory_bytes=int(data.get("peak_memory_bytes") or 0),
             error_message=data.get("error_message"),
             warnings=[str(w) for w in data.get("warnings") or []],
+            network=data.get("network"),
         )
 
     @property
@@ -322,6 +331,9 @@ class SandboxInfo:
     metadata: Dict[str, str] = field(default_factory=dict)
     #: The limits it runs with (``timeout_s``, ``memory_mb``, ``cpus``, …).
     limits: Dict[str, Any] = field(default_factory=dict)
+    #: What the session's egress proxy has done since its kernel started, as
+    #: :attr:`RunResult.network`; ``None`` without a network policy.
+    network: Optional[Dict[str, Any]] = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SandboxInfo":
@@ -341,6 +353,7 @@ class SandboxInfo:
             paused_at=data.get("paused_at"),
             metadata={str(k): str(v) for k, v in (data.get("metadata") or {}).items()},
             limits=dict(data.get("limits") or {}),
+            network=data.get("network"),
         )
 
 

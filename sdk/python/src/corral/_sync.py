@@ -41,6 +41,7 @@ from ._models import (
     Execution,
     FileInfo,
     LimitsLike,
+    NetworkLike,
     PolicyLike,
     RunResult,
     SandboxInfo,
@@ -149,6 +150,7 @@ class Sandbox:
         idle_timeout_s: Optional[int] = None,
         policy: Optional[PolicyLike] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        network: Optional[NetworkLike] = None,
         timeout: TimeoutLike = DEFAULT_TIMEOUT,
     ) -> None:
         self._init(_Connection(url, api_key, timeout))
@@ -156,7 +158,7 @@ class Sandbox:
             payload = self._conn.json(
                 "POST",
                 "/v1/sandboxes",
-                json=create_body(language, image, limits, env, idle_timeout_s, policy, metadata),
+                json=create_body(language, image, limits, env, idle_timeout_s, policy, metadata, network),
             )
         except BaseException:
             self._conn.close()
@@ -402,6 +404,7 @@ def run(
     env: Optional[Mapping[str, str]] = None,
     *,
     policy: Optional[PolicyLike] = None,
+    network: Optional[NetworkLike] = None,
     timeout: TimeoutLike = DEFAULT_TIMEOUT,
 ) -> RunResult:
     """Runs ``code`` once in a fresh sandbox (``POST /v1/run``) and returns its result object.
@@ -414,7 +417,7 @@ def run(
     :class:`ForbiddenError`.
     """
     conn = _Connection(url, api_key, timeout)
-    body = run_body(code, language, image, limits, files, env, policy)
+    body = run_body(code, language, image, limits, files, env, policy, network)
     timeout_s = body.get("limits", {}).get("timeout_s")
     try:
         payload = conn.json(

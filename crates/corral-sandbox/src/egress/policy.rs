@@ -1,0 +1,755 @@
+//! What a sandbox may reach through its egress proxy ([`NetworkPolicy`]), the one validator of
+//! it, and the decision on a name or an address literal (docs/network.md).
+//!
+//! A policy is built from items in one syntax wherever it comes from (`corral run --net
+//! allow:ITEM,ITEM`, a policy file, the API's `network` object, the server's `[network]`
+//! settings): `NAME[:PORT]`, `*.SUFFIX[:PORT]`, `CIDR[:PORT]` (`[IPv6-CIDR]:PORT` with a port).
+//! Without a port an item allows 80 and 443; the same name given with several ports allows
+//! each of them.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+/// The ports an item allows when it names none.
+pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
+/// Most host rules and CIDR rules in one policy (the proxy matches them one by one).
+pub const MAX_HOST_RULES: usize = 256;
+pub const MAX_CIDR_RULES: usize = 64;
+/// Longest host name (RFC 1035, without the trailing dot) and label.
+const MAX_NAME: usize = 253;
+const MAX_LABEL: usize = 63;
+
+/// What a sandbox's code may reach besides its own loopback.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum NetworkPolicy {
+    /// Its own loopback and nothing else: no proxy endpoint, no resolver.
+    #[default]
+    None,
+    /// Connections through the host's proxy to these names and address ranges, and nothing
+    /// else.
+    Allow {
+        hosts: Vec<HostRule>,
+        cidrs: Vec<CidrRule>,
+        /// Names whose addresses may be internal ones (loopback, private, link-local, the
+        /// host's own, ...): an operator's opt-in, never a client's.
+        private_hosts: Vec<HostPattern>,
+    },
+}
+
+/// A host name, or every name below a suffix.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum HostPattern {
+    /// Exactly this name (lowercase ASCII, no trailing dot).
+    Exact(String),
+    /// `*.SUFFIX`: any name ending in `.SUFFIX`, not `SUFFIX` itself.
+    Suffix(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostRule {
+    pub pattern: HostPattern,
+    /// Sorted, without duplicates, never empty.
+    pub ports: Vec<u16>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CidrRule {
+    /// Its host bits are zero.
+    pub net: IpNet,
+    /// Sorted, without duplicates, never empty.
+    pub ports: Vec<u16>,
+}
+
+/// A policy item that is not valid; the message names the item.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error("{item:?} is not a valid host name ({why})")]
+    InvalidName { item: String, why: &'static str },
+    #[error("{item:?} has an invalid port (ports are 1 to 65535)")]
+    InvalidPort { item: String },
+    #[error("{item:?} is not a valid address range ({why})")]
+    InvalidCidr { item: String, why: String },
+    #[error("{item:?} is an address: list it as a CIDR rule ({item}/32 or {item}/128)")]
+    AddressAsName { item: String },
+    #[error("{item:?} is a host name, not an address range")]
+    NameAsCidr { item: String },
+    #[error("too many {what} (at most {max})")]
+    TooMany { what: &'static str, max: usize },
+    #[error("--net {0:?}: use `none` or `allow:HOST[,HOST...]`")]
+    Syntax(String),
+    #[error("{name:?} may resolve to internal addresses but is not on the allow-list")]
+    PrivateNotAllowed { name: String },
+}
+
+/// One item as written: a name rule or an address rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Item {
+    Host(HostRule),
+    Cidr(CidrRule),
+}
+
+impl fmt::Display for HostPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostPattern::Exact(name) => f.write_str(name),
+            HostPattern::Suffix(suffix) => write!(f, "*.{suffix}"),
+        }
+    }
+}
+
+impl fmt::Display for HostRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.pattern, show_ports(&self.ports))
+    }
+}
+
+impl fmt::Display for CidrRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.net {
+            IpNet::V6(_) => write!(f, "[{}]:{}", self.net, show_ports(&self.ports)),
+            IpNet::V4(_) => write!(f, "{}:{}", self.net, show_ports(&self.ports)),
+        }
+    }
+}
+
+fn show_ports(ports: &[u16]) -> String {
+    ports
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
+/// A host name as the proxy compares it: ASCII only (IDNA names in their `xn--` form), one
+/// trailing dot dropped, lowercased; labels of letters, digits, `-` and `_`, 1 to 63 long, not
+/// starting or ending with `-`; at most 253 long. A name whose last label starts with a digit
+/// is an address in some notation (`127.1`, `0x7f.1`, `2130706433`): never a name.
+pub fn normalize_name(name: &str) -> Result<String, &'static str> {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    if name.is_empty() {
+        return Err("empty");
+    }
+    if !name.is_ascii() {
+        return Err("not ASCII: write an internationalized name in its xn-- form");
+    }
+    if name.len() > MAX_NAME {
+        return Err("longer than 253 characters");
+    }
+    let name = name.to_ascii_lowercase();
+    for label in name.split('.') {
+        if label.is_empty() || label.len() > MAX_LABEL {
+            return Err("a label is empty or longer than 63 characters");
+        }
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err("only letters, digits, '-' and '_' may appear in a label");
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err("a label starts or ends with '-'");
+        }
+    }
+    let last = name.rsplit('.').next().unwrap_or_default();
+    if last.as_bytes()[0].is_ascii_digit() {
+        return Err("it is an address, or its last label starts with a digit");
+    }
+    Ok(name)
+}
+
+impl HostPattern {
+    /// `NAME` or `*.SUFFIX`.
+    pub fn parse(text: &str) -> Result<HostPattern, PolicyError> {
+        let invalid = |why| PolicyError::InvalidName {
+            item: text.to_string(),
+            why,
+        };
+        if let Some(suffix) = text.strip_prefix("*.") {
+            return normalize_name(suffix)
+                .map(HostPattern::Suffix)
+                .map_err(invalid);
+        }
+        if text.contains('*') {
+            return Err(invalid(
+                "a wildcard is only allowed as a whole first label, `*.`",
+            ));
+        }
+        if text.parse::<IpAddr>().is_ok() {
+            return Err(PolicyError::AddressAsName {
+                item: text.to_string(),
+            });
+        }
+        normalize_name(text)
+            .map(HostPattern::Exact)
+            .map_err(invalid)
+    }
+
+    /// Whether `name` (normalized) matches.
+    pub fn matches(&self, name: &str) -> bool {
+        match self {
+            HostPattern::Exact(exact) => name == exact,
+            HostPattern::Suffix(suffix) => name
+                .strip_suffix(suffix.as_str())
+                .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+        }
+    }
+
+    /// Whether every name `other` matches, this matches too.
+    pub fn covers(&self, other: &HostPattern) -> bool {
+        match (self, other) {
+            (_, HostPattern::Exact(name)) => self.matches(name),
+            (HostPattern::Suffix(mine), HostPattern::Suffix(theirs)) => {
+                mine == theirs || HostPattern::Suffix(mine.clone()).matches(theirs)
+            }
+            (HostPattern::Exact(_), HostPattern::Suffix(_)) => false,
+        }
+    }
+}
+
+/// Parses `PORT` of an item.
+fn parse_port(item: &str, port: &str) -> Result<u16, PolicyError> {
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
+        _ => Err(PolicyError::InvalidPort {
+            item: item.to_string(),
+        }),
+    }
+}
+
+/// An address or a CIDR range (an address is its own /32 or /128), host bits cleared.
+fn parse_net(item: &str, text: &str) -> Result<Option<IpNet>, PolicyError> {
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Ok(Some(IpNet::from(ip)));
+    }
+    match text.parse::<IpNet>() {
+        Ok(net) => Ok(Some(net.trunc())),
+        Err(e) if text.contains('/') => Err(PolicyError::InvalidCidr {
+            item: item.to_string(),
+            why: e.to_string(),
+        }),
+        Err(_) => Ok(None),
+    }
+}
+
+impl Item {
+    /// One item: `NAME[:PORT]`, `*.SUFFIX[:PORT]`, `CIDR[:PORT]`, `[IPv6-CIDR][:PORT]`.
+    pub fn parse(item: &str) -> Result<Item, PolicyError> {
+        let item = item.trim();
+        let ports = |port: Option<&str>| -> Result<Vec<u16>, PolicyError> {
+            match port {
+                None => Ok(DEFAULT_PORTS.to_vec()),
+                Some(p) => Ok(vec![parse_port(item, p)?]),
+            }
+        };
+        // [IPv6 or IPv6 CIDR], optionally followed by :PORT.
+        if let Some(rest) = item.strip_prefix('[') {
+            let (inside, after) = rest.split_once(']').ok_or(PolicyError::InvalidCidr {
+                item: item.to_string(),
+                why: "no closing ']'".into(),
+            })?;
+            let port = match after {
+                "" => None,
+                _ => Some(after.strip_prefix(':').ok_or(PolicyError::InvalidCidr {
+                    item: item.to_string(),
+                    why: "expected :PORT after ']'".into(),
+                })?),
+            };
+            let net = parse_net(item, inside)?.ok_or(PolicyError::InvalidCidr {
+                item: item.to_string(),
+                why: "not an IPv6 address".into(),
+            })?;
+            return Ok(Item::Cidr(CidrRule {
+                net,
+                ports: ports(port)?,
+            }));
+        }
+        // A whole IPv6 address or range, which has colons of its own.
+        if item.matches(':').count() > 1 {
+            return match parse_net(item, item)? {
+                Some(net) => Ok(Item::Cidr(CidrRule {
+                    net,
+                    ports: ports(None)?,
+                })),
+                None => Err(PolicyError::InvalidCidr {
+                    item: item.to_string(),
+                    why: "write an IPv6 range with a port as [RANGE]:PORT".into(),
+                }),
+            };
+        }
+        let (host, port) = match item.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (item, None),
+        };
+        let ports = ports(port)?;
+        if let Some(net) = parse_net(item, host)? {
+            return Ok(Item::Cidr(CidrRule { net, ports }));
+        }
+        Ok(Item::Host(HostRule {
+            pattern: HostPattern::parse(host)?,
+            ports,
+        }))
+    }
+}
+
+/// Adds `ports` to the rule with `key` in `rules`, or appends a new one.
+fn merge<K: PartialEq, R>(
+    rules: &mut Vec<R>,
+    key: K,
+    ports: Vec<u16>,
+    key_of: impl Fn(&R) -> &K,
+    ports_of: impl Fn(&mut R) -> &mut Vec<u16>,
+    make: impl FnOnce(K, Vec<u16>) -> R,
+) {
+    match rules.iter_mut().find(|r| key_of(r) == &key) {
+        Some(rule) => {
+            let all = ports_of(rule);
+            all.extend(ports);
+            all.sort_unstable();
+            all.dedup();
+        }
+        None => {
+            let mut ports = ports;
+            ports.sort_unstable();
+            ports.dedup();
+            rules.push(make(key, ports));
+        }
+    }
+}
+
+impl NetworkPolicy {
+    /// The policy of these items (names, address ranges) and of `private_hosts`, the names an
+    /// operator lets resolve to internal addresses: the one validator of every policy. Each
+    /// `private_hosts` pattern must be covered by a name rule. An empty list of items is
+    /// [`NetworkPolicy::None`].
+    pub fn from_items<S: AsRef<str>>(
+        items: &[S],
+        private_hosts: &[S],
+    ) -> Result<NetworkPolicy, PolicyError> {
+        let mut hosts: Vec<HostRule> = Vec::new();
+        let mut cidrs: Vec<CidrRule> = Vec::new();
+        for item in items {
+            match Item::parse(item.as_ref())? {
+                Item::Host(rule) => merge(
+                    &mut hosts,
+                    rule.pattern,
+                    rule.ports,
+                    |r| &r.pattern,
+                    |r| &mut r.ports,
+                    |pattern, ports| HostRule { pattern, ports },
+                ),
+                Item::Cidr(rule) => merge(
+                    &mut cidrs,
+                    rule.net,
+                    rule.ports,
+                    |r| &r.net,
+                    |r| &mut r.ports,
+                    |net, ports| CidrRule { net, ports },
+                ),
+            }
+        }
+        if hosts.len() > MAX_HOST_RULES {
+            return Err(PolicyError::TooMany {
+                what: "host names",
+                max: MAX_HOST_RULES,
+            });
+        }
+        if cidrs.len() > MAX_CIDR_RULES {
+            return Err(PolicyError::TooMany {
+                what: "address ranges",
+                max: MAX_CIDR_RULES,
+            });
+        }
+        let mut private = Vec::new();
+        for name in private_hosts {
+            let pattern = HostPattern::parse(name.as_ref())?;
+            if !hosts.iter().any(|rule| rule.pattern.covers(&pattern)) {
+                return Err(PolicyError::PrivateNotAllowed {
+                    name: name.as_ref().to_string(),
+                });
+            }
+            if !private.contains(&pattern) {
+                private.push(pattern);
+            }
+        }
+        if hosts.is_empty() && cidrs.is_empty() {
+            return Ok(NetworkPolicy::None);
+        }
+        Ok(NetworkPolicy::Allow {
+            hosts,
+            cidrs,
+            private_hosts: private,
+        })
+    }
+
+    /// A policy given as two lists, host names (`NAME[:PORT]`, `*.SUFFIX[:PORT]`) and address
+    /// ranges (`CIDR[:PORT]`), with the names an operator opts in to internal addresses: a
+    /// policy file's or a request's `allow` and `cidrs`. Checked by [`Self::from_items`], and
+    /// each item must be of its list's kind.
+    pub fn from_lists<S: AsRef<str>>(
+        names: &[S],
+        cidrs: &[S],
+        private_hosts: &[S],
+    ) -> Result<NetworkPolicy, PolicyError> {
+        for name in names {
+            if let Item::Cidr(_) = Item::parse(name.as_ref())? {
+                return Err(PolicyError::AddressAsName {
+                    item: name.as_ref().to_string(),
+                });
+            }
+        }
+        for cidr in cidrs {
+            if let Item::Host(_) = Item::parse(cidr.as_ref())? {
+                return Err(PolicyError::NameAsCidr {
+                    item: cidr.as_ref().to_string(),
+                });
+            }
+        }
+        let items: Vec<&str> = names.iter().chain(cidrs).map(AsRef::as_ref).collect();
+        let private: Vec<&str> = private_hosts.iter().map(AsRef::as_ref).collect();
+        NetworkPolicy::from_items(&items, &private)
+    }
+
+    /// `--net none` or `--net allow:ITEM[,ITEM...]`.
+    pub fn parse_flag(flag: &str, private_hosts: &[String]) -> Result<NetworkPolicy, PolicyError> {
+        if flag == "none" {
+            if let Some(name) = private_hosts.first() {
+                return Err(PolicyError::PrivateNotAllowed { name: name.clone() });
+            }
+            return Ok(NetworkPolicy::None);
+        }
+        let Some(list) = flag.strip_prefix("allow:") else {
+            return Err(PolicyError::Syntax(flag.to_string()));
+        };
+        let items: Vec<&str> = list.split(',').filter(|s| !s.trim().is_empty()).collect();
+        if items.is_empty() {
+            return Err(PolicyError::Syntax(flag.to_string()));
+        }
+        let private: Vec<&str> = private_hosts.iter().map(String::as_str).collect();
+        NetworkPolicy::from_items(&items, &private)
+    }
+
+    pub fn is_none(&self) -> bool {
+        matches!(self, NetworkPolicy::None)
+    }
+
+    /// The policy's items, in the syntax they are written in.
+    pub fn items(&self) -> Vec<String> {
+        match self {
+            NetworkPolicy::None => Vec::new(),
+            NetworkPolicy::Allow { hosts, cidrs, .. } => hosts
+                .iter()
+                .map(HostRule::to_string)
+                .chain(cidrs.iter().map(CidrRule::to_string))
+                .collect(),
+        }
+    }
+
+    /// Whether a connection to the name `name` (normalized), port `port` is allowed; when it
+    /// is, whether the name may resolve to internal addresses.
+    pub fn check_name(&self, name: &str, port: u16) -> Result<bool, NameRefusal> {
+        let NetworkPolicy::Allow {
+            hosts,
+            private_hosts,
+            ..
+        } = self
+        else {
+            return Err(NameRefusal::NotListed);
+        };
+        let mut listed = false;
+        for rule in hosts.iter().filter(|r| r.pattern.matches(name)) {
+            listed = true;
+            if rule.ports.contains(&port) {
+                return Ok(private_hosts.iter().any(|p| p.matches(name)));
+            }
+        }
+        Err(if listed {
+            NameRefusal::Port
+        } else {
+            NameRefusal::NotListed
+        })
+    }
+
+    /// The CIDR rules that allow `ip` on `port`.
+    pub fn cidr_rules_for(&self, ip: IpAddr, port: u16) -> Vec<&CidrRule> {
+        match self {
+            NetworkPolicy::None => Vec::new(),
+            NetworkPolicy::Allow { cidrs, .. } => cidrs
+                .iter()
+                .filter(|r| r.net.contains(&ip) && r.ports.contains(&port))
+                .collect(),
+        }
+    }
+
+    /// Whether every connection `self` allows, `bound` allows too (a client's request against
+    /// the operator's allow-list): `Err` names the first item outside it.
+    pub fn within(&self, bound: &NetworkPolicy) -> Result<(), String> {
+        let NetworkPolicy::Allow { hosts, cidrs, .. } = self else {
+            return Ok(());
+        };
+        let (bound_hosts, bound_cidrs): (&[HostRule], &[CidrRule]) = match bound {
+            NetworkPolicy::None => (&[], &[]),
+            NetworkPolicy::Allow { hosts, cidrs, .. } => (hosts, cidrs),
+        };
+        for rule in hosts {
+            for &port in &rule.ports {
+                let ok = bound_hosts
+                    .iter()
+                    .any(|b| b.pattern.covers(&rule.pattern) && b.ports.contains(&port));
+                if !ok {
+                    return Err(format!("{}:{port}", rule.pattern));
+                }
+            }
+        }
+        for rule in cidrs {
+            for &port in &rule.ports {
+                let ok = bound_cidrs
+                    .iter()
+                    .any(|b| b.net.contains(&rule.net) && b.ports.contains(&port));
+                if !ok {
+                    return Err(CidrRule {
+                        net: rule.net,
+                        ports: vec![port],
+                    }
+                    .to_string());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// This policy with the names `bound` lets resolve to internal addresses marked so: a
+    /// client's request, given the operator's opt-ins (a requested name is opted in when an
+    /// opted-in pattern of the operator covers it).
+    pub fn with_private_hosts_of(mut self, bound: &NetworkPolicy) -> NetworkPolicy {
+        let NetworkPolicy::Allow {
+            private_hosts: operator,
+            ..
+        } = bound
+        else {
+            return self;
+        };
+        if let NetworkPolicy::Allow {
+            hosts,
+            private_hosts,
+            ..
+        } = &mut self
+        {
+            *private_hosts = hosts
+                .iter()
+                .filter(|rule| operator.iter().any(|p| p.covers(&rule.pattern)))
+                .map(|rule| rule.pattern.clone())
+                .collect();
+        }
+        self
+    }
+}
+
+/// Why [`NetworkPolicy::check_name`] refused a name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameRefusal {
+    /// No rule names it.
+    NotListed,
+    /// Rules name it, for other ports.
+    Port,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn policy(items: &[&str]) -> NetworkPolicy {
+        NetworkPolicy::from_items(items, &[]).unwrap()
+    }
+
+    #[test]
+    fn items_parse_into_rules_with_default_ports() {
+        let p = policy(&[
+            "Index.Example.org.",
+            "*.example.net:443",
+            "index.example.org:8443",
+            "10.1.2.0/24:5432",
+            "[2001:db8::/32]:443",
+            "2001:db8:1::5",
+            "192.0.2.7",
+        ]);
+        assert_eq!(
+            p.items(),
+            [
+                "index.example.org:80+443+8443",
+                "*.example.net:443",
+                "10.1.2.0/24:5432",
+                "[2001:db8::/32]:443",
+                "[2001:db8:1::5/128]:80+443",
+                "192.0.2.7/32:80+443",
+            ]
+        );
+        assert_eq!(
+            NetworkPolicy::from_items::<&str>(&[], &[]),
+            Ok(NetworkPolicy::None)
+        );
+    }
+
+    #[test]
+    fn bad_items_are_named() {
+        for bad in [
+            "",
+            "*",
+            "*.",
+            "a.*.com",
+            "exa mple.com",
+            "-a.com",
+            "a-.com",
+            "ex\u{e4}mple.com",
+            "index.example.org:0",
+            "index.example.org:65536",
+            "index.example.org:+1",
+            "index.example.org:",
+            "10.0.0.0/33",
+            "[::1",
+            "[::1]443",
+            "2001:db8::/129",
+            "127.1",
+            "0x7f.0.0.1",
+            "2130706433",
+            "a..b",
+        ] {
+            let e = NetworkPolicy::from_items(&[bad], &[]).unwrap_err();
+            assert!(
+                e.to_string().contains(&format!("{:?}", bad.trim())),
+                "{bad}: {e}"
+            );
+        }
+        assert!(matches!(
+            Item::parse("10.0.0.1/8"),
+            Ok(Item::Cidr(CidrRule { net, .. })) if net.to_string() == "10.0.0.0/8"
+        ));
+        let long = format!("{}.com", "a".repeat(64));
+        assert!(NetworkPolicy::from_items(&[long.as_str()], &[]).is_err());
+        let many: Vec<String> = (0..=MAX_HOST_RULES).map(|i| format!("h{i}.com")).collect();
+        assert!(matches!(
+            NetworkPolicy::from_items(&many, &[]),
+            Err(PolicyError::TooMany { .. })
+        ));
+    }
+
+    #[test]
+    fn the_flag_takes_none_or_an_allow_list() {
+        assert_eq!(
+            NetworkPolicy::parse_flag("none", &[]),
+            Ok(NetworkPolicy::None)
+        );
+        assert!(NetworkPolicy::parse_flag("all", &[]).is_err());
+        assert!(NetworkPolicy::parse_flag("allow:", &[]).is_err());
+        let p = NetworkPolicy::parse_flag("allow:a.com,b.com:22", &["a.com".into()]).unwrap();
+        assert_eq!(p.check_name("a.com", 443), Ok(true));
+        assert_eq!(p.check_name("b.com", 22), Ok(false));
+        assert_eq!(p.check_name("b.com", 443), Err(NameRefusal::Port));
+        assert_eq!(p.check_name("c.com", 443), Err(NameRefusal::NotListed));
+        assert!(matches!(
+            NetworkPolicy::parse_flag("allow:a.com", &["b.com".into()]),
+            Err(PolicyError::PrivateNotAllowed { .. })
+        ));
+        assert!(NetworkPolicy::parse_flag("none", &["a.com".into()]).is_err());
+    }
+
+    #[test]
+    fn lists_hold_items_of_their_kind() {
+        let p = NetworkPolicy::from_lists(&["a.com"], &["10.0.0.0/8:5432"], &["a.com"]).unwrap();
+        assert_eq!(p.items(), ["a.com:80+443", "10.0.0.0/8:5432"]);
+        assert!(matches!(
+            NetworkPolicy::from_lists(&["10.0.0.1"], &[], &[]),
+            Err(PolicyError::AddressAsName { .. })
+        ));
+        assert!(matches!(
+            NetworkPolicy::from_lists(&[], &["a.com"], &[]),
+            Err(PolicyError::NameAsCidr { .. })
+        ));
+    }
+
+    #[test]
+    fn suffixes_match_names_below_them_only() {
+        let p = HostPattern::parse("*.example.com").unwrap();
+        assert!(p.matches("a.example.com"));
+        assert!(p.matches("a.b.example.com"));
+        assert!(!p.matches("example.com"));
+        assert!(!p.matches("badexample.com"));
+        assert!(!p.matches(".example.com"));
+        assert!(p.covers(&HostPattern::parse("*.a.example.com").unwrap()));
+        assert!(p.covers(&HostPattern::parse("*.example.com").unwrap()));
+        assert!(!p.covers(&HostPattern::parse("*.com").unwrap()));
+        assert!(!HostPattern::parse("a.com")
+            .unwrap()
+            .covers(&HostPattern::parse("*.a.com").unwrap()));
+    }
+
+    #[test]
+    fn a_request_must_lie_within_the_operators_list() {
+        let operator = NetworkPolicy::from_items(
+            &["*.example.net:443", "index.example.org", "10.0.0.0/8:5432"],
+            &["index.example.org"],
+        )
+        .unwrap();
+        let ok = policy(&[
+            "files.example.net:443",
+            "index.example.org:80",
+            "10.1.0.0/16:5432",
+        ]);
+        assert_eq!(ok.within(&operator), Ok(()));
+        assert_eq!(
+            policy(&["files.example.net"]).within(&operator),
+            Err("files.example.net:80".into())
+        );
+        assert_eq!(
+            policy(&["evil.com"]).within(&operator),
+            Err("evil.com:80".into())
+        );
+        assert_eq!(
+            policy(&["10.0.0.0/7:5432"]).within(&operator),
+            Err("10.0.0.0/7:5432".into())
+        );
+        assert!(policy(&["a.com"]).within(&NetworkPolicy::None).is_err());
+        assert_eq!(NetworkPolicy::None.within(&NetworkPolicy::None), Ok(()));
+        let marked = ok.with_private_hosts_of(&operator);
+        assert_eq!(marked.check_name("index.example.org", 80), Ok(true));
+        assert_eq!(marked.check_name("files.example.net", 443), Ok(false));
+    }
+
+    proptest! {
+        /// A normalized name is stable, ASCII, lowercase and never an address.
+        #[test]
+        fn normalizing_is_idempotent_and_never_yields_an_address(name in "[a-zA-Z0-9._\\-]{0,80}") {
+            if let Ok(n) = normalize_name(&name) {
+                prop_assert_eq!(normalize_name(&n), Ok(n.clone()));
+                prop_assert!(n.parse::<IpAddr>().is_err());
+                prop_assert_eq!(n.to_ascii_lowercase(), n.clone());
+            }
+        }
+
+        /// A suffix rule matches exactly the names that end in `.suffix` with a label before.
+        #[test]
+        fn suffix_matching_is_label_aligned(
+            head in "[a-z]{1,5}(\\.[a-z]{1,5}){0,2}",
+            suffix in "[a-z]{1,5}\\.[a-z]{2,4}",
+            other in "[a-z]{1,8}",
+        ) {
+            let p = HostPattern::Suffix(suffix.clone());
+            let below = format!("{head}.{suffix}");
+            let glued = format!("{other}{suffix}");
+            prop_assert!(p.matches(&below));
+            prop_assert!(!p.matches(&suffix));
+            prop_assert!(!p.matches(&glued));
+        }
+
+        /// Whatever a parsed item allows, its own policy allows, and `within` agrees.
+        #[test]
+        fn a_policy_is_within_itself(
+            names in proptest::collection::vec("(\\*\\.)?[a-z]{1,6}\\.[a-z]{2,3}(:[1-9][0-9]{0,3})?", 1..6)
+        ) {
+            let p = NetworkPolicy::from_items(&names, &[]).unwrap();
+            prop_assert_eq!(p.within(&p), Ok(()));
+        }
+    }
+}

@@ -1,0 +1,93 @@
+"""A session with a network policy, through the SDK (docs/network.md): `pip install --user` of a
+small pure-Python package succeeds when the allow-list names only the package index the host's
+pip is configured with (read from pip at test time by tests/egress/index.py; no registry host is
+written here), and fails with a reason without it. Skipped when the host cannot reach its index.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Callable, List, Tuple
+
+import pytest
+
+import corral
+
+PACKAGE, MODULE = "tomli-w", "tomli_w"
+INDEX_SCRIPT = Path(__file__).resolve().parents[3] / "tests" / "egress" / "index.py"
+
+
+def host_index() -> Tuple[str, List[str]]:
+    out = subprocess.run(
+        ["/usr/bin/python3", str(INDEX_SCRIPT), PACKAGE], capture_output=True, text=True, check=True
+    ).stdout
+    index, hosts = None, []
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "UNREACHABLE":
+            pytest.skip(f"the host cannot reach its package index: {value}")
+        if key == "INDEX":
+            index = value
+        elif key == "HOST":
+            hosts.append(value)
+    assert index and hosts, out
+    return index, hosts
+
+
+def pip_install(index: str) -> str:
+    return (
+        f"python3 -m pip install --user --no-cache-dir --retries 1 --timeout 20 "
+        f"--index-url '{index}' {PACKAGE}"
+    )
+
+
+def test_a_session_installs_from_the_index_its_allow_list_names(
+    serve_with: Callable[[str], object],
+) -> None:
+    index, hosts = host_index()
+    # The operator lets the index's names resolve to internal addresses: a mirror on a private
+    # network, as on the project's test host.
+    config = (
+        "[network]\n"
+        f"allow = {json.dumps(hosts)}\n"
+        f"allow_private = {json.dumps(hosts)}\n"
+    )
+    with serve_with(config) as url:  # type: ignore[attr-defined]
+        env = {"PIP_BREAK_SYSTEM_PACKAGES": "1"}
+        with corral.Sandbox(url, image="host", network=hosts) as sb:
+            done = sb.commands.run(pip_install(index), env=env, timeout_s=120)
+            assert done.exit_code == 0, done
+            # The user site did not exist when the interpreter started: add it, as after any
+            # `pip install --user` in a running kernel.
+            imported = sb.run_code(
+                f"import site\nsite.addsitedir(site.getusersitepackages())\n"
+                f"import {MODULE}\nprint({MODULE}.__name__)"
+            )
+            assert imported.error is None, imported
+            assert imported.stdout == f"{MODULE}\n"
+            info = sb.get_info()
+            assert info.network is not None and info.network["connections"] >= 1, info
+            assert info.network["denials"] == [], info
+
+        # Without a policy the same install fails: the sandbox has no resolver, no route.
+        with corral.Sandbox(url, image="host") as sb:
+            failed = sb.commands.run(pip_install(index), env=env, timeout_s=60)
+            assert failed.exit_code != 0, failed
+            assert sb.get_info().network is None
+
+        # A policy outside the operator's list is refused, naming the host.
+        with pytest.raises(corral.NetworkNotAllowedError) as refused:
+            corral.Sandbox(url, image="host", network=["example.invalid"])
+        assert "example.invalid" in str(refused.value)
+
+        # A one-shot run takes the same parameter and reports what went through.
+        ran = corral.run(
+            f"import urllib.request\nurllib.request.urlopen('{index}', timeout=20)\nprint('ok')",
+            url=url,
+            image="host",
+            network=hosts,
+        )
+        assert ran.stdout == "ok\n", ran
+        assert ran.network is not None and ran.network["connections"] >= 1, ran
