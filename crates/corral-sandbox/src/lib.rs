@@ -16,6 +16,7 @@ pub mod ids;
 mod landlock_rules;
 pub mod limits;
 pub mod lockdown;
+mod owner;
 pub mod result;
 pub mod rootfs;
 mod sandbox;
@@ -33,8 +34,9 @@ pub mod workspace;
 
 pub use budget::{Reservation, ResultBudget};
 pub use charge::Charge;
-pub use ids::ROOT_MODE_ID_BASE;
+pub use ids::{caller_uid_warning, host_ids, HostIds, ROOT_MODE_ID_BASE};
 pub use limits::{LimitError, LimitField};
+pub use owner::Owner;
 pub use result::{ExecutionResult, FileEntry, LanguageError, RichResult, Status};
 pub use sandbox::{
     cgroup_layout, children_peak_memory, hit_rlimit_data, landlock_warning, rlimit_data_message,
@@ -42,7 +44,7 @@ pub use sandbox::{
     Outcome, Report, Sandbox, SandboxError, SocketSink, Stream, Supervised,
 };
 pub use spec::{
-    rootless_shared_uid_warning, workload_rlimits, ControlSocket, InputFile, Limits, Policy, Role,
-    Rootfs, SandboxSpec, CORE_LIMIT, ROOTLESS_INOTIFY_LIMITS,
+    workload_rlimits, ControlSocket, InputFile, Limits, Policy, Role, Rootfs, SandboxSpec,
+    CORE_LIMIT, ROOTLESS_INOTIFY_LIMITS,
 };
 pub use workspace::{Workspace, WorkspaceError};

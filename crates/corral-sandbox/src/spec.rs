@@ -185,17 +185,6 @@ pub fn zygote_rlimits() -> Vec<(Resource, u64)> {
 /// (instances, watches). As root every sandbox has a uid, and so an allowance, of its own.
 pub const ROOTLESS_INOTIFY_LIMITS: (u64, u64) = (32, 16_384);
 
-/// What rootless sandboxes and sessions share, as `warnings` and `doctor` say it.
-pub fn rootless_shared_uid_warning() -> String {
-    format!(
-        "rootless: every sandbox and session runs as the host uid of the user running Corral, \
-         so per-user kernel limits (pipe buffers, processes, message queues) are shared \
-         between them; each may hold at most {} of that user's inotify instances (as root, \
-         each has a uid of its own)",
-        ROOTLESS_INOTIFY_LIMITS.0
-    )
-}
-
 /// The core-file limit of every sandboxed process (see [`workload_rlimits`]).
 pub const CORE_LIMIT: u64 = 1;
 

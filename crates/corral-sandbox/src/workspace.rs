@@ -27,6 +27,7 @@ use nix::sys::stat::{fstat, mkdirat, Mode, SFlag};
 
 use crate::charge::{copy_into, Charge, CopyFailure};
 use crate::limits::show_bytes;
+use crate::owner::{Owner, Transfer, MAX_REPLY_FDS};
 use crate::result::FileEntry;
 
 /// The most files `list` and `copy_out` visit: a sandbox cannot make the host walk forever.
@@ -68,7 +69,7 @@ pub enum WorkspaceError {
 }
 
 impl WorkspaceError {
-    fn io(path: &Path, source: impl Into<io::Error>) -> Self {
+    pub(crate) fn io(path: &Path, source: impl Into<io::Error>) -> Self {
         let source = source.into();
         // RESOLVE_NO_SYMLINKS and O_NOFOLLOW answer ELOOP for a link on the way.
         if source.raw_os_error() == Some(libc::ELOOP) {
@@ -389,36 +390,14 @@ impl OutDir {
 #[derive(Debug, Clone)]
 pub struct Workspace {
     root: Arc<OwnedFd>,
-    /// Root mode: the host ids the sandbox user maps to. Every operation inside the workspace
-    /// runs with these as the thread's filesystem ids, so the host touches the workspace with
-    /// exactly the sandbox's own permissions (a second layer behind openat2), and what it
-    /// creates belongs to the sandbox (the tmpfs rejects owners its user namespace cannot map).
-    owner: Option<(u32, u32)>,
+    /// Whose permissions every operation inside the workspace runs with: the sandbox user's,
+    /// so the host touches the workspace with exactly the sandbox's own permissions (a second
+    /// layer behind openat2), and what it creates belongs to the sandbox (the tmpfs rejects
+    /// owners its user namespace cannot map).
+    owner: Owner,
     /// The sandbox's cgroup, which the bytes written into the workspace are charged to;
     /// `None` where the sandbox has none (the rlimit fallback).
     charge: Option<Arc<Charge>>,
-}
-
-/// While alive, the calling thread's filesystem uid and gid are the sandbox's.
-struct AsSandboxUser(Option<(nix::unistd::Uid, nix::unistd::Gid)>);
-
-impl AsSandboxUser {
-    fn new(owner: Option<(u32, u32)>) -> Self {
-        AsSandboxUser(owner.map(|(uid, gid)| {
-            let old_gid = nix::unistd::setfsgid(gid.into());
-            let old_uid = nix::unistd::setfsuid(uid.into());
-            (old_uid, old_gid)
-        }))
-    }
-}
-
-impl Drop for AsSandboxUser {
-    fn drop(&mut self) {
-        if let Some((uid, gid)) = self.0 {
-            nix::unistd::setfsuid(uid);
-            nix::unistd::setfsgid(gid);
-        }
-    }
 }
 
 /// Creates a new regular file under a fresh hidden name in `dir` (never an existing name):
@@ -495,9 +474,9 @@ pub fn checked_components(path: &Path) -> Result<Vec<&std::ffi::OsStr>, Workspac
 
 impl Workspace {
     /// Wraps a descriptor of a workspace directory (an `O_PATH` descriptor received from a
-    /// sandbox); `owner` is the host uid and gid the sandbox user maps to, in root mode;
-    /// `charge` the sandbox's cgroup, where it has one.
-    pub fn new(root: OwnedFd, owner: Option<(u32, u32)>, charge: Option<Charge>) -> Self {
+    /// sandbox); `owner` is how the host takes the sandbox user's permissions; `charge` the
+    /// sandbox's cgroup, where it has one.
+    pub fn new(root: OwnedFd, owner: Owner, charge: Option<Charge>) -> Self {
         Workspace {
             root: Arc::new(root),
             owner,
@@ -576,6 +555,17 @@ impl Workspace {
         Ok(dir)
     }
 
+    /// Runs `op` with the sandbox user's permissions ([`Owner`]); it may use `keep` besides
+    /// the workspace's descriptor. `path` names the operation in the errors of a helper.
+    fn as_owner<T: Transfer>(
+        &self,
+        path: &Path,
+        keep: &[RawFd],
+        op: impl FnOnce() -> Result<T, WorkspaceError>,
+    ) -> Result<T, WorkspaceError> {
+        self.owner.run(path, self.root.as_raw_fd(), keep, op)
+    }
+
     /// Writes `data` to `path`, creating parent directories, and returns its size. The data
     /// goes to a fresh hidden name in the target's directory, renamed over `path` once it is
     /// complete: when anything fails (no room, the memory limit, reading `data`), nothing is
@@ -585,8 +575,7 @@ impl Workspace {
         let parts = checked_components(path)?;
         let (name, parents) = parts.split_last().expect("checked non-empty");
         let name = Path::new(name);
-        let (dir, temp, file) = {
-            let _as_sandbox = AsSandboxUser::new(self.owner);
+        let (dir, (temp, file)) = self.as_owner(path, &[], || {
             let dir = self
                 .open_dir(parents, true)
                 .map_err(|e| self.write_error(path, e.into()))?;
@@ -601,9 +590,9 @@ impl Workspace {
                 Err(nix::errno::Errno::ENOENT) => {}
                 Err(e) => return Err(WorkspaceError::io(path, e)),
             }
-            let (temp, file) = create_temp(&dir).map_err(|e| self.write_error(path, e))?;
-            (dir, temp, file)
-        };
+            let temp = create_temp(&dir).map_err(|e| self.write_error(path, e))?;
+            Ok((dir, temp))
+        })?;
         let copied = copy_into(&file, data, self.charge.as_deref()).map_err(|e| match e {
             CopyFailure::Source(source) => WorkspaceError::Source {
                 path: path.to_path_buf(),
@@ -617,24 +606,25 @@ impl Workspace {
             CopyFailure::Writer(e) => WorkspaceError::io(path, e),
         });
         drop(file);
-        let _as_sandbox = AsSandboxUser::new(self.owner);
-        let renamed = copied.and_then(|size| {
-            nix::fcntl::renameat(Some(dir.as_raw_fd()), &temp, Some(dir.as_raw_fd()), name)
-                .map_err(|e| match e {
-                    // Made a directory meanwhile, by the sandbox.
-                    nix::errno::Errno::EISDIR => WorkspaceError::NotRegular(path.to_path_buf()),
-                    e => WorkspaceError::io(path, e),
-                })
-                .map(|()| size)
-        });
-        if renamed.is_err() {
-            let _ = nix::unistd::unlinkat(
-                Some(dir.as_raw_fd()),
-                &temp,
-                nix::unistd::UnlinkatFlags::NoRemoveDir,
-            );
-        }
-        renamed
+        self.as_owner(path, &[dir.as_raw_fd()], || {
+            let renamed = copied.and_then(|size| {
+                nix::fcntl::renameat(Some(dir.as_raw_fd()), &temp, Some(dir.as_raw_fd()), name)
+                    .map_err(|e| match e {
+                        // Made a directory meanwhile, by the sandbox.
+                        nix::errno::Errno::EISDIR => WorkspaceError::NotRegular(path.to_path_buf()),
+                        e => WorkspaceError::io(path, e),
+                    })
+                    .map(|()| size)
+            });
+            if renamed.is_err() {
+                let _ = nix::unistd::unlinkat(
+                    Some(dir.as_raw_fd()),
+                    &temp,
+                    nix::unistd::UnlinkatFlags::NoRemoveDir,
+                );
+            }
+            renamed
+        })
     }
 
     /// The error of a write the sandbox's memory limit stopped.
@@ -648,7 +638,16 @@ impl Workspace {
     /// Opens the regular file at `path` for reading.
     pub fn open_file(&self, path: &Path) -> Result<File, WorkspaceError> {
         let parts = checked_components(path)?;
-        let _as_sandbox = AsSandboxUser::new(self.owner);
+        self.as_owner(path, &[], || self.open_regular(path, &parts))
+    }
+
+    /// [`Workspace::open_file`] of `path` (whose components are `parts`), with the caller's
+    /// permissions.
+    fn open_regular(
+        &self,
+        path: &Path,
+        parts: &[&std::ffi::OsStr],
+    ) -> Result<File, WorkspaceError> {
         let (name, parents) = parts.split_last().expect("checked non-empty");
         let dir = self
             .open_dir(parents, false)
@@ -670,30 +669,32 @@ impl Workspace {
     /// Removes the regular file at `path` (never a directory, and never through a link).
     pub fn remove_file(&self, path: &Path) -> Result<(), WorkspaceError> {
         let parts = checked_components(path)?;
-        let _as_sandbox = AsSandboxUser::new(self.owner);
-        let (name, parents) = parts.split_last().expect("checked non-empty");
-        let dir = self
-            .open_dir(parents, false)
+        self.as_owner(path, &[], || {
+            let (name, parents) = parts.split_last().expect("checked non-empty");
+            let dir = self
+                .open_dir(parents, false)
+                .map_err(|e| WorkspaceError::io(path, e))?;
+            let fd = open_beneath(
+                dir.as_raw_fd(),
+                Path::new(name),
+                OFlag::O_PATH,
+                Mode::empty(),
+            )
             .map_err(|e| WorkspaceError::io(path, e))?;
-        let fd = open_beneath(
-            dir.as_raw_fd(),
-            Path::new(name),
-            OFlag::O_PATH,
-            Mode::empty(),
-        )
-        .map_err(|e| WorkspaceError::io(path, e))?;
-        let stat = fstat(fd.as_raw_fd()).map_err(|e| WorkspaceError::io(path, e))?;
-        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
-            return Err(WorkspaceError::NotRegular(path.to_path_buf()));
-        }
-        // The name is unlinked relative to the directory just checked; a sandbox racing to
-        // swap the file for something else can only make us remove its own replacement.
-        nix::unistd::unlinkat(
-            Some(dir.as_raw_fd()),
-            Path::new(name),
-            nix::unistd::UnlinkatFlags::NoRemoveDir,
-        )
-        .map_err(|e| WorkspaceError::io(path, e))
+            let stat = fstat(fd.as_raw_fd()).map_err(|e| WorkspaceError::io(path, e))?;
+            if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+                return Err(WorkspaceError::NotRegular(path.to_path_buf()));
+            }
+            // The name is unlinked relative to the directory just checked; a sandbox racing
+            // to swap the file for something else can only make us remove its own
+            // replacement.
+            nix::unistd::unlinkat(
+                Some(dir.as_raw_fd()),
+                Path::new(name),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            )
+            .map_err(|e| WorkspaceError::io(path, e))
+        })
     }
 
     /// Every regular file below the workspace (symlinks and special files are skipped), in
@@ -719,19 +720,20 @@ impl Workspace {
         parts: &[&std::ffi::OsStr],
     ) -> Result<(Vec<FileEntry>, bool), WorkspaceError> {
         let prefix: PathBuf = parts.iter().collect();
-        let _as_sandbox = AsSandboxUser::new(self.owner);
-        let root = self.open_dir(parts, false).map_err(|e| {
-            let shown = if parts.is_empty() {
-                Path::new(".")
-            } else {
-                &prefix
-            };
-            WorkspaceError::io(shown, e)
-        })?;
-        let mut out = Vec::new();
-        let truncated = walk(root, prefix, 0, &mut out)?;
-        out.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok((out, truncated))
+        let shown = if parts.is_empty() {
+            Path::new(".")
+        } else {
+            &prefix
+        };
+        self.as_owner(shown, &[], || {
+            let root = self
+                .open_dir(parts, false)
+                .map_err(|e| WorkspaceError::io(shown, e))?;
+            let mut out = Vec::new();
+            let truncated = walk(root, prefix.clone(), 0, &mut out)?;
+            out.sort_by(|a, b| a.path.cmp(&b.path));
+            Ok((out, truncated))
+        })
     }
 
     /// Copies every regular file of the workspace into `out`, keeping relative paths, as new
@@ -741,28 +743,40 @@ impl Workspace {
     pub fn copy_out(&self, out: &mut OutDir) -> Result<CopyReport, WorkspaceError> {
         let (files, truncated) = self.listing(&[])?;
         let mut report = CopyReport::default();
-        for entry in files {
-            let rel = PathBuf::from(&entry.path);
-            let copied = self
-                .open_file(&rel)
-                .and_then(|src| {
-                    let size = src
-                        .metadata()
-                        .map_err(|e| WorkspaceError::io(&rel, e))?
-                        .len();
-                    Ok((src, size))
-                })
-                .map_err(|source| CopyError::Read {
-                    path: rel.clone(),
-                    source,
-                })
-                .and_then(|(mut src, size)| out.write_new(&rel, &mut src, size));
-            match copied {
-                Ok(size) => report.copied.push(FileEntry {
-                    path: entry.path,
-                    size,
-                }),
-                Err(e) => report.skipped.push(e),
+        // Opened with the sandbox user's permissions a batch at a time (one helper each,
+        // rootless with subordinate ids), copied with the host's.
+        for batch in files.chunks(MAX_REPLY_FDS) {
+            let opened = self.as_owner(Path::new("."), &[], || {
+                Ok(batch
+                    .iter()
+                    .map(|entry| {
+                        let rel = Path::new(&entry.path);
+                        checked_components(rel).and_then(|parts| self.open_regular(rel, &parts))
+                    })
+                    .collect::<Vec<_>>())
+            })?;
+            for (entry, source) in batch.iter().zip(opened) {
+                let rel = PathBuf::from(&entry.path);
+                let copied = source
+                    .and_then(|src| {
+                        let size = src
+                            .metadata()
+                            .map_err(|e| WorkspaceError::io(&rel, e))?
+                            .len();
+                        Ok((src, size))
+                    })
+                    .map_err(|source| CopyError::Read {
+                        path: rel.clone(),
+                        source,
+                    })
+                    .and_then(|(mut src, size)| out.write_new(&rel, &mut src, size));
+                match copied {
+                    Ok(size) => report.copied.push(FileEntry {
+                        path: entry.path.clone(),
+                        size,
+                    }),
+                    Err(e) => report.skipped.push(e),
+                }
             }
         }
         if truncated {
@@ -832,7 +846,7 @@ mod tests {
     fn workspace(dir: &Path) -> Workspace {
         let fd = nix::fcntl::open(dir, OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty()).unwrap();
         // SAFETY: open returned a new descriptor that nothing else owns.
-        Workspace::new(unsafe { OwnedFd::from_raw_fd(fd) }, None, None)
+        Workspace::new(unsafe { OwnedFd::from_raw_fd(fd) }, Owner::Caller, None)
     }
 
     #[test]
