@@ -208,14 +208,17 @@ fn receive<T: Transfer>(from: &UnixStream) -> io::Result<Result<T, WorkspaceErro
     let mut header = [0u8; 8];
     let mut space = nix::cmsg_space!([RawFd; MAX_REPLY_FDS]);
     let mut fds = Vec::new();
-    let (bytes, truncated) = {
+    let (bytes, truncated) = loop {
         let mut iov = [io::IoSliceMut::new(&mut header)];
-        let msg = recvmsg::<()>(
+        let msg = match recvmsg::<()>(
             from.as_raw_fd(),
             &mut iov,
             Some(&mut space),
             MsgFlags::MSG_CMSG_CLOEXEC,
-        )?;
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            received => received?,
+        };
         for cmsg in msg.cmsgs()? {
             if let ControlMessageOwned::ScmRights(received) = cmsg {
                 // SAFETY: the kernel installed these descriptors for us; nothing else owns them.
@@ -226,7 +229,7 @@ fn receive<T: Transfer>(from: &UnixStream) -> io::Result<Result<T, WorkspaceErro
                 );
             }
         }
-        (msg.bytes, msg.flags.contains(MsgFlags::MSG_CTRUNC))
+        break (msg.bytes, msg.flags.contains(MsgFlags::MSG_CTRUNC));
     };
     if bytes != header.len() || truncated {
         return Err(gone());
@@ -461,5 +464,70 @@ impl WireError {
                 source: source.into_error(),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Seek;
+
+    use super::*;
+
+    type Reply = (Vec<Result<File, WorkspaceError>>, (PathBuf, u64));
+
+    #[test]
+    fn replies_keep_their_values_errors_and_descriptors_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, text: &str| {
+            std::fs::write(dir.path().join(name), text).unwrap();
+            File::open(dir.path().join(name)).unwrap()
+        };
+        let odd = PathBuf::from(std::ffi::OsString::from_vec(b"d\xffir/f".to_vec()));
+        let sent: Result<Reply, WorkspaceError> = Ok((
+            vec![
+                Ok(file("a", "first")),
+                Err(WorkspaceError::NotRegular(odd.clone())),
+                Err(WorkspaceError::io(
+                    Path::new("x"),
+                    io::Error::from_raw_os_error(libc::EACCES),
+                )),
+                Ok(file("b", "second")),
+            ],
+            (odd.clone(), 7),
+        ));
+        let (a, b) = UnixStream::pair().unwrap();
+        send(&a, Ok(sent)).unwrap();
+        let (opened, (name, n)) =
+            receive::<(Vec<Result<File, WorkspaceError>>, (PathBuf, u64))>(&b)
+                .unwrap()
+                .unwrap();
+        assert_eq!((name, n), (odd.clone(), 7));
+        let mut texts = Vec::new();
+        for entry in opened {
+            match entry {
+                Ok(mut f) => {
+                    f.rewind().unwrap();
+                    let mut text = String::new();
+                    f.read_to_string(&mut text).unwrap();
+                    texts.push(text);
+                }
+                Err(WorkspaceError::NotRegular(p)) => assert_eq!(p, odd),
+                Err(WorkspaceError::Io { path, source }) => {
+                    assert_eq!(path, Path::new("x"));
+                    assert_eq!(source.raw_os_error(), Some(libc::EACCES));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(texts, ["first", "second"]);
+        // A helper's own failure arrives as the error it was.
+        send::<()>(&a, Err(io::Error::other("joining: EPERM"))).unwrap();
+        assert_eq!(receive::<()>(&b).unwrap_err().to_string(), "joining: EPERM");
+        // A helper that ended without a word.
+        drop(a);
+        assert!(receive::<()>(&b)
+            .unwrap_err()
+            .to_string()
+            .contains("without an answer"));
     }
 }

@@ -233,7 +233,6 @@ impl Mapping {
         let child = Command::new(helper)
             .args(&args)
             .env_clear()
-            .current_dir("/")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

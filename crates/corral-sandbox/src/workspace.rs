@@ -1155,4 +1155,111 @@ mod tests {
         assert!(!dir.path().join("d/f").exists());
         assert!(dir.path().join("link").exists());
     }
+
+    /// Rootless with subordinate ids, a helper joins the sandbox's user namespace and works
+    /// there as the sandbox user: it reaches the sandbox's private files (of its host id), not
+    /// another id's, and what it creates belongs to the sandbox. (Root only: the test maps an
+    /// unused id into a user namespace of its own.)
+    #[test]
+    fn a_helper_works_in_the_sandboxs_namespace_with_its_permissions_alone() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        const HOST_ID: u32 = 2_100_000_000;
+        let (ready_r, ready_w) = nix::unistd::pipe().unwrap();
+        let (hold_r, hold_w) = nix::unistd::pipe().unwrap();
+        // SAFETY: the child makes system calls only and ends in _exit.
+        let child = match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                drop((ready_r, hold_w));
+                let made = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).is_ok();
+                let _ = nix::unistd::write(&ready_w, &[u8::from(made)]);
+                let _ = nix::unistd::read(hold_r.as_raw_fd(), &mut [0u8]);
+                // SAFETY: ends the forked test process at once.
+                unsafe { libc::_exit(0) }
+            }
+            nix::unistd::ForkResult::Parent { child } => child,
+        };
+        drop((ready_w, hold_r));
+        let mut made = [0u8];
+        nix::unistd::read(ready_r.as_raw_fd(), &mut made).unwrap();
+        assert_eq!(made, [1]);
+        for file in ["uid_map", "gid_map"] {
+            std::fs::write(format!("/proc/{child}/{file}"), format!("1000 {HOST_ID} 1")).unwrap();
+        }
+        let userns = File::open(format!("/proc/{child}/ns/user")).unwrap();
+        drop(hold_w);
+        nix::sys::wait::waitpid(child, None).unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let root = dir.path().join("ws");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::create_dir(root.join("private")).unwrap();
+        std::fs::write(root.join("private/mine"), b"the sandbox's").unwrap();
+        std::fs::write(root.join("roots"), b"root's").unwrap();
+        let id = Some(nix::unistd::Uid::from_raw(HOST_ID));
+        let gid = Some(nix::unistd::Gid::from_raw(HOST_ID));
+        for (path, mode) in [("", 0o755), ("private", 0o700), ("private/mine", 0o600)] {
+            nix::unistd::chown(&root.join(path), id, gid).unwrap();
+            std::fs::set_permissions(root.join(path), std::fs::Permissions::from_mode(mode))
+                .unwrap();
+        }
+        std::fs::set_permissions(root.join("roots"), std::fs::Permissions::from_mode(0o600))
+            .unwrap();
+        let fd =
+            nix::fcntl::open(&root, OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty()).unwrap();
+        let ws = Workspace::new(
+            // SAFETY: open returned a new descriptor that nothing else owns.
+            unsafe { OwnedFd::from_raw_fd(fd) },
+            Owner::Namespace {
+                userns: Arc::new(userns.into()),
+                uid: 1000,
+                gid: 1000,
+            },
+            None,
+        );
+
+        let listed: Vec<String> = ws.list().unwrap().into_iter().map(|e| e.path).collect();
+        assert_eq!(listed, ["private/mine", "roots"]);
+        let mut text = String::new();
+        ws.open_file(Path::new("private/mine"))
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        assert_eq!(text, "the sandbox's");
+        // Root's private file stays closed to the sandbox user: no capability came along.
+        match ws.open_file(Path::new("roots")) {
+            Err(WorkspaceError::Io { source, .. }) => {
+                assert_eq!(source.raw_os_error(), Some(libc::EACCES))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            ws.remove_file(Path::new("roots")).is_ok(),
+            "the sandbox's directory"
+        );
+        assert_eq!(
+            ws.write_file(Path::new("new/made"), &mut &b"uploaded"[..])
+                .unwrap(),
+            8
+        );
+        for made in ["new", "new/made"] {
+            let meta = std::fs::metadata(root.join(made)).unwrap();
+            assert_eq!((meta.uid(), meta.gid()), (HOST_ID, HOST_ID), "{made}");
+        }
+        let host = tempfile::tempdir().unwrap();
+        let mut out = OutDir::create(&host.path().join("out"), limits(1 << 20, 100)).unwrap();
+        let report = ws.copy_out(&mut out).unwrap();
+        assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+        assert_eq!(
+            std::fs::read(host.path().join("out/private/mine")).unwrap(),
+            b"the sandbox's"
+        );
+        assert_eq!(
+            std::fs::read(host.path().join("out/new/made")).unwrap(),
+            b"uploaded"
+        );
+    }
 }
