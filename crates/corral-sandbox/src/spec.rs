@@ -181,8 +181,10 @@ pub fn zygote_rlimits() -> Vec<(Resource, u64)> {
 }
 
 /// Rootless, every sandbox of a caller is charged to the caller's own per-user inotify
-/// allowance (128 instances by default): each sandbox may take at most this much of it
-/// (instances, watches). As root every sandbox has a uid, and so an allowance, of its own.
+/// allowance (128 instances by default), with or without subordinate ids (the kernel charges
+/// it to the owner of each user namespace up the chain, and every one is the caller's): each
+/// sandbox may take at most this much of it (instances, watches). As root every sandbox has a
+/// uid, and so an allowance, of its own.
 pub const ROOTLESS_INOTIFY_LIMITS: (u64, u64) = (32, 16_384);
 
 /// The core-file limit of every sandboxed process (see [`workload_rlimits`]).
