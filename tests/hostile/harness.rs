@@ -28,6 +28,43 @@ pub fn corral_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_corral")))
 }
 
+/// Rootless: whether the user running the tests has subordinate ids Corral can use (a range of
+/// at least 1024 ids for it, by name or uid, in both `/etc/subuid` and `/etc/subgid`, and
+/// `newuidmap` and `newgidmap` installed), read here without Corral's help. Then every sandbox
+/// must run as a host uid and gid of its own; else every result must say that it runs as the
+/// caller's (docs/threat-model.md §6).
+pub fn has_subordinate_ids() -> bool {
+    let uid = nix::unistd::getuid();
+    let name = nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map(|u| u.name);
+    let has_range = |file: &str| {
+        std::fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .any(|line| match line.split(':').collect::<Vec<_>>()[..] {
+                [owner, _, count] => {
+                    (Some(owner) == name.as_deref() || owner == uid.to_string())
+                        && count.parse::<u32>().is_ok_and(|n| n >= 1024)
+                }
+                _ => false,
+            })
+    };
+    let helper = |name: &str| {
+        ["/usr/bin", "/bin", "/usr/sbin"]
+            .iter()
+            .any(|dir| Path::new(dir).join(name).exists())
+    };
+    has_range("/etc/subuid")
+        && has_range("/etc/subgid")
+        && helper("newuidmap")
+        && helper("newgidmap")
+}
+
+/// The words every result's `warnings` has when a rootless sandbox runs as the caller's uid.
+pub const CALLER_UID_WARNING: &str = "rootless without subordinate ids";
+
 /// Tests that compare global host state (cgroup dirs, mount table, process
 /// counts) before and after a run take the lock exclusively so no other
 /// sandbox is alive meanwhile; every other test takes it shared.

@@ -5,10 +5,12 @@
 //! with a key so that sessions belong to tenants, attacks across tenants, then stops the
 //! server and checks that none of its processes and cgroups is left.
 //!
-//! Rootless, the documented model (docs/threat-model.md §6) is that all the caller's
-//! sandboxes share its uid and with it the per-uid kernel counters; the tests whose subject is
-//! exactly that (pipe buffers, host uids) check the weaker property that holds there and say
-//! so. inotify is counted per user namespace as well, so it is held to isolation in both modes.
+//! Rootless, every sandbox runs as a host uid of its own from the caller's subordinate ids,
+//! as it does as root; without subordinate ids the documented model (docs/threat-model.md §6)
+//! is that all the caller's sandboxes share its uid and with it the per-uid kernel counters,
+//! and the tests whose subject is exactly that (pipe buffers, host uids) check the weaker
+//! property that holds there and that the sessions say so. inotify is counted per user
+//! namespace as well, so it is held to isolation in every mode.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -1009,6 +1011,7 @@ fn pipe_buffer_exhaustion_is_per_session() {
     let hog = step(&key_a, &a, "hog");
     let limits = fields(hog.value("LIMITS"));
     let during = step(&key_b, &b, "probe");
+    let b_warnings = warnings_of(&s.info(&key_b, &b)).unwrap_or_default();
     s.delete(&key_a, &a);
     let mut host = s.stop();
     // The host: a new pipe of this process (rootless, of the user whose pages A took) has its
@@ -1045,16 +1048,22 @@ fn pipe_buffer_exhaustion_is_per_session() {
             ("65536", "OK"),
             "B's pipes are small before any attack: {before:?}"
         );
-        if running_as_root() {
+        if running_as_root() || has_subordinate_ids() {
             if probe["size"] != "65536" || probe["grow"] != "OK" {
                 found.push(summary);
             }
         } else {
-            // Rootless, every sandbox is the caller's uid, whose per-user counters they share
-            // (docs/threat-model.md §6): B's pipes may shrink, but must still work.
+            // Rootless without subordinate ids, every sandbox is the caller's uid, whose
+            // per-user counters they share (docs/threat-model.md §6): B's pipes may shrink,
+            // but must still work, and B's session says so.
             eprintln!("pipe_buffer_exhaustion_is_per_session (rootless, one uid): {summary}");
             if probe["holds"].parse::<usize>().unwrap_or(0) < 4096 {
                 found.push(format!("B's pipes do not work at all: {summary}"));
+            }
+            if !b_warnings.iter().any(|w| w.contains(CALLER_UID_WARNING)) {
+                found.push(format!(
+                    "B's session shares the caller's uid but does not say so: {b_warnings:?}"
+                ));
             }
         }
     }
@@ -1095,8 +1104,10 @@ fn pid_namespace(pid: i32) -> Option<PathBuf> {
 }
 
 /// From the host, the kernels of live sessions (two tenants', pooled and freshly forked) run as
-/// host uids of their own: no other process of the server's sandboxes holds one of them (root
-/// mode; rootless, all of them are the caller's, as documented).
+/// host uids of their own: no other process of the server's sandboxes holds one of them, none
+/// is the caller's, and they have no supplementary group (as root, and rootless with
+/// subordinate ids; rootless without, all of them are the caller's, as documented, and every
+/// session says so).
 #[test]
 fn sessions_have_distinct_host_uids() {
     let _g = shared();
@@ -1110,8 +1121,14 @@ fn sessions_have_distinct_host_uids() {
         ("B forked", &key_b, json!({"limits": {"memory_mb": 700}})),
     ];
     let mut kernels = Vec::new();
+    let mut unwarned = Vec::new();
+    let mut groups = Vec::new();
     for (i, (label, key, body)) in sessions.iter().enumerate() {
         let id = s.session(key, body);
+        let warnings = warnings_of(&s.info(key, &id)).unwrap_or_default();
+        if !warnings.iter().any(|w| w.contains(CALLER_UID_WARNING)) {
+            unwarned.push(format!("{label}: {warnings:?}"));
+        }
         let name = format!("mtid{tag}{i}");
         let o = s.exec(
             key,
@@ -1131,6 +1148,7 @@ fn sessions_have_distinct_host_uids() {
             o.dump()
         );
         let uid = host_uid(pids[0]).unwrap_or_else(|| panic!("{label}: uids of {}", pids[0]));
+        groups.push((*label, status_field(pids[0], "Groups:")));
         kernels.push((
             *label,
             pids[0],
@@ -1152,12 +1170,21 @@ fn sessions_have_distinct_host_uids() {
         })
         .collect();
     let mut found = Vec::new();
-    if running_as_root() {
+    if running_as_root() || has_subordinate_ids() {
         // A kernel's sandbox is what shares its pid namespace (its init and its children);
         // no process of the server's outside it may hold its uid: not another session, not a
         // pooled one, not the zygote.
+        let me = nix::unistd::getuid().as_raw();
+        for (label, groups) in &groups {
+            if !groups.is_empty() {
+                found.push(format!("{label} has supplementary groups {groups:?}"));
+            }
+        }
         for (i, (label, _, uid, own_ns, _)) in kernels.iter().enumerate() {
             assert_ne!(*uid, 0, "{label} runs as host root");
+            if *uid == me {
+                found.push(format!("{label} runs as the caller's uid {me}"));
+            }
             for (other, _, other_uid, _, _) in &kernels[i + 1..] {
                 if uid == other_uid {
                     found.push(format!("{label} and {other} both run as host uid {uid}"));
@@ -1175,8 +1202,19 @@ fn sessions_have_distinct_host_uids() {
                 ));
             }
         }
+        if unwarned.len() < kernels.len() {
+            found.push(
+                "sessions with host uids of their own warn that they run as the caller's".into(),
+            );
+        }
     } else {
-        // Rootless, every sandbox runs as the caller (docs/threat-model.md §6).
+        // Rootless without subordinate ids, every sandbox runs as the caller
+        // (docs/threat-model.md §6), and says so.
+        found.extend(
+            unwarned
+                .iter()
+                .map(|w| format!("runs as the caller but does not say so: {w}")),
+        );
         let me = nix::unistd::getuid().as_raw();
         for (label, _, uid, _, _) in &kernels {
             if *uid != me {

@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 
 use corral_sandbox::cgroup::Cgroup;
 use corral_sandbox::egress::{proxy_environment, EgressMonitor, EgressProxy};
-use corral_sandbox::ids::IdLease;
+use corral_sandbox::ids::{HostIds, IdLease};
 use corral_sandbox::session::{
     SessionPlan, MAX_PLAN_BYTES, MSG_ERROR, MSG_EXIT, MSG_KERNEL, MSG_PROXY, MSG_READY,
 };
 use corral_sandbox::{
-    children_peak_memory, landlock_warning, recv_with_credentials, rootless_shared_uid_warning,
-    sandbox_cgroup, send_fds, Charge, ControlSocket, Egress, Finish, Limits, Policy, Report, Role,
-    Rootfs, Sandbox, SandboxError, SandboxSpec, Supervised, Workspace, ROOTLESS_INOTIFY_LIMITS,
+    children_peak_memory, landlock_warning, recv_with_credentials, sandbox_cgroup, send_fds,
+    Charge, ControlSocket, Egress, Finish, Limits, Owner, Policy, Report, Role, Rootfs, Sandbox,
+    SandboxError, SandboxSpec, Supervised, Workspace, ROOTLESS_INOTIFY_LIMITS,
 };
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{setsockopt, socketpair, sockopt, AddressFamily, SockFlag, SockType};
@@ -242,7 +242,7 @@ impl Zygote {
         program: Option<(&str, &[u8])>,
     ) -> Result<Forked, KernelError> {
         let limits = *limits;
-        let root_mode = nix::unistd::geteuid().is_root();
+        let host_ids = corral_sandbox::host_ids();
         let (cgroup, cgroup_warning) = sandbox_cgroup(&limits, policy)?;
         if program.is_some() && cgroup.is_none() {
             // Without a cgroup a fresh interpreter's memory use is measured by its rusage,
@@ -255,14 +255,13 @@ impl Zygote {
             // A one-shot run warns as a one-shot sandbox does.
             Some(_) => landlock_warning(policy)?
                 .into_iter()
+                .chain(corral_sandbox::ids::warning())
                 .chain(cgroup_warning)
                 .collect(),
+            // A session warns as its zygote's sandbox does (the host ids among it).
             None => {
                 let mut warnings: Vec<String> = self.sandbox.warnings().to_vec();
                 warnings.extend(cgroup_warning);
-                if !root_mode {
-                    warnings.push(rootless_shared_uid_warning());
-                }
                 warnings
             }
         };
@@ -290,9 +289,32 @@ impl Zygote {
         .map_err(io::Error::from)?;
         setsockopt(&control_host, sockopt::PassCred, &true).map_err(io::Error::from)?;
 
-        // Root mode: the session's own host uid, which no other live sandbox has.
-        let id_lease = root_mode.then(IdLease::acquire).transpose()?;
-        let host_ids = id_lease.as_ref().map(|lease| (lease.id(), lease.id()));
+        // The session's own host ids, which no other live sandbox has (but rootless without
+        // subordinate ids): the zygote switches to them before the session makes its user
+        // namespace. Rootless, they are ids of the zygote's namespace, which maps them.
+        let id_lease = match host_ids {
+            HostIds::Root(pool) => Some(pool.acquire()?),
+            HostIds::Subordinate(sub) => Some(sub.pool.acquire()?),
+            HostIds::Caller { .. } => None,
+        };
+        let owner = match (host_ids, &id_lease) {
+            (HostIds::Root(_), Some(lease)) => Owner::Host {
+                uid: lease.uid(),
+                gid: lease.gid(),
+            },
+            (HostIds::Subordinate(_), Some(lease)) => Owner::Namespace {
+                userns: self
+                    .sandbox
+                    .user_namespace()
+                    .ok_or_else(|| {
+                        fork_failed("the zygote has no user namespace of its own".into())
+                    })?
+                    .clone(),
+                uid: lease.zygote_id(),
+                gid: lease.zygote_id(),
+            },
+            _ => Owner::Caller,
+        };
         let proxy_endpoint = !egress.policy.is_none();
         // The proxy's variables first, so that the session's own override them.
         let env: Vec<(String, String)> = match proxy_endpoint {
@@ -303,13 +325,16 @@ impl Zygote {
             false => env.to_vec(),
         };
         let plan = SessionPlan {
-            host_ids,
+            host_ids: id_lease
+                .as_ref()
+                .map(|lease| (lease.zygote_id(), lease.zygote_id())),
             disk_bytes: limits.disk_bytes,
             memory_bytes: limits.memory_bytes,
             pids: limits.pids,
             in_cgroup: cgroup.is_some(),
             landlock_required: !policy.allow_degraded,
-            inotify_limits: (!root_mode).then_some(ROOTLESS_INOTIFY_LIMITS),
+            inotify_limits: (!matches!(host_ids, HostIds::Root(_)))
+                .then_some(ROOTLESS_INOTIFY_LIMITS),
             env,
             program: program.map(|(name, _)| name.to_string()),
             proxy_endpoint,
@@ -370,11 +395,7 @@ impl Zygote {
                         .as_ref()
                         .map(|cg| Charge::new(cg, limits.memory_bytes))
                         .transpose()?;
-                    workspace = Some(Workspace::new(
-                        fd,
-                        host_ids.or(self.sandbox.host_ids()),
-                        charge,
-                    ));
+                    workspace = Some(Workspace::new(fd, owner.clone(), charge));
                     init_pid = Some(pid);
                 }
                 (Some([MSG_KERNEL]), _, Some(pid)) => kernel_pid = Some(pid),
@@ -647,7 +668,8 @@ pub(crate) struct ForkedKernel {
     killed: bool,
     /// The egress proxy serving the session's network policy, stopped when it is killed.
     egress: Option<EgressProxy>,
-    /// Root mode: the lease on the session's host uid, released once it is killed.
+    /// The lease on the session's host ids (but rootless without subordinate ids), released
+    /// once it is killed.
     _id_lease: Option<IdLease>,
 }
 

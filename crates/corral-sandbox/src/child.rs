@@ -7,8 +7,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
@@ -24,6 +23,8 @@ use crate::sys;
 
 /// Messages on the report socket (child → host). One SEQPACKET message each.
 pub(crate) const MSG_INIT_PID: u8 = b'P';
+/// Stage 1 has made the namespaces and waits for the host to map its ids ([`ChildPlan::host_maps`]).
+pub(crate) const MSG_UNSHARED: u8 = b'U';
 pub(crate) const MSG_ERROR: u8 = b'E';
 pub(crate) const MSG_READY: u8 = b'R';
 pub(crate) const MSG_EXIT: u8 = b'X';
@@ -55,6 +56,13 @@ pub(crate) struct ChildPlan {
     /// one would share its owner's). init builds the root as root, then becomes `switch_to`
     /// with no capability.
     pub host_userns: bool,
+    /// Rootless with subordinate ids: the host maps the sandbox user to the sandbox's host
+    /// ids with the setuid helpers once the user namespace exists (stage 1 reports
+    /// [`MSG_UNSHARED`]); the namespace's creator then becomes the sandbox user, which drops
+    /// the caller's supplementary groups, keeping its capabilities there. A zygote's workload
+    /// keeps CAP_SETUID and CAP_SETGID, as in root mode, to give each session an id of the
+    /// caller's range that its namespace maps (`ids::Subordinate::maps`).
+    pub host_maps: bool,
     /// Rootless: the sandbox's share of the caller's inotify allowance, set by init.
     pub inotify_limits: Option<(u64, u64)>,
     /// Both ways: children → host reports; host → workload the cgroup to join (see
@@ -157,6 +165,32 @@ impl ChildPlan {
         keep.extend(self.stdin);
         sys::close_all_except(&keep);
     }
+
+    /// Opens the runtime directory (`O_PATH`) for init to bind: in the sandbox's mount
+    /// namespace (a mount can only be bound from the namespace it is in, so not by the host)
+    /// and before its creator becomes the sandbox user, whose permissions may not reach it
+    /// (rootless with subordinate ids: a home directory of mode 0700 on the way). init's
+    /// children close it before they run anything of the sandbox's.
+    fn open_runtime_dir(&self) -> Option<OwnedFd> {
+        let dir = self.runtime_dir.as_ref()?;
+        match nix::fcntl::open(
+            dir,
+            nix::fcntl::OFlag::O_PATH
+                | nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        ) {
+            // SAFETY: open returned a new descriptor that nothing else owns.
+            Ok(fd) => Some(unsafe { OwnedFd::from_raw_fd(fd) }),
+            Err(e) => self.fail(&format!("opening {}", dir.display()), e),
+        }
+    }
+
+    /// Waits for the host's [`MAPS_WRITTEN`]; false when the host gave up on this sandbox.
+    fn await_maps(&self) -> bool {
+        let mut byte = [0u8; 1];
+        matches!(nix::unistd::read(self.control, &mut byte), Ok(1)) && byte[0] == MAPS_WRITTEN
+    }
 }
 
 /// Stage 1: a child of a multithreaded host process (see [`init_in_namespaces`] for the
@@ -173,22 +207,38 @@ pub(crate) fn stage1(plan: &ChildPlan) -> ! {
         unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
     }
     let (host_uid, host_gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
+    let runtime_dir;
     if plan.host_userns {
         if let Err(e) = unshare(NAMESPACES.difference(CloneFlags::CLONE_NEWUSER)) {
             plan.fail(NAMESPACES_FAILED, e);
         }
+        runtime_dir = plan.open_runtime_dir();
     } else {
         if let Err(e) = unshare(NAMESPACES) {
             plan.fail(NAMESPACES_FAILED, e);
         }
-        if let Err(e) = write_id_maps("/proc/self", host_uid.as_raw(), host_gid.as_raw(), true) {
+        runtime_dir = plan.open_runtime_dir();
+        if plan.host_maps {
+            if let Err(e) = sys::send_message(plan.report(), &[MSG_UNSHARED], None) {
+                plan.fail("reporting the user namespace", e);
+            }
+            if !plan.await_maps() {
+                // SAFETY: see `ChildPlan::fail`.
+                unsafe { libc::_exit(0) }
+            }
+            if let Err(e) = become_user(Uid::from_raw(SANDBOX_UID), Gid::from_raw(SANDBOX_GID)) {
+                plan.fail("switching to the sandbox user", e);
+            }
+        } else if let Err(e) =
+            write_id_maps("/proc/self", host_uid.as_raw(), host_gid.as_raw(), true)
+        {
             plan.fail("mapping the sandbox user", e);
         }
     }
     // SAFETY: stage 1 is single-threaded (it is a fresh fork).
     match unsafe { sys::clone_process(libc::CLONE_PARENT) } {
         Err(e) => plan.fail("starting the sandbox init", e),
-        Ok(0) => init(plan),
+        Ok(0) => init(plan, runtime_dir),
         Ok(pid) => {
             let mut msg = vec![MSG_INIT_PID];
             msg.extend_from_slice(&pid.to_le_bytes());
@@ -201,22 +251,23 @@ pub(crate) fn stage1(plan: &ChildPlan) -> ! {
 
 /// init as the child of a single-threaded host that cloned it straight into [`NAMESPACES`]:
 /// it starts with the host's credentials, waits until the host has written its id maps, and
-/// in root mode then drops the host's groups and becomes the sandbox user (the mapped ids
-/// are the per-sandbox host ids), keeping its capabilities inside its own user namespace.
+/// in root mode, or rootless with subordinate ids, then drops the host's groups and becomes
+/// the sandbox user (the mapped ids are the per-sandbox host ids), keeping its capabilities
+/// inside its own user namespace.
 pub(crate) fn init_in_namespaces(plan: &ChildPlan) -> ! {
     plan.close_host_descriptors();
-    let mut byte = [0u8; 1];
-    if !matches!(nix::unistd::read(plan.control, &mut byte), Ok(1)) || byte[0] != MAPS_WRITTEN {
+    if !plan.await_maps() {
         // The host gave up on this sandbox.
         // SAFETY: see `ChildPlan::fail`.
         unsafe { libc::_exit(0) }
     }
-    if plan.switch_to.is_some() {
+    let runtime_dir = plan.open_runtime_dir();
+    if plan.switch_to.is_some() || plan.host_maps {
         if let Err(e) = become_user(Uid::from_raw(SANDBOX_UID), Gid::from_raw(SANDBOX_GID)) {
             plan.fail("switching to the sandbox user", e);
         }
     }
-    init(plan)
+    init(plan, runtime_dir)
 }
 
 /// Drops every supplementary group and takes `uid` and `gid` as real, effective and saved ids.
@@ -282,8 +333,8 @@ fn receive_cgroup_files(plan: &ChildPlan) -> io::Result<Vec<RawFd>> {
     Ok(fds)
 }
 
-/// Pid 1 of the sandbox.
-fn init(plan: &ChildPlan) -> ! {
+/// Pid 1 of the sandbox; `runtime_dir` is [`ChildPlan::open_runtime_dir`]'s.
+fn init(plan: &ChildPlan, runtime_dir: Option<OwnedFd>) -> ! {
     // Non-dumpable before any sandbox process exists: init's memory is a copy of the host
     // process's (environment included) and must never be readable through /proc/1.
     // No PR_SET_PDEATHSIG: it fires when the host *thread* that forked exits, which a
@@ -332,8 +383,7 @@ fn init(plan: &ChildPlan) -> ! {
     let workload_pid = match unsafe { nix::unistd::fork() } {
         Err(e) => plan.fail("starting the workload", e),
         Ok(ForkResult::Child) => {
-            drop(go_w);
-            drop(network_in);
+            drop((go_w, network_in, runtime_dir));
             workload(plan, go_r, network_out)
         }
         Ok(ForkResult::Parent { child }) => child,
@@ -351,7 +401,7 @@ fn init(plan: &ChildPlan) -> ! {
             plan.fail("limiting the sandbox's inotify use", e);
         }
     }
-    if let Err(e) = build_root(plan) {
+    if let Err(e) = build_root(plan, runtime_dir) {
         plan.fail("building the sandbox root filesystem", e);
     }
     let mut byte = [0u8; 1];
@@ -426,7 +476,7 @@ fn init(plan: &ChildPlan) -> ! {
     unsafe { libc::_exit(0) }
 }
 
-fn build_root(plan: &ChildPlan) -> io::Result<()> {
+fn build_root(plan: &ChildPlan, runtime_dir: Option<OwnedFd>) -> io::Result<()> {
     let root = Path::new(NEW_ROOT);
     mount(
         None::<&str>,
@@ -435,18 +485,6 @@ fn build_root(plan: &ChildPlan) -> io::Result<()> {
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&str>,
     )?;
-    // Opened before the new root's tmpfs hides paths under it, and bound through the
-    // descriptor (a mount can only be bound from this mount namespace, so not by the host).
-    let runtime_dir = plan
-        .runtime_dir
-        .as_ref()
-        .map(|dir| {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
-                .open(dir)
-        })
-        .transpose()?;
     let data = format!("size={},mode=755,nr_inodes=4096", plan.root_size);
     mount(
         Some("tmpfs"),
@@ -612,7 +650,9 @@ fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd
             plan.fallback_rlimits.clone()
         },
         landlock: (plan.role == crate::spec::Role::Workload).then_some(plan.landlock_required),
-        keep_capabilities: if plan.host_userns {
+        keep_capabilities: if plan.host_userns
+            || plan.host_maps && plan.role == crate::spec::Role::Zygote
+        {
             &crate::lockdown::ID_CAPABILITIES
         } else {
             &[]

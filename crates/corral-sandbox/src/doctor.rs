@@ -5,6 +5,7 @@ use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::ForkResult;
 
 use crate::cgroup::Cgroup;
+use crate::ids::HostIds;
 use crate::seccomp::{self, Role};
 use crate::spec::{Limits, SandboxSpec};
 use crate::{landlock_rules, sandbox, Status};
@@ -82,28 +83,48 @@ fn check(layer: &str, active: bool, detail: impl Into<String>) -> Check {
 pub fn run_checks() -> Vec<Check> {
     let mut checks = Vec::new();
     let euid = nix::unistd::geteuid();
+    let host_ids = crate::ids::host_ids();
     checks.push(check(
         "mode",
         true,
-        if euid.is_root() {
-            format!(
+        match host_ids {
+            HostIds::Root(_) => format!(
                 "root: sandboxes run as unprivileged host uids from {}",
                 crate::ids::ROOT_MODE_ID_BASE
-            )
-        } else {
-            format!("rootless (uid {euid}): sandboxes run as your own uid through a user namespace")
+            ),
+            HostIds::Subordinate(sub) => format!(
+                "rootless (uid {euid}): sandboxes run as subordinate ids of yours, uids {} and \
+                 gids {} ({} at once), mapped by {} and {}",
+                sub.uids,
+                sub.gids,
+                sub.pool.count(),
+                sub.newuidmap.display(),
+                sub.newgidmap.display()
+            ),
+            HostIds::Caller { missing } => format!(
+                "rootless (uid {euid}): sandboxes run as your own uid through a user namespace \
+                 (no subordinate ids: {missing})"
+            ),
         },
     ));
 
     checks.push(check(
         "uid per session",
-        euid.is_root(),
-        if euid.is_root() {
-            "every sandbox and session runs as a host uid of its own: per-uid kernel limits \
-             (inotify, pipe buffers, processes, message queues) are its own"
-                .to_string()
-        } else {
-            crate::spec::rootless_shared_uid_warning()
+        !matches!(host_ids, HostIds::Caller { .. }),
+        match host_ids {
+            HostIds::Root(_) => "every sandbox and session runs as a host uid of its own: \
+                 per-uid kernel limits (inotify, pipe buffers, processes, message queues) are \
+                 its own"
+                .to_string(),
+            HostIds::Subordinate(_) => format!(
+                "every sandbox and session runs as a host uid and gid of its own from your \
+                 subordinate ids: its pipe buffers and files are its own, and it has none of \
+                 your groups; what the kernel counts per user namespace (inotify, processes, \
+                 message queues, pending signals) is still charged to you, so each may hold at \
+                 most {} of your inotify instances",
+                crate::spec::ROOTLESS_INOTIFY_LIMITS.0
+            ),
+            HostIds::Caller { missing } => crate::ids::caller_uid_warning(missing),
         },
     ));
 

@@ -17,11 +17,13 @@ pub mod ids;
 mod landlock_rules;
 pub mod limits;
 pub mod lockdown;
+mod owner;
 pub mod result;
 pub mod rootfs;
 mod sandbox;
 pub mod seccomp;
 pub mod session;
+pub mod subids;
 pub use sys::{
     end_quietly_on_closed_pipe, recv_message, recv_with_credentials, send_fds, Received,
 };
@@ -34,8 +36,9 @@ pub mod workspace;
 pub use budget::{Reservation, ResultBudget};
 pub use charge::Charge;
 pub use egress::{Egress, NetworkPolicy, NetworkReport};
-pub use ids::ROOT_MODE_ID_BASE;
+pub use ids::{caller_uid_warning, host_ids, HostIds, ROOT_MODE_ID_BASE};
 pub use limits::{LimitError, LimitField};
+pub use owner::Owner;
 pub use result::{
     ExecutionResult, FileEntry, LanguageError, RichResult, Status, Violation, ViolationRule,
     POLICY_VIOLATION,
@@ -46,7 +49,7 @@ pub use sandbox::{
     Outcome, Report, Sandbox, SandboxError, SocketSink, Stream, Supervised,
 };
 pub use spec::{
-    rootless_shared_uid_warning, workload_rlimits, ControlSocket, InputFile, Limits, Policy, Role,
-    Rootfs, SandboxSpec, CORE_LIMIT, ROOTLESS_INOTIFY_LIMITS,
+    workload_rlimits, ControlSocket, InputFile, Limits, Policy, Role, Rootfs, SandboxSpec,
+    CORE_LIMIT, ROOTLESS_INOTIFY_LIMITS,
 };
 pub use workspace::{Workspace, WorkspaceError};

@@ -40,11 +40,13 @@ pub struct Lockdown {
     /// `None`: a zygote, whose sessions mount their own filesystems and apply it themselves.
     pub landlock: Option<bool>,
     /// Kept in the bounding, permitted and effective sets; every other capability goes.
-    /// Empty but for a root-mode zygote ([`ID_CAPABILITIES`]).
+    /// Empty but for a zygote's (as root, and rootless with subordinate ids:
+    /// [`ID_CAPABILITIES`]).
     pub keep_capabilities: &'static [Capability],
 }
 
-/// What a root-mode zygote keeps: giving each forked session its own host uid and gid.
+/// What a zygote keeps (as root, and rootless with subordinate ids): giving each forked
+/// session its own host uid and gid.
 pub const ID_CAPABILITIES: [Capability; 2] = [Capability::CAP_SETUID, Capability::CAP_SETGID];
 
 impl Lockdown {

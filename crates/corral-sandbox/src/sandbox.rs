@@ -3,9 +3,9 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Once, OnceLock};
+use std::sync::{Arc, Once, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -19,8 +19,9 @@ use crate::child::{
     self, ChildPlan, MSG_CGROUP, MSG_ERROR, MSG_EXIT, MSG_INIT_PID, MSG_PROXY, MSG_READY,
 };
 use crate::egress::{proxy_environment, EgressProxy, NetworkReport};
-use crate::ids::IdLease;
+use crate::ids::{HostIds, IdLease, Subordinate};
 use crate::landlock_rules;
+use crate::owner::Owner;
 use crate::result::{ExecutionResult, Status};
 use crate::rootfs::{self, Entry};
 use crate::seccomp::{self, Role};
@@ -114,6 +115,10 @@ pub enum SandboxError {
     /// A step of building the sandbox failed; the message says which.
     #[error("sandbox setup failed: {0}")]
     Setup(String),
+    /// Rootless with subordinate ids: a helper did not map the sandbox's ids. The sandbox is
+    /// refused, never run as the caller instead.
+    #[error("mapping the sandbox's subordinate ids: {0}")]
+    IdMap(#[from] crate::subids::MapError),
     #[error("{what}: {source}")]
     Io {
         what: &'static str,
@@ -219,6 +224,27 @@ impl Capture {
     }
 }
 
+/// Rootless with subordinate ids: opens the user namespace of `pid` (made by this process's
+/// uid and not yet mapped, so still this user's to open) and maps the ids of `lease` into it
+/// with the helpers.
+fn map_subordinate(
+    sub: &Subordinate,
+    pid: Pid,
+    lease: &IdLease,
+    zygote: bool,
+) -> Result<Arc<OwnedFd>, SandboxError> {
+    let userns = nix::fcntl::open(
+        format!("/proc/{pid}/ns/user").as_str(),
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(SandboxError::io("opening the sandbox's user namespace"))?;
+    // SAFETY: open returned a new descriptor that nothing else owns.
+    let userns = Arc::new(unsafe { OwnedFd::from_raw_fd(userns) });
+    sub.map(pid, lease, zygote)?;
+    Ok(userns)
+}
+
 /// The cgroup layout, detected once per process.
 pub fn cgroup_layout() -> Option<&'static Layout> {
     static LAYOUT: OnceLock<Option<Layout>> = OnceLock::new();
@@ -321,8 +347,9 @@ pub fn sandbox_cgroup(
 /// every trace of it.
 #[derive(Debug)]
 pub struct Sandbox {
-    /// Root mode: the unprivileged host uid and gid the sandbox runs as.
-    host_ids: Option<(u32, u32)>,
+    /// Rootless with subordinate ids: the sandbox's user namespace (the host's workspace
+    /// operations join it; a zygote's sessions take ids it maps).
+    userns: Option<Arc<OwnedFd>>,
     init: Pid,
     reaped: bool,
     cgroup: Option<Cgroup>,
@@ -342,9 +369,9 @@ pub struct Sandbox {
     stop: Option<OwnedFd>,
     /// The egress proxy serving the sandbox's network policy, until the sandbox ends.
     egress: Option<EgressProxy>,
-    /// Root mode: the lease on `host_ids`, released (after `Drop` has killed and reaped
-    /// everything) when the sandbox is dropped.
-    _id_lease: Option<IdLease>,
+    /// Root mode, and rootless with subordinate ids: the lease on the sandbox's host ids,
+    /// released (after `Drop` has killed and reaped everything) when the sandbox is dropped.
+    id_lease: Option<IdLease>,
 }
 
 /// Receives the bytes a program sends on its fd-3 socket.
@@ -391,8 +418,16 @@ impl Sandbox {
             crate::spec::Role::Zygote => Role::Zygote,
         });
         let init_filters = seccomp::filters(Role::Init);
-        let warnings: Vec<String> = landlock_warning(spec.policy)?.into_iter().collect();
-        let root_mode = nix::unistd::geteuid().is_root();
+        let host_ids = crate::ids::host_ids();
+        let warnings: Vec<String> = landlock_warning(spec.policy)?
+            .into_iter()
+            .chain(crate::ids::warning())
+            .collect();
+        let root_mode = matches!(host_ids, HostIds::Root(_));
+        let subordinate = match host_ids {
+            HostIds::Subordinate(sub) => Some(sub),
+            _ => None,
+        };
         let limits = spec.limits;
 
         let run_files: Vec<(&str, &[u8])> = spec
@@ -468,16 +503,21 @@ impl Sandbox {
         )
         .map_err(SandboxError::io("socketpair"))?;
 
-        let id_lease = root_mode
-            .then(IdLease::acquire)
-            .transpose()
-            .map_err(|source| SandboxError::Io {
-                what: "leasing a host uid for the sandbox",
-                source,
-            })?;
+        let id_lease = match host_ids {
+            HostIds::Root(pool) => Some(pool.acquire()),
+            HostIds::Subordinate(sub) => Some(sub.pool.acquire()),
+            HostIds::Caller { .. } => None,
+        }
+        .transpose()
+        .map_err(|source| SandboxError::Io {
+            what: "leasing a host uid for the sandbox",
+            source,
+        })?;
+        // Root mode switches to the leased ids itself; rootless, the helpers map them.
         let switch_to = id_lease
             .as_ref()
-            .map(|lease| (Uid::from_raw(lease.id()), Gid::from_raw(lease.id())));
+            .filter(|_| root_mode)
+            .map(|lease| (Uid::from_raw(lease.uid()), Gid::from_raw(lease.gid())));
         // Root mode: a zygote stays in the host's user namespace (see ChildPlan::host_userns).
         let host_userns = root_mode && spec.role == crate::spec::Role::Zygote;
         let plan = ChildPlan {
@@ -485,6 +525,7 @@ impl Sandbox {
             ops,
             switch_to,
             host_userns,
+            host_maps: subordinate.is_some(),
             // A zygote's sessions each set their own share, below the zygote's namespace.
             inotify_limits: (!root_mode && spec.role == crate::spec::Role::Workload)
                 .then_some(crate::spec::ROOTLESS_INOTIFY_LIMITS),
@@ -564,8 +605,8 @@ impl Sandbox {
         drop((stdout_w, stderr_w, control_r, report_child));
 
         let mut sandbox = Sandbox {
-            host_ids: switch_to.map(|(u, g)| (u.as_raw(), g.as_raw())),
-            _id_lease: id_lease,
+            userns: None,
+            id_lease,
             init: Pid::from_raw(0),
             reaped: true,
             cgroup: None,
@@ -589,26 +630,65 @@ impl Sandbox {
                     source,
                 })?,
         };
+        let zygote = spec.role == crate::spec::Role::Zygote;
         if direct {
             sandbox.init = first_child;
             sandbox.reaped = false;
-            // Root mode maps the per-sandbox ids and lets init drop root's groups itself;
-            // rootless, only the caller's own ids can be mapped, with setgroups denied.
-            let (uid, gid, deny_setgroups) = match switch_to {
-                Some((u, g)) => (u.as_raw(), g.as_raw(), false),
-                None => (
-                    nix::unistd::geteuid().as_raw(),
-                    nix::unistd::getegid().as_raw(),
-                    true,
-                ),
-            };
             // The host makes the cgroup next, while init builds the root elsewhere.
             if let Some(cpus) = &plan.cpus {
                 child::move_off_this_cpu(first_child, cpus);
             }
-            child::write_id_maps(&format!("/proc/{first_child}"), uid, gid, deny_setgroups)
-                .and_then(|()| sandbox.send_control(&[child::MAPS_WRITTEN]))
+            match (subordinate, &sandbox.id_lease) {
+                (Some(sub), Some(lease)) => {
+                    sandbox.userns = Some(map_subordinate(sub, first_child, lease, zygote)?);
+                }
+                _ => {
+                    // Root mode maps the per-sandbox ids and lets init drop root's groups
+                    // itself; rootless without subordinate ids, only the caller's own ids can
+                    // be mapped, with setgroups denied.
+                    let (uid, gid, deny_setgroups) = match switch_to {
+                        Some((u, g)) => (u.as_raw(), g.as_raw(), false),
+                        None => (
+                            nix::unistd::geteuid().as_raw(),
+                            nix::unistd::getegid().as_raw(),
+                            true,
+                        ),
+                    };
+                    child::write_id_maps(&format!("/proc/{first_child}"), uid, gid, deny_setgroups)
+                        .map_err(|e| {
+                            SandboxError::Setup(format!("mapping the sandbox user: {e}"))
+                        })?;
+                }
+            }
+            sandbox
+                .send_control(&[child::MAPS_WRITTEN])
                 .map_err(|e| SandboxError::Setup(format!("mapping the sandbox user: {e}")))?;
+        } else if let (Some(sub), Some(lease)) = (subordinate, &sandbox.id_lease) {
+            // Stage 1 has made the namespaces (or failed to) and waits for its maps.
+            let mut buf = [0u8; 4096];
+            let mapped = match sandbox.recv(&mut buf) {
+                Ok((n, _)) => match &buf[..n] {
+                    [child::MSG_UNSHARED] => map_subordinate(sub, first_child, lease, zygote)
+                        .map(|userns| sandbox.userns = Some(userns)),
+                    [MSG_ERROR, msg @ ..] => Err(SandboxError::Setup(
+                        String::from_utf8_lossy(msg).into_owned(),
+                    )),
+                    _ => Err(SandboxError::Setup(
+                        "the sandbox's setup processes exited without reporting".into(),
+                    )),
+                },
+                Err(e) => Err(e),
+            }
+            .and_then(|()| {
+                sandbox
+                    .send_control(&[child::MAPS_WRITTEN])
+                    .map_err(|e| SandboxError::Setup(format!("mapping the sandbox user: {e}")))
+            });
+            if let Err(e) = mapped {
+                let _ = kill(first_child, Signal::SIGKILL);
+                child::reap(first_child);
+                return Err(e);
+            }
         }
 
         // Made while the namespaces are built, then sent to the workload to join.
@@ -654,7 +734,18 @@ impl Sandbox {
                         child::reap(first_child);
                     }
                     (Some([MSG_READY]), Some(fd)) => {
-                        let owner = switch_to.map(|(u, g)| (u.as_raw(), g.as_raw()));
+                        let owner = match (switch_to, &sandbox.userns) {
+                            (Some((uid, gid)), _) => Owner::Host {
+                                uid: uid.as_raw(),
+                                gid: gid.as_raw(),
+                            },
+                            (None, Some(userns)) => Owner::Namespace {
+                                userns: userns.clone(),
+                                uid: rootfs::SANDBOX_UID,
+                                gid: rootfs::SANDBOX_GID,
+                            },
+                            (None, None) => Owner::Caller,
+                        };
                         let charge = sandbox
                             .cgroup
                             .as_ref()
@@ -741,9 +832,10 @@ impl Sandbox {
         &self.warnings
     }
 
-    /// Root mode: the host uid and gid the sandbox user maps to (for [`Workspace::new`]).
-    pub fn host_ids(&self) -> Option<(u32, u32)> {
-        self.host_ids
+    /// Rootless with subordinate ids: the sandbox's user namespace, whose owner (the caller)
+    /// may join it. A zygote's maps the ids of its sessions ([`IdLease::zygote_id`]).
+    pub fn user_namespace(&self) -> Option<&Arc<OwnedFd>> {
+        self.userns.as_ref()
     }
 
     /// Starts the program (once).

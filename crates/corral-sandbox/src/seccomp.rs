@@ -1174,8 +1174,10 @@ mod tests {
         check_probes(Role::Workload, &probes);
     }
 
-    /// A root-mode zygote keeps CAP_SETUID and CAP_SETGID: its filter lets it take only ids
-    /// of the sandbox range and drop its supplementary groups, never become root again.
+    /// A zygote keeps CAP_SETUID and CAP_SETGID (as root in the host's user namespace,
+    /// rootless with subordinate ids in its own): its filter lets it take only ids of the
+    /// sandbox range and drop its supplementary groups, never become root (or the caller)
+    /// again.
     #[test]
     fn zygote_filter_confines_id_changes_to_the_sandbox_range() {
         use libc::*;

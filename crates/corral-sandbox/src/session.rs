@@ -8,7 +8,10 @@
 //! the one-shot engine uses:
 //!
 //! 1. joins the session's cgroup (the host passes the opened membership files);
-//! 2. root mode: becomes the session's own host uid and gid (no other live sandbox has them);
+//! 2. becomes the session's own ids, which no other live sandbox has: as root a host uid and
+//!    gid, rootless with subordinate ids the ids of the zygote's user namespace that map to
+//!    the session's host ids (`ids::IdLease::zygote_id`); rootless without, it stays the
+//!    zygote's (the caller's);
 //! 3. enters a new user namespace (the sandbox user mapped to that uid) and fresh mount, pid,
 //!    net, ipc, uts and cgroup namespaces;
 //! 4. forks the session's init (pid 1), which mounts the session's filesystems (the
@@ -57,7 +60,9 @@ pub const MAX_PLAN_BYTES: usize = 128 << 10;
 /// the fork.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SessionPlan {
-    /// Root mode: the host uid and gid the session runs as (the zygote may switch to them).
+    /// The uid and gid the session becomes before it makes its user namespace (the zygote may
+    /// switch to them): host ids as root, ids of the zygote's user namespace rootless with
+    /// subordinate ids; none rootless without.
     pub host_ids: Option<(u32, u32)>,
     pub disk_bytes: u64,
     pub memory_bytes: u64,

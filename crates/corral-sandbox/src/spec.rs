@@ -192,20 +192,11 @@ pub fn zygote_rlimits() -> Vec<(Resource, u64)> {
 }
 
 /// Rootless, every sandbox of a caller is charged to the caller's own per-user inotify
-/// allowance (128 instances by default): each sandbox may take at most this much of it
-/// (instances, watches). As root every sandbox has a uid, and so an allowance, of its own.
+/// allowance (128 instances by default), with or without subordinate ids (the kernel charges
+/// it to the owner of each user namespace up the chain, and every one is the caller's): each
+/// sandbox may take at most this much of it (instances, watches). As root every sandbox has a
+/// uid, and so an allowance, of its own.
 pub const ROOTLESS_INOTIFY_LIMITS: (u64, u64) = (32, 16_384);
-
-/// What rootless sandboxes and sessions share, as `warnings` and `doctor` say it.
-pub fn rootless_shared_uid_warning() -> String {
-    format!(
-        "rootless: every sandbox and session runs as the host uid of the user running Corral, \
-         so per-user kernel limits (pipe buffers, processes, message queues) are shared \
-         between them; each may hold at most {} of that user's inotify instances (as root, \
-         each has a uid of its own)",
-        ROOTLESS_INOTIFY_LIMITS.0
-    )
-}
 
 /// The core-file limit of every sandboxed process (see [`workload_rlimits`]).
 pub const CORE_LIMIT: u64 = 1;

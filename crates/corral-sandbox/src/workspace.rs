@@ -27,6 +27,7 @@ use nix::sys::stat::{fstat, mkdirat, Mode, SFlag};
 
 use crate::charge::{copy_into, Charge, CopyFailure};
 use crate::limits::show_bytes;
+use crate::owner::{Owner, Transfer, MAX_REPLY_FDS};
 use crate::result::FileEntry;
 
 /// The most files `list` and `copy_out` visit: a sandbox cannot make the host walk forever.
@@ -68,7 +69,7 @@ pub enum WorkspaceError {
 }
 
 impl WorkspaceError {
-    fn io(path: &Path, source: impl Into<io::Error>) -> Self {
+    pub(crate) fn io(path: &Path, source: impl Into<io::Error>) -> Self {
         let source = source.into();
         // RESOLVE_NO_SYMLINKS and O_NOFOLLOW answer ELOOP for a link on the way.
         if source.raw_os_error() == Some(libc::ELOOP) {
@@ -389,36 +390,14 @@ impl OutDir {
 #[derive(Debug, Clone)]
 pub struct Workspace {
     root: Arc<OwnedFd>,
-    /// Root mode: the host ids the sandbox user maps to. Every operation inside the workspace
-    /// runs with these as the thread's filesystem ids, so the host touches the workspace with
-    /// exactly the sandbox's own permissions (a second layer behind openat2), and what it
-    /// creates belongs to the sandbox (the tmpfs rejects owners its user namespace cannot map).
-    owner: Option<(u32, u32)>,
+    /// Whose permissions every operation inside the workspace runs with: the sandbox user's,
+    /// so the host touches the workspace with exactly the sandbox's own permissions (a second
+    /// layer behind openat2), and what it creates belongs to the sandbox (the tmpfs rejects
+    /// owners its user namespace cannot map).
+    owner: Owner,
     /// The sandbox's cgroup, which the bytes written into the workspace are charged to;
     /// `None` where the sandbox has none (the rlimit fallback).
     charge: Option<Arc<Charge>>,
-}
-
-/// While alive, the calling thread's filesystem uid and gid are the sandbox's.
-struct AsSandboxUser(Option<(nix::unistd::Uid, nix::unistd::Gid)>);
-
-impl AsSandboxUser {
-    fn new(owner: Option<(u32, u32)>) -> Self {
-        AsSandboxUser(owner.map(|(uid, gid)| {
-            let old_gid = nix::unistd::setfsgid(gid.into());
-            let old_uid = nix::unistd::setfsuid(uid.into());
-            (old_uid, old_gid)
-        }))
-    }
-}
-
-impl Drop for AsSandboxUser {
-    fn drop(&mut self) {
-        if let Some((uid, gid)) = self.0 {
-            nix::unistd::setfsuid(uid);
-            nix::unistd::setfsgid(gid);
-        }
-    }
 }
 
 /// Creates a new regular file under a fresh hidden name in `dir` (never an existing name):
@@ -495,9 +474,9 @@ pub fn checked_components(path: &Path) -> Result<Vec<&std::ffi::OsStr>, Workspac
 
 impl Workspace {
     /// Wraps a descriptor of a workspace directory (an `O_PATH` descriptor received from a
-    /// sandbox); `owner` is the host uid and gid the sandbox user maps to, in root mode;
-    /// `charge` the sandbox's cgroup, where it has one.
-    pub fn new(root: OwnedFd, owner: Option<(u32, u32)>, charge: Option<Charge>) -> Self {
+    /// sandbox); `owner` is how the host takes the sandbox user's permissions; `charge` the
+    /// sandbox's cgroup, where it has one.
+    pub fn new(root: OwnedFd, owner: Owner, charge: Option<Charge>) -> Self {
         Workspace {
             root: Arc::new(root),
             owner,
@@ -586,6 +565,17 @@ impl Workspace {
         Ok(dir)
     }
 
+    /// Runs `op` with the sandbox user's permissions ([`Owner`]); it may use `keep` besides
+    /// the workspace's descriptor. `path` names the operation in the errors of a helper.
+    fn as_owner<T: Transfer>(
+        &self,
+        path: &Path,
+        keep: &[RawFd],
+        op: impl FnOnce() -> Result<T, WorkspaceError>,
+    ) -> Result<T, WorkspaceError> {
+        self.owner.run(path, self.root.as_raw_fd(), keep, op)
+    }
+
     /// Writes `data` to `path`, creating parent directories, and returns its size. The data
     /// goes to a fresh hidden name in the target's directory, renamed over `path` once it is
     /// complete: when anything fails (no room, the memory limit, reading `data`), nothing is
@@ -595,8 +585,7 @@ impl Workspace {
         let parts = checked_components(path)?;
         let (name, parents) = parts.split_last().expect("checked non-empty");
         let name = Path::new(name);
-        let (dir, temp, file) = {
-            let _as_sandbox = AsSandboxUser::new(self.owner);
+        let (dir, (temp, file)) = self.as_owner(path, &[], || {
             let dir = self
                 .open_dir(parents, true)
                 .map_err(|e| self.write_error(path, e.into()))?;
@@ -611,9 +600,9 @@ impl Workspace {
                 Err(nix::errno::Errno::ENOENT) => {}
                 Err(e) => return Err(WorkspaceError::io(path, e)),
             }
-            let (temp, file) = create_temp(&dir).map_err(|e| self.write_error(path, e))?;
-            (dir, temp, file)
-        };
+            let temp = create_temp(&dir).map_err(|e| self.write_error(path, e))?;
+            Ok((dir, temp))
+        })?;
         let copied = copy_into(&file, data, self.charge.as_deref()).map_err(|e| match e {
             CopyFailure::Source(source) => WorkspaceError::Source {
                 path: path.to_path_buf(),
@@ -627,24 +616,25 @@ impl Workspace {
             CopyFailure::Writer(e) => WorkspaceError::io(path, e),
         });
         drop(file);
-        let _as_sandbox = AsSandboxUser::new(self.owner);
-        let renamed = copied.and_then(|size| {
-            nix::fcntl::renameat(Some(dir.as_raw_fd()), &temp, Some(dir.as_raw_fd()), name)
-                .map_err(|e| match e {
-                    // Made a directory meanwhile, by the sandbox.
-                    nix::errno::Errno::EISDIR => WorkspaceError::NotRegular(path.to_path_buf()),
-                    e => WorkspaceError::io(path, e),
-                })
-                .map(|()| size)
-        });
-        if renamed.is_err() {
-            let _ = nix::unistd::unlinkat(
-                Some(dir.as_raw_fd()),
-                &temp,
-                nix::unistd::UnlinkatFlags::NoRemoveDir,
-            );
-        }
-        renamed
+        self.as_owner(path, &[dir.as_raw_fd()], || {
+            let renamed = copied.and_then(|size| {
+                nix::fcntl::renameat(Some(dir.as_raw_fd()), &temp, Some(dir.as_raw_fd()), name)
+                    .map_err(|e| match e {
+                        // Made a directory meanwhile, by the sandbox.
+                        nix::errno::Errno::EISDIR => WorkspaceError::NotRegular(path.to_path_buf()),
+                        e => WorkspaceError::io(path, e),
+                    })
+                    .map(|()| size)
+            });
+            if renamed.is_err() {
+                let _ = nix::unistd::unlinkat(
+                    Some(dir.as_raw_fd()),
+                    &temp,
+                    nix::unistd::UnlinkatFlags::NoRemoveDir,
+                );
+            }
+            renamed
+        })
     }
 
     /// The error of a write the sandbox's memory limit stopped.
@@ -658,7 +648,16 @@ impl Workspace {
     /// Opens the regular file at `path` for reading.
     pub fn open_file(&self, path: &Path) -> Result<File, WorkspaceError> {
         let parts = checked_components(path)?;
-        let _as_sandbox = AsSandboxUser::new(self.owner);
+        self.as_owner(path, &[], || self.open_regular(path, &parts))
+    }
+
+    /// [`Workspace::open_file`] of `path` (whose components are `parts`), with the caller's
+    /// permissions.
+    fn open_regular(
+        &self,
+        path: &Path,
+        parts: &[&std::ffi::OsStr],
+    ) -> Result<File, WorkspaceError> {
         let (name, parents) = parts.split_last().expect("checked non-empty");
         let dir = self
             .open_dir(parents, false)
@@ -680,30 +679,32 @@ impl Workspace {
     /// Removes the regular file at `path` (never a directory, and never through a link).
     pub fn remove_file(&self, path: &Path) -> Result<(), WorkspaceError> {
         let parts = checked_components(path)?;
-        let _as_sandbox = AsSandboxUser::new(self.owner);
-        let (name, parents) = parts.split_last().expect("checked non-empty");
-        let dir = self
-            .open_dir(parents, false)
+        self.as_owner(path, &[], || {
+            let (name, parents) = parts.split_last().expect("checked non-empty");
+            let dir = self
+                .open_dir(parents, false)
+                .map_err(|e| WorkspaceError::io(path, e))?;
+            let fd = open_beneath(
+                dir.as_raw_fd(),
+                Path::new(name),
+                OFlag::O_PATH,
+                Mode::empty(),
+            )
             .map_err(|e| WorkspaceError::io(path, e))?;
-        let fd = open_beneath(
-            dir.as_raw_fd(),
-            Path::new(name),
-            OFlag::O_PATH,
-            Mode::empty(),
-        )
-        .map_err(|e| WorkspaceError::io(path, e))?;
-        let stat = fstat(fd.as_raw_fd()).map_err(|e| WorkspaceError::io(path, e))?;
-        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
-            return Err(WorkspaceError::NotRegular(path.to_path_buf()));
-        }
-        // The name is unlinked relative to the directory just checked; a sandbox racing to
-        // swap the file for something else can only make us remove its own replacement.
-        nix::unistd::unlinkat(
-            Some(dir.as_raw_fd()),
-            Path::new(name),
-            nix::unistd::UnlinkatFlags::NoRemoveDir,
-        )
-        .map_err(|e| WorkspaceError::io(path, e))
+            let stat = fstat(fd.as_raw_fd()).map_err(|e| WorkspaceError::io(path, e))?;
+            if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+                return Err(WorkspaceError::NotRegular(path.to_path_buf()));
+            }
+            // The name is unlinked relative to the directory just checked; a sandbox racing
+            // to swap the file for something else can only make us remove its own
+            // replacement.
+            nix::unistd::unlinkat(
+                Some(dir.as_raw_fd()),
+                Path::new(name),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            )
+            .map_err(|e| WorkspaceError::io(path, e))
+        })
     }
 
     /// Every regular file below the workspace (symlinks and special files are skipped), in
@@ -729,19 +730,20 @@ impl Workspace {
         parts: &[&std::ffi::OsStr],
     ) -> Result<(Vec<FileEntry>, bool), WorkspaceError> {
         let prefix: PathBuf = parts.iter().collect();
-        let _as_sandbox = AsSandboxUser::new(self.owner);
-        let root = self.open_dir(parts, false).map_err(|e| {
-            let shown = if parts.is_empty() {
-                Path::new(".")
-            } else {
-                &prefix
-            };
-            WorkspaceError::io(shown, e)
-        })?;
-        let mut out = Vec::new();
-        let truncated = walk(root, prefix, 0, &mut out)?;
-        out.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok((out, truncated))
+        let shown = if parts.is_empty() {
+            Path::new(".")
+        } else {
+            &prefix
+        };
+        self.as_owner(shown, &[], || {
+            let root = self
+                .open_dir(parts, false)
+                .map_err(|e| WorkspaceError::io(shown, e))?;
+            let mut out = Vec::new();
+            let truncated = walk(root, prefix.clone(), 0, &mut out)?;
+            out.sort_by(|a, b| a.path.cmp(&b.path));
+            Ok((out, truncated))
+        })
     }
 
     /// Copies every regular file of the workspace into `out`, keeping relative paths, as new
@@ -751,28 +753,40 @@ impl Workspace {
     pub fn copy_out(&self, out: &mut OutDir) -> Result<CopyReport, WorkspaceError> {
         let (files, truncated) = self.listing(&[])?;
         let mut report = CopyReport::default();
-        for entry in files {
-            let rel = PathBuf::from(&entry.path);
-            let copied = self
-                .open_file(&rel)
-                .and_then(|src| {
-                    let size = src
-                        .metadata()
-                        .map_err(|e| WorkspaceError::io(&rel, e))?
-                        .len();
-                    Ok((src, size))
-                })
-                .map_err(|source| CopyError::Read {
-                    path: rel.clone(),
-                    source,
-                })
-                .and_then(|(mut src, size)| out.write_new(&rel, &mut src, size));
-            match copied {
-                Ok(size) => report.copied.push(FileEntry {
-                    path: entry.path,
-                    size,
-                }),
-                Err(e) => report.skipped.push(e),
+        // Opened with the sandbox user's permissions a batch at a time (one helper each,
+        // rootless with subordinate ids), copied with the host's.
+        for batch in files.chunks(MAX_REPLY_FDS) {
+            let opened = self.as_owner(Path::new("."), &[], || {
+                Ok(batch
+                    .iter()
+                    .map(|entry| {
+                        let rel = Path::new(&entry.path);
+                        checked_components(rel).and_then(|parts| self.open_regular(rel, &parts))
+                    })
+                    .collect::<Vec<_>>())
+            })?;
+            for (entry, source) in batch.iter().zip(opened) {
+                let rel = PathBuf::from(&entry.path);
+                let copied = source
+                    .and_then(|src| {
+                        let size = src
+                            .metadata()
+                            .map_err(|e| WorkspaceError::io(&rel, e))?
+                            .len();
+                        Ok((src, size))
+                    })
+                    .map_err(|source| CopyError::Read {
+                        path: rel.clone(),
+                        source,
+                    })
+                    .and_then(|(mut src, size)| out.write_new(&rel, &mut src, size));
+                match copied {
+                    Ok(size) => report.copied.push(FileEntry {
+                        path: entry.path.clone(),
+                        size,
+                    }),
+                    Err(e) => report.skipped.push(e),
+                }
             }
         }
         if truncated {
@@ -842,7 +856,7 @@ mod tests {
     fn workspace(dir: &Path) -> Workspace {
         let fd = nix::fcntl::open(dir, OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty()).unwrap();
         // SAFETY: open returned a new descriptor that nothing else owns.
-        Workspace::new(unsafe { OwnedFd::from_raw_fd(fd) }, None, None)
+        Workspace::new(unsafe { OwnedFd::from_raw_fd(fd) }, Owner::Caller, None)
     }
 
     #[test]
@@ -1150,5 +1164,112 @@ mod tests {
         ws.remove_file(Path::new("d/f")).unwrap();
         assert!(!dir.path().join("d/f").exists());
         assert!(dir.path().join("link").exists());
+    }
+
+    /// Rootless with subordinate ids, a helper joins the sandbox's user namespace and works
+    /// there as the sandbox user: it reaches the sandbox's private files (of its host id), not
+    /// another id's, and what it creates belongs to the sandbox. (Root only: the test maps an
+    /// unused id into a user namespace of its own.)
+    #[test]
+    fn a_helper_works_in_the_sandboxs_namespace_with_its_permissions_alone() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        const HOST_ID: u32 = 2_100_000_000;
+        let (ready_r, ready_w) = nix::unistd::pipe().unwrap();
+        let (hold_r, hold_w) = nix::unistd::pipe().unwrap();
+        // SAFETY: the child makes system calls only and ends in _exit.
+        let child = match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                drop((ready_r, hold_w));
+                let made = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).is_ok();
+                let _ = nix::unistd::write(&ready_w, &[u8::from(made)]);
+                let _ = nix::unistd::read(hold_r.as_raw_fd(), &mut [0u8]);
+                // SAFETY: ends the forked test process at once.
+                unsafe { libc::_exit(0) }
+            }
+            nix::unistd::ForkResult::Parent { child } => child,
+        };
+        drop((ready_w, hold_r));
+        let mut made = [0u8];
+        nix::unistd::read(ready_r.as_raw_fd(), &mut made).unwrap();
+        assert_eq!(made, [1]);
+        for file in ["uid_map", "gid_map"] {
+            std::fs::write(format!("/proc/{child}/{file}"), format!("1000 {HOST_ID} 1")).unwrap();
+        }
+        let userns = File::open(format!("/proc/{child}/ns/user")).unwrap();
+        drop(hold_w);
+        nix::sys::wait::waitpid(child, None).unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let root = dir.path().join("ws");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::create_dir(root.join("private")).unwrap();
+        std::fs::write(root.join("private/mine"), b"the sandbox's").unwrap();
+        std::fs::write(root.join("roots"), b"root's").unwrap();
+        let id = Some(nix::unistd::Uid::from_raw(HOST_ID));
+        let gid = Some(nix::unistd::Gid::from_raw(HOST_ID));
+        for (path, mode) in [("", 0o755), ("private", 0o700), ("private/mine", 0o600)] {
+            nix::unistd::chown(&root.join(path), id, gid).unwrap();
+            std::fs::set_permissions(root.join(path), std::fs::Permissions::from_mode(mode))
+                .unwrap();
+        }
+        std::fs::set_permissions(root.join("roots"), std::fs::Permissions::from_mode(0o600))
+            .unwrap();
+        let fd =
+            nix::fcntl::open(&root, OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty()).unwrap();
+        let ws = Workspace::new(
+            // SAFETY: open returned a new descriptor that nothing else owns.
+            unsafe { OwnedFd::from_raw_fd(fd) },
+            Owner::Namespace {
+                userns: Arc::new(userns.into()),
+                uid: 1000,
+                gid: 1000,
+            },
+            None,
+        );
+
+        let listed: Vec<String> = ws.list().unwrap().into_iter().map(|e| e.path).collect();
+        assert_eq!(listed, ["private/mine", "roots"]);
+        let mut text = String::new();
+        ws.open_file(Path::new("private/mine"))
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        assert_eq!(text, "the sandbox's");
+        // Root's private file stays closed to the sandbox user: no capability came along.
+        match ws.open_file(Path::new("roots")) {
+            Err(WorkspaceError::Io { source, .. }) => {
+                assert_eq!(source.raw_os_error(), Some(libc::EACCES))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            ws.remove_file(Path::new("roots")).is_ok(),
+            "the sandbox's directory"
+        );
+        assert_eq!(
+            ws.write_file(Path::new("new/made"), &mut &b"uploaded"[..])
+                .unwrap(),
+            8
+        );
+        for made in ["new", "new/made"] {
+            let meta = std::fs::metadata(root.join(made)).unwrap();
+            assert_eq!((meta.uid(), meta.gid()), (HOST_ID, HOST_ID), "{made}");
+        }
+        let host = tempfile::tempdir().unwrap();
+        let mut out = OutDir::create(&host.path().join("out"), limits(1 << 20, 100)).unwrap();
+        let report = ws.copy_out(&mut out).unwrap();
+        assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+        assert_eq!(
+            std::fs::read(host.path().join("out/private/mine")).unwrap(),
+            b"the sandbox's"
+        );
+        assert_eq!(
+            std::fs::read(host.path().join("out/new/made")).unwrap(),
+            b"uploaded"
+        );
     }
 }
