@@ -8,8 +8,10 @@
 //!   Errors are `{"code": <status>, "message": "..."}`, the shape the SDK parses.
 //! - Sandbox plane, selected by the `E2b-Sandbox-Id` header and authenticated by the
 //!   per-sandbox `X-Access-Token` handed out at creation: `POST /execute` (NDJSON),
-//!   `POST/GET /files`, `GET /health` and the Connect RPCs `POST /process.Process/Start` and
-//!   `POST /process.Process/SendSignal` (which kills a command started by `Start`).
+//!   `POST/GET /files`, `GET /health`, the Connect RPCs `POST /process.Process/Start` and
+//!   `POST /process.Process/SendSignal` (which kills a command started by `Start`), and envd's
+//!   filesystem service `filesystem.Filesystem/*` but the streaming `WatchDir` (stat, list,
+//!   mkdir, move, remove, and watchers that poll: [`crate::watch`]).
 //!   A sandbox that is unknown or gone answers 502 "The sandbox … was not found", as E2B's
 //!   edge proxy does; the SDK reads that as "not running". So does a sandbox whose token is
 //!   missing or wrong, so that the answer never tells whether an id exists.
