@@ -27,14 +27,6 @@ def sandbox():
 
 
 UNSUPPORTED = {
-    # filesystem.Filesystem/* (Connect)
-    "files.list": lambda s: s.files.list("."),
-    "files.exists": lambda s: s.files.exists("data.txt"),
-    "files.get_info": lambda s: s.files.get_info("data.txt"),
-    "files.remove": lambda s: s.files.remove("data.txt"),
-    "files.rename": lambda s: s.files.rename("a.txt", "b.txt"),
-    "files.make_dir": lambda s: s.files.make_dir("sub"),
-    "files.watch_dir": lambda s: s.files.watch_dir("."),
     # process.Process/* other than Start and SendSignal (Connect)
     "commands.list": lambda s: s.commands.list(),
     "commands.connect": lambda s: s.commands.connect(1000),

@@ -305,6 +305,16 @@ impl Transfer for FileEntry {
     }
 }
 
+impl Transfer for crate::workspace::EntryInfo {
+    type Wire = crate::workspace::EntryInfo;
+    fn into_wire(self, _: &mut Vec<OwnedFd>) -> Self::Wire {
+        self
+    }
+    fn from_wire(wire: Self::Wire, _: &mut dyn Iterator<Item = OwnedFd>) -> Option<Self> {
+        Some(wire)
+    }
+}
+
 impl Transfer for PathBuf {
     type Wire = Vec<u8>;
     fn into_wire(self, _: &mut Vec<OwnedFd>) -> Vec<u8> {
@@ -399,11 +409,44 @@ impl WireIo {
 pub(crate) enum WireError {
     OutsideWorkspace(Vec<u8>),
     NotRegular(Vec<u8>),
-    Io { path: Vec<u8>, source: WireIo },
+    Io {
+        path: Vec<u8>,
+        source: WireIo,
+    },
     Link(Vec<u8>),
-    Full { path: Vec<u8>, capacity: u64 },
-    OverMemoryLimit { path: Vec<u8>, memory_bytes: u64 },
-    Source { path: Vec<u8>, source: WireIo },
+    Full {
+        path: Vec<u8>,
+        capacity: u64,
+    },
+    OverMemoryLimit {
+        path: Vec<u8>,
+        memory_bytes: u64,
+    },
+    Source {
+        path: Vec<u8>,
+        source: WireIo,
+    },
+    NotADirectory(Vec<u8>),
+    Exists(Vec<u8>),
+    TooManyEntries {
+        path: Vec<u8>,
+        max: usize,
+        removal: bool,
+    },
+    TooDeep {
+        path: Vec<u8>,
+        max: usize,
+        removal: bool,
+    },
+}
+
+/// What a walk that passed a bound was doing, as [`WorkspaceError`] says it.
+fn walk_what(removal: bool) -> &'static str {
+    if removal {
+        crate::workspace::REMOVING
+    } else {
+        crate::workspace::LISTING
+    }
 }
 
 fn bytes(path: &Path) -> Vec<u8> {
@@ -436,6 +479,18 @@ impl WireError {
                 path: bytes(path),
                 source: WireIo::of(source),
             },
+            WorkspaceError::NotADirectory(p) => WireError::NotADirectory(bytes(p)),
+            WorkspaceError::Exists(p) => WireError::Exists(bytes(p)),
+            WorkspaceError::TooManyEntries { path, max, what } => WireError::TooManyEntries {
+                path: bytes(path),
+                max: *max,
+                removal: *what == crate::workspace::REMOVING,
+            },
+            WorkspaceError::TooDeep { path, max, what } => WireError::TooDeep {
+                path: bytes(path),
+                max: *max,
+                removal: *what == crate::workspace::REMOVING,
+            },
         }
     }
 
@@ -462,6 +517,26 @@ impl WireError {
             WireError::Source { path: p, source } => WorkspaceError::Source {
                 path: path(p),
                 source: source.into_error(),
+            },
+            WireError::NotADirectory(p) => WorkspaceError::NotADirectory(path(p)),
+            WireError::Exists(p) => WorkspaceError::Exists(path(p)),
+            WireError::TooManyEntries {
+                path: p,
+                max,
+                removal,
+            } => WorkspaceError::TooManyEntries {
+                path: path(p),
+                max,
+                what: walk_what(removal),
+            },
+            WireError::TooDeep {
+                path: p,
+                max,
+                removal,
+            } => WorkspaceError::TooDeep {
+                path: path(p),
+                max,
+                what: walk_what(removal),
             },
         }
     }

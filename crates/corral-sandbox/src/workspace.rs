@@ -17,7 +17,7 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
@@ -30,9 +30,16 @@ use crate::limits::show_bytes;
 use crate::owner::{Owner, Transfer, MAX_REPLY_FDS};
 use crate::result::FileEntry;
 
-/// The most files `list` and `copy_out` visit: a sandbox cannot make the host walk forever.
+/// The most files `list` and `copy_out` visit, and the most entries one [`Workspace::list_dir`]
+/// returns: a sandbox cannot make the host walk forever.
 pub const MAX_ENTRIES: usize = 10_000;
-const MAX_DEPTH: usize = 32;
+/// The most directory levels a walk descends below where it starts.
+pub const MAX_DEPTH: usize = 32;
+/// The most names one [`Workspace::remove`] unlinks (files, links, directories, and attempts
+/// the sandbox made fail by changing the tree meanwhile).
+pub const MAX_REMOVE_ENTRIES: usize = 100_000;
+/// The most directory levels one [`Workspace::remove`] descends.
+pub const MAX_REMOVE_DEPTH: usize = 128;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkspaceError {
@@ -66,6 +73,33 @@ pub enum WorkspaceError {
     /// Reading the data to write failed; nothing was written.
     #[error("{path:?} was not written: reading its data failed: {source}")]
     Source { path: PathBuf, source: io::Error },
+    /// A directory was expected (to list, or to make: something else is there).
+    #[error("{0:?} is not a directory")]
+    NotADirectory(PathBuf),
+    /// The destination of a rename exists: a rename never replaces anything.
+    #[error("{0:?} already exists (a rename never replaces a file or directory)")]
+    Exists(PathBuf),
+    /// A listing or removal passed the bound on entries; nothing (listing) or part (removal)
+    /// was done.
+    #[error(
+        "{path:?} holds more than {max} entries {what}: stopped there (list a subdirectory, \
+         a smaller depth, or use a command)"
+    )]
+    TooManyEntries {
+        path: PathBuf,
+        max: usize,
+        what: &'static str,
+    },
+    /// A listing or removal passed the bound on directory levels.
+    #[error(
+        "{path:?} is more than {max} directory levels deep {what}: stopped there (list a \
+         subdirectory, a smaller depth, or use a command)"
+    )]
+    TooDeep {
+        path: PathBuf,
+        max: usize,
+        what: &'static str,
+    },
 }
 
 impl WorkspaceError {
@@ -472,6 +506,262 @@ pub fn checked_components(path: &Path) -> Result<Vec<&std::ffi::OsStr>, Workspac
     Ok(parts)
 }
 
+/// What [`WorkspaceError::TooManyEntries`] and [`WorkspaceError::TooDeep`] say a walk was for.
+pub(crate) const LISTING: &str = "to list";
+pub(crate) const REMOVING: &str = "to remove";
+
+/// What an entry of the workspace is. A link is reported as a link: its target is never
+/// looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+    /// A FIFO, socket or device node.
+    Other,
+}
+
+/// One entry of the workspace, as `lstat` sees it (never through a link).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EntryInfo {
+    /// Relative to the workspace; empty for the workspace itself.
+    pub path: PathBuf,
+    pub kind: EntryKind,
+    pub size: u64,
+    /// `st_mode`: the file type and permission bits.
+    pub mode: u32,
+    /// Host ids (see [`Workspace::sandbox_user`]).
+    pub uid: u32,
+    pub gid: u32,
+    pub ino: u64,
+    /// Modification time: seconds and nanoseconds since the epoch, as the sandbox set it.
+    pub modified: (i64, u32),
+    /// A link's target as it is stored (at most `PATH_MAX` bytes), never resolved.
+    pub link_target: Option<PathBuf>,
+}
+
+impl EntryInfo {
+    /// The entry's name: the last component of its path (empty for the workspace).
+    pub fn name(&self) -> String {
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    fn of_stat(path: PathBuf, stat: &nix::sys::stat::FileStat) -> EntryInfo {
+        let kind = match SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT {
+            SFlag::S_IFREG => EntryKind::File,
+            SFlag::S_IFDIR => EntryKind::Dir,
+            SFlag::S_IFLNK => EntryKind::Symlink,
+            _ => EntryKind::Other,
+        };
+        EntryInfo {
+            path,
+            kind,
+            size: stat.st_size.max(0) as u64,
+            mode: stat.st_mode,
+            uid: stat.st_uid,
+            gid: stat.st_gid,
+            ino: stat.st_ino,
+            modified: (
+                stat.st_mtime,
+                stat.st_mtime_nsec.clamp(0, 999_999_999) as u32,
+            ),
+            link_target: None,
+        }
+    }
+}
+
+/// The entry `name` of directory `dir` (shown as `path`), without following it if it is a
+/// link; a link's target is read (`readlinkat`, which never follows it either).
+fn entry_at(dir: RawFd, name: &std::ffi::OsStr, path: PathBuf) -> nix::Result<EntryInfo> {
+    let stat = nix::sys::stat::fstatat(Some(dir), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)?;
+    let mut entry = EntryInfo::of_stat(path, &stat);
+    if entry.kind == EntryKind::Symlink {
+        // Swapped for something else meanwhile: then no target.
+        entry.link_target = nix::fcntl::readlinkat(Some(dir), name)
+            .ok()
+            .map(PathBuf::from);
+    }
+    Ok(entry)
+}
+
+/// The names in directory `dir` (without `.` and `..`), sorted; fails once there are more
+/// than `room`.
+fn dir_names(
+    dir: &OwnedFd,
+    shown: &Path,
+    room: usize,
+    max: usize,
+    what: &'static str,
+) -> Result<Vec<std::ffi::OsString>, WorkspaceError> {
+    let fd = open_beneath(
+        dir.as_raw_fd(),
+        Path::new("."),
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+        Mode::empty(),
+    )
+    .map_err(|e| WorkspaceError::io(shown, e))?;
+    let mut listing =
+        nix::dir::Dir::from_fd(fd.into_raw_fd()).map_err(|e| WorkspaceError::io(shown, e))?;
+    let mut names = Vec::new();
+    for entry in listing.iter() {
+        let entry = entry.map_err(|e| WorkspaceError::io(shown, e))?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        if names.len() >= room {
+            return Err(WorkspaceError::TooManyEntries {
+                path: shown.to_path_buf(),
+                max,
+                what,
+            });
+        }
+        names.push(std::ffi::OsStr::from_bytes(name).to_os_string());
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Adds the entries below `dir` (shown as `prefix`), `levels` levels of them, to `out`, each
+/// directory followed by what is in it (names in sorted order).
+fn walk_entries(
+    dir: &OwnedFd,
+    prefix: &Path,
+    levels: usize,
+    below: usize,
+    out: &mut Vec<EntryInfo>,
+) -> Result<(), WorkspaceError> {
+    const WHAT: &str = LISTING;
+    let names = dir_names(dir, prefix, MAX_ENTRIES - out.len(), MAX_ENTRIES, WHAT)?;
+    for name in names {
+        if out.len() >= MAX_ENTRIES {
+            return Err(WorkspaceError::TooManyEntries {
+                path: prefix.to_path_buf(),
+                max: MAX_ENTRIES,
+                what: WHAT,
+            });
+        }
+        let path = prefix.join(&name);
+        let Ok(entry) = entry_at(dir.as_raw_fd(), &name, path.clone()) else {
+            continue; // gone meanwhile
+        };
+        let is_dir = entry.kind == EntryKind::Dir;
+        out.push(entry);
+        if !is_dir || levels <= 1 {
+            continue;
+        }
+        if below >= MAX_DEPTH {
+            return Err(WorkspaceError::TooDeep {
+                path,
+                max: MAX_DEPTH,
+                what: WHAT,
+            });
+        }
+        // Entered only if it is still a real directory (not swapped for a link meanwhile).
+        if let Ok(sub) = open_beneath(
+            dir.as_raw_fd(),
+            Path::new(&name),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+            Mode::empty(),
+        ) {
+            walk_entries(&sub, &path, levels - 1, below + 1, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// Renames `from` in `from_dir` to `to` in `to_dir` unless `to` exists (`RENAME_NOREPLACE`):
+/// a link at either name is renamed or refused as itself, never followed.
+fn rename_noreplace(
+    from_dir: RawFd,
+    from: &std::ffi::OsStr,
+    to_dir: RawFd,
+    to: &std::ffi::OsStr,
+) -> nix::Result<()> {
+    let from = std::ffi::CString::new(from.as_bytes()).map_err(|_| nix::errno::Errno::EINVAL)?;
+    let to = std::ffi::CString::new(to.as_bytes()).map_err(|_| nix::errno::Errno::EINVAL)?;
+    // SAFETY: both names are NUL-terminated strings that live across the call, and both
+    // descriptors are open directories the caller holds; the call takes no other memory.
+    let res = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            from_dir,
+            from.as_ptr(),
+            to_dir,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    nix::errno::Errno::result(res).map(drop)
+}
+
+/// Removes `name` in `dir` (shown as `shown`), a directory with everything in it, never
+/// following a link: names are unlinked relative to descriptors of directories entered
+/// beneath the workspace, so a link is removed as itself. `count` counts every unlink and
+/// every attempt the sandbox defeats by changing the tree, up to [`MAX_REMOVE_ENTRIES`].
+fn remove_at(
+    dir: &OwnedFd,
+    name: &std::ffi::OsStr,
+    shown: &Path,
+    below: usize,
+    count: &mut usize,
+) -> Result<(), WorkspaceError> {
+    use nix::errno::Errno;
+    use nix::unistd::{unlinkat, UnlinkatFlags};
+    const WHAT: &str = REMOVING;
+    loop {
+        if *count >= MAX_REMOVE_ENTRIES {
+            return Err(WorkspaceError::TooManyEntries {
+                path: shown.to_path_buf(),
+                max: MAX_REMOVE_ENTRIES,
+                what: WHAT,
+            });
+        }
+        *count += 1;
+        // A file, link or special file goes at once; a directory answers EISDIR.
+        match unlinkat(Some(dir.as_raw_fd()), name, UnlinkatFlags::NoRemoveDir) {
+            Ok(()) => return Ok(()),
+            Err(Errno::EISDIR) => {}
+            Err(e) => return Err(WorkspaceError::io(shown, e)),
+        }
+        if below >= MAX_REMOVE_DEPTH {
+            return Err(WorkspaceError::TooDeep {
+                path: shown.to_path_buf(),
+                max: MAX_REMOVE_DEPTH,
+                what: WHAT,
+            });
+        }
+        let sub = match open_beneath(
+            dir.as_raw_fd(),
+            Path::new(name),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+            Mode::empty(),
+        ) {
+            Ok(sub) => sub,
+            // Swapped for a link or a file meanwhile: unlinked as such on the next round.
+            Err(Errno::ELOOP | Errno::ENOTDIR) => continue,
+            Err(e) => return Err(WorkspaceError::io(shown, e)),
+        };
+        let room = MAX_REMOVE_ENTRIES.saturating_sub(*count).max(1);
+        for child in dir_names(&sub, shown, room, MAX_REMOVE_ENTRIES, WHAT)? {
+            match remove_at(&sub, &child, &shown.join(&child), below + 1, count) {
+                Err(WorkspaceError::Io { source, .. })
+                    if source.raw_os_error() == Some(libc::ENOENT) => {} // gone meanwhile
+                other => other?,
+            }
+        }
+        match unlinkat(Some(dir.as_raw_fd()), name, UnlinkatFlags::RemoveDir) {
+            Ok(()) => return Ok(()),
+            // Filled again (or swapped) by the sandbox meanwhile: another round.
+            Err(Errno::ENOTEMPTY | Errno::EEXIST | Errno::ENOTDIR) => continue,
+            Err(e) => return Err(WorkspaceError::io(shown, e)),
+        }
+    }
+}
+
 impl Workspace {
     /// Wraps a descriptor of a workspace directory (an `O_PATH` descriptor received from a
     /// sandbox); `owner` is how the host takes the sandbox user's permissions; `charge` the
@@ -704,6 +994,173 @@ impl Workspace {
                 nix::unistd::UnlinkatFlags::NoRemoveDir,
             )
             .map_err(|e| WorkspaceError::io(path, e))
+        })
+    }
+
+    /// The host uid and gid of the sandbox's user: who its files belong to.
+    pub fn sandbox_user(&self) -> (u32, u32) {
+        match &self.owner {
+            Owner::Caller => (
+                nix::unistd::geteuid().as_raw(),
+                nix::unistd::getegid().as_raw(),
+            ),
+            Owner::Host { uid, gid } | Owner::Namespace { uid, gid, .. } => (*uid, *gid),
+        }
+    }
+
+    /// Opens the directory `parts` below the root, reporting a failure as `path`'s.
+    fn dir_of(&self, parts: &[&std::ffi::OsStr], create: bool) -> Result<OwnedFd, WorkspaceError> {
+        let shown: PathBuf = parts.iter().collect();
+        self.open_dir(parts, create).map_err(|e| {
+            if e == nix::errno::Errno::ENOTDIR {
+                WorkspaceError::NotADirectory(shown)
+            } else {
+                WorkspaceError::io(&shown, e)
+            }
+        })
+    }
+
+    /// The components of `path`, which may also name the workspace itself (empty, `.`).
+    fn components_or_root(path: &Path) -> Result<Vec<&std::ffi::OsStr>, WorkspaceError> {
+        if path.components().all(|c| c == Component::CurDir) {
+            return Ok(Vec::new());
+        }
+        checked_components(path)
+    }
+
+    /// What is at `path` (the workspace itself when empty), as `lstat` sees it: a link is
+    /// reported as a link with its target, never followed; a link on the way is refused.
+    pub fn stat(&self, path: &Path) -> Result<EntryInfo, WorkspaceError> {
+        let parts = Self::components_or_root(path)?;
+        let shown: PathBuf = parts.iter().collect();
+        self.as_owner(path, &[], || {
+            let Some((name, parents)) = parts.split_last() else {
+                let stat = fstat(self.root.as_raw_fd()).map_err(|e| WorkspaceError::io(path, e))?;
+                return Ok(EntryInfo::of_stat(PathBuf::new(), &stat));
+            };
+            let dir = self.dir_of(parents, false)?;
+            entry_at(dir.as_raw_fd(), name, shown.clone())
+                .map_err(|e| WorkspaceError::io(&shown, e))
+        })
+    }
+
+    /// The entries below the directory `path` (the workspace when empty), `depth` levels of
+    /// them (1: its own entries), each directory followed by its entries, names sorted.
+    /// Links are listed as links and never entered. Fails, listing nothing, past
+    /// [`MAX_ENTRIES`] entries or [`MAX_DEPTH`] levels: a partial listing would look whole.
+    pub fn list_dir(&self, path: &Path, depth: usize) -> Result<Vec<EntryInfo>, WorkspaceError> {
+        let parts = Self::components_or_root(path)?;
+        let prefix: PathBuf = parts.iter().collect();
+        self.as_owner(path, &[], || {
+            let dir = self.dir_of(&parts, false)?;
+            let mut out = Vec::new();
+            walk_entries(&dir, &prefix, depth.max(1), 0, &mut out)?;
+            Ok(out)
+        })
+    }
+
+    /// Makes the directory `path` and the missing ones on the way (as the sandbox's user,
+    /// mode 0755), entering each only if it is a real directory. True if `path` was made,
+    /// false if it was already a directory.
+    pub fn make_dir(&self, path: &Path) -> Result<bool, WorkspaceError> {
+        let parts = Self::components_or_root(path)?;
+        let shown: PathBuf = parts.iter().collect();
+        let Some((name, parents)) = parts.split_last() else {
+            return Ok(false);
+        };
+        self.as_owner(path, &[], || self.make_dir_at(parents, name, &shown))
+    }
+
+    /// [`Workspace::make_dir`] of `name` in directory `parents`, as the sandbox's user.
+    fn make_dir_at(
+        &self,
+        parents: &[&std::ffi::OsStr],
+        name: &std::ffi::OsStr,
+        shown: &Path,
+    ) -> Result<bool, WorkspaceError> {
+        let shown = shown.to_path_buf();
+        let dir = self.dir_of(parents, true).map_err(|e| match e {
+            WorkspaceError::Io { ref source, .. } if no_room(source) => {
+                self.write_error(&shown, io::Error::from_raw_os_error(libc::ENOSPC))
+            }
+            e => e,
+        })?;
+        match mkdirat(Some(dir.as_raw_fd()), name, Mode::from_bits_truncate(0o755)) {
+            Ok(()) => Ok(true),
+            Err(nix::errno::Errno::EEXIST) => {
+                match entry_at(dir.as_raw_fd(), name, shown.clone()) {
+                    Ok(e) if e.kind == EntryKind::Dir => Ok(false),
+                    Ok(e) if e.kind == EntryKind::Symlink => Err(WorkspaceError::Link(shown)),
+                    Ok(_) => Err(WorkspaceError::NotADirectory(shown)),
+                    Err(e) => Err(WorkspaceError::io(&shown, e)),
+                }
+            }
+            Err(e) => Err(self.write_error(&shown, e.into())),
+        }
+    }
+
+    /// Renames `from` to `to`, making the missing directories on the way to `to`. Never
+    /// replaces anything (`RENAME_NOREPLACE`): an existing `to` is refused. A link at `from`
+    /// is renamed as itself; a link on the way to either is refused. Returns what is at `to`.
+    pub fn rename(&self, from: &Path, to: &Path) -> Result<EntryInfo, WorkspaceError> {
+        let from_parts = checked_components(from)?;
+        let to_parts = checked_components(to)?;
+        let (from_name, from_parents) = from_parts.split_last().expect("checked non-empty");
+        let (to_name, to_parents) = to_parts.split_last().expect("checked non-empty");
+        let to_shown: PathBuf = to_parts.iter().collect();
+        self.as_owner(from, &[], || {
+            self.rename_at(
+                from,
+                (from_parents, from_name),
+                (to_parents, to_name),
+                &to_shown,
+            )
+        })
+    }
+
+    /// [`Workspace::rename`], as the sandbox's user.
+    fn rename_at(
+        &self,
+        from: &Path,
+        (from_parents, from_name): (&[&std::ffi::OsStr], &&std::ffi::OsStr),
+        (to_parents, to_name): (&[&std::ffi::OsStr], &&std::ffi::OsStr),
+        to_shown: &Path,
+    ) -> Result<EntryInfo, WorkspaceError> {
+        let to_shown = to_shown.to_path_buf();
+        let from_dir = self.dir_of(from_parents, false)?;
+        // The source must be there before anything is made on the way to the destination.
+        nix::sys::stat::fstatat(
+            Some(from_dir.as_raw_fd()),
+            *from_name,
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| WorkspaceError::io(from, e))?;
+        let to_dir = self.dir_of(to_parents, true)?;
+        rename_noreplace(from_dir.as_raw_fd(), from_name, to_dir.as_raw_fd(), to_name).map_err(
+            |e| match e {
+                nix::errno::Errno::EEXIST | nix::errno::Errno::ENOTEMPTY => {
+                    WorkspaceError::Exists(to_shown.clone())
+                }
+                e => WorkspaceError::io(from, e),
+            },
+        )?;
+        entry_at(to_dir.as_raw_fd(), to_name, to_shown.clone())
+            .map_err(|e| WorkspaceError::io(&to_shown, e))
+    }
+
+    /// Removes `path`: a file, link or special file, or a directory with everything in it.
+    /// Nothing is followed: a link (to anywhere) is removed as itself, and a directory is
+    /// emptied through descriptors opened beneath the workspace. Bounded by
+    /// [`MAX_REMOVE_ENTRIES`] names and [`MAX_REMOVE_DEPTH`] levels: past them it stops, with
+    /// part of the tree removed.
+    pub fn remove(&self, path: &Path) -> Result<(), WorkspaceError> {
+        let parts = checked_components(path)?;
+        let shown: PathBuf = parts.iter().collect();
+        let (name, parents) = parts.split_last().expect("checked non-empty");
+        self.as_owner(path, &[], || {
+            let dir = self.dir_of(parents, false)?;
+            let mut count = 0;
+            remove_at(&dir, name, &shown, 0, &mut count)
         })
     }
 
@@ -1145,6 +1602,298 @@ mod tests {
             3
         );
         assert_eq!(std::fs::read(dir.path().join("keep.txt")).unwrap(), b"new");
+    }
+
+    fn kinds(entries: &[EntryInfo]) -> Vec<(String, EntryKind)> {
+        entries
+            .iter()
+            .map(|e| (e.path.display().to_string(), e.kind))
+            .collect()
+    }
+
+    /// A workspace with `a/b/c.txt`, and a host directory outside it holding `b/c.txt`
+    /// and `secret`.
+    fn planted() -> (tempfile::TempDir, tempfile::TempDir, Workspace) {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(outside.path().join("b")).unwrap();
+        std::fs::write(outside.path().join("b/c.txt"), b"host").unwrap();
+        std::fs::write(outside.path().join("secret"), b"host").unwrap();
+        let ws = workspace(dir.path());
+        ws.write_file(Path::new("a/b/c.txt"), &mut &b"sandbox"[..])
+            .unwrap();
+        (dir, outside, ws)
+    }
+
+    fn host_intact(outside: &Path) {
+        assert_eq!(std::fs::read(outside.join("b/c.txt")).unwrap(), b"host");
+        assert_eq!(std::fs::read(outside.join("secret")).unwrap(), b"host");
+        let mut names: Vec<_> = std::fs::read_dir(outside)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["b", "secret"]);
+    }
+
+    #[test]
+    fn stat_and_list_report_links_as_links_and_never_follow_them() {
+        let (dir, outside, ws) = planted();
+        let info = ws.stat(Path::new("a/b/c.txt")).unwrap();
+        assert_eq!((info.kind, info.size), (EntryKind::File, 7));
+        assert_eq!(info.name(), "c.txt");
+        assert_eq!(ws.stat(Path::new("")).unwrap().kind, EntryKind::Dir);
+        assert_eq!(
+            kinds(&ws.list_dir(Path::new("."), 3).unwrap()),
+            [
+                ("a".into(), EntryKind::Dir),
+                ("a/b".into(), EntryKind::Dir),
+                ("a/b/c.txt".into(), EntryKind::File)
+            ]
+        );
+        assert_eq!(ws.list_dir(Path::new("a"), 1).unwrap().len(), 1);
+        // A link planted at every component of the path, in turn.
+        for at in ["a", "a/b", "a/b/c.txt"] {
+            let real = dir.path().join(at);
+            let moved = dir.path().join("moved");
+            std::fs::rename(&real, &moved).unwrap();
+            let target = if at == "a" {
+                outside.path().to_path_buf()
+            } else if at == "a/b" {
+                outside.path().join("b")
+            } else {
+                outside.path().join("secret")
+            };
+            std::os::unix::fs::symlink(&target, &real).unwrap();
+            let link = ws.stat(Path::new(at)).unwrap();
+            assert_eq!(link.kind, EntryKind::Symlink, "{at}");
+            assert_eq!(link.link_target.as_deref(), Some(target.as_path()));
+            if at != "a/b/c.txt" {
+                assert!(matches!(
+                    ws.stat(Path::new("a/b/c.txt")),
+                    Err(WorkspaceError::Link(_))
+                ));
+                assert!(matches!(
+                    ws.list_dir(Path::new(at), 1),
+                    Err(WorkspaceError::Link(_))
+                ));
+            }
+            // The link is listed, never entered.
+            let listed = ws.list_dir(Path::new(""), 5).unwrap();
+            assert!(listed.iter().all(|e| !e.path.ends_with("secret")));
+            assert!(listed
+                .iter()
+                .any(|e| e.path == Path::new(at) && e.kind == EntryKind::Symlink));
+            std::fs::remove_file(&real).unwrap();
+            std::fs::rename(&moved, &real).unwrap();
+        }
+        assert!(matches!(
+            ws.stat(Path::new("../x")),
+            Err(WorkspaceError::OutsideWorkspace(_))
+        ));
+        assert!(matches!(
+            ws.list_dir(Path::new("a/b/c.txt"), 1),
+            Err(WorkspaceError::NotADirectory(_))
+        ));
+        host_intact(outside.path());
+    }
+
+    #[test]
+    fn listings_are_bounded_in_depth_and_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let deep: PathBuf = (0..=MAX_DEPTH).map(|i| i.to_string()).collect();
+        std::fs::create_dir_all(dir.path().join(&deep)).unwrap();
+        let ws = workspace(dir.path());
+        assert_eq!(ws.list_dir(Path::new(""), 2).unwrap().len(), 2);
+        assert_eq!(
+            ws.list_dir(Path::new(""), MAX_DEPTH).unwrap().len(),
+            MAX_DEPTH
+        );
+        let err = ws.list_dir(Path::new(""), 1000).unwrap_err();
+        assert!(
+            matches!(err, WorkspaceError::TooDeep { max: MAX_DEPTH, .. }),
+            "{err}"
+        );
+        let wide = tempfile::tempdir().unwrap();
+        for i in 0..MAX_ENTRIES {
+            std::fs::write(wide.path().join(i.to_string()), b"").unwrap();
+        }
+        let ws = workspace(wide.path());
+        assert_eq!(ws.list_dir(Path::new(""), 1).unwrap().len(), MAX_ENTRIES);
+        std::fs::write(wide.path().join("one-more"), b"").unwrap();
+        let err = ws.list_dir(Path::new(""), 1).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                WorkspaceError::TooManyEntries {
+                    max: MAX_ENTRIES,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn make_dir_makes_parents_and_never_goes_through_links() {
+        let (dir, outside, ws) = planted();
+        assert!(ws.make_dir(Path::new("x/y/z")).unwrap());
+        assert!(dir.path().join("x/y/z").is_dir());
+        assert!(!ws.make_dir(Path::new("x/y")).unwrap());
+        assert!(!ws.make_dir(Path::new("")).unwrap());
+        assert!(matches!(
+            ws.make_dir(Path::new("a/b/c.txt")),
+            Err(WorkspaceError::NotADirectory(_))
+        ));
+        assert!(matches!(
+            ws.make_dir(Path::new("a/b/c.txt/d")),
+            Err(WorkspaceError::NotADirectory(_))
+        ));
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("out")).unwrap();
+        for path in ["out", "out/new", "out/b/new"] {
+            assert!(
+                matches!(ws.make_dir(Path::new(path)), Err(WorkspaceError::Link(_))),
+                "{path}"
+            );
+        }
+        host_intact(outside.path());
+    }
+
+    #[test]
+    fn rename_never_replaces_and_never_follows() {
+        let (dir, outside, ws) = planted();
+        ws.write_file(Path::new("other"), &mut &b"other"[..])
+            .unwrap();
+        let err = ws
+            .rename(Path::new("other"), Path::new("a/b/c.txt"))
+            .unwrap_err();
+        assert!(matches!(err, WorkspaceError::Exists(_)), "{err}");
+        assert!(matches!(
+            ws.rename(Path::new("a/b"), Path::new("a")),
+            Err(WorkspaceError::Exists(_))
+        ));
+        assert_eq!(std::fs::read(dir.path().join("other")).unwrap(), b"other");
+        assert_eq!(
+            std::fs::read(dir.path().join("a/b/c.txt")).unwrap(),
+            b"sandbox"
+        );
+        let moved = ws
+            .rename(Path::new("other"), Path::new("new/dir/other"))
+            .unwrap();
+        assert_eq!((moved.kind, moved.size), (EntryKind::File, 5));
+        assert!(matches!(
+            ws.rename(Path::new("missing"), Path::new("nowhere/x")),
+            Err(WorkspaceError::Io { .. })
+        ));
+        assert!(!dir.path().join("nowhere").exists(), "nothing made");
+        // A link is renamed as itself; a link on the way is refused either side.
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("out")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret"), dir.path().join("s")).unwrap();
+        let link = ws.rename(Path::new("s"), Path::new("s2")).unwrap();
+        assert_eq!(link.kind, EntryKind::Symlink);
+        assert!(matches!(
+            ws.rename(Path::new("out/secret"), Path::new("stolen")),
+            Err(WorkspaceError::Link(_))
+        ));
+        assert!(matches!(
+            ws.rename(Path::new("new/dir/other"), Path::new("out/planted")),
+            Err(WorkspaceError::Link(_))
+        ));
+        assert!(matches!(
+            ws.rename(Path::new("s2"), Path::new("out")),
+            Err(WorkspaceError::Exists(_))
+        ));
+        assert!(matches!(
+            ws.rename(Path::new("a"), Path::new("/tmp/x")),
+            Err(WorkspaceError::OutsideWorkspace(_))
+        ));
+        host_intact(outside.path());
+    }
+
+    #[test]
+    fn remove_takes_trees_and_links_as_themselves() {
+        let (dir, outside, ws) = planted();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("a/b/to-dir")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret"), dir.path().join("a/to-file"))
+            .unwrap();
+        nix::unistd::mkfifo(&dir.path().join("a/fifo"), Mode::from_bits_truncate(0o644)).unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("out")).unwrap();
+        assert!(matches!(
+            ws.remove(Path::new("out/secret")),
+            Err(WorkspaceError::Link(_))
+        ));
+        assert!(matches!(
+            ws.remove(Path::new("out/b")),
+            Err(WorkspaceError::Link(_))
+        ));
+        ws.remove(Path::new("a")).unwrap();
+        ws.remove(Path::new("out")).unwrap();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        let err = ws.remove(Path::new("a")).unwrap_err();
+        assert!(
+            matches!(&err, WorkspaceError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound),
+            "{err}"
+        );
+        assert!(ws.remove(Path::new("")).is_err());
+        assert!(ws.remove(Path::new("/etc")).is_err());
+        host_intact(outside.path());
+
+        // Past its bound on depth it stops.
+        let deep: PathBuf = (0..=MAX_REMOVE_DEPTH).map(|_| "d").collect();
+        std::fs::create_dir_all(dir.path().join(&deep)).unwrap();
+        let err = ws.remove(Path::new("d")).unwrap_err();
+        assert!(matches!(err, WorkspaceError::TooDeep { .. }), "{err}");
+    }
+
+    #[test]
+    fn an_entry_swapped_for_a_link_meanwhile_is_never_followed() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let (dir, outside, ws) = planted();
+        let root = dir.path().to_path_buf();
+        let target = outside.path().to_path_buf();
+        let stop = Arc::new(AtomicBool::new(false));
+        // The sandbox swaps `x` between a directory (with a file in it), a file, and links
+        // to the host's directory and file, as fast as it can.
+        let swapper = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let tmp = root.join(format!("tmp{i}"));
+                    match i % 4 {
+                        0 => std::os::unix::fs::symlink(&target, &tmp).unwrap(),
+                        1 => std::os::unix::fs::symlink(target.join("secret"), &tmp).unwrap(),
+                        2 => std::fs::write(&tmp, b"f").unwrap(),
+                        _ => {
+                            std::fs::create_dir(&tmp).unwrap();
+                            std::fs::write(tmp.join("secret"), b"d").unwrap();
+                            std::os::unix::fs::symlink(&target, tmp.join("b")).unwrap();
+                        }
+                    }
+                    let x = root.join("x");
+                    if std::fs::rename(&tmp, &x).is_err() {
+                        // A directory is not replaced by rename(2) over a non-directory.
+                        let _ = std::fs::remove_dir_all(&x).or_else(|_| std::fs::remove_file(&x));
+                        let _ = std::fs::rename(&tmp, &x);
+                    }
+                    let _ = std::fs::remove_dir_all(&tmp).or_else(|_| std::fs::remove_file(&tmp));
+                }
+            })
+        };
+        for _ in 0..300 {
+            let _ = ws.stat(Path::new("x/secret"));
+            let _ = ws.list_dir(Path::new("x"), 3);
+            let _ = ws.remove(Path::new("x/secret"));
+            let _ = ws.remove(Path::new("x/b"));
+            let _ = ws.rename(Path::new("x/secret"), Path::new("got"));
+            let _ = ws.remove(Path::new("got"));
+            let _ = ws.remove(Path::new("x"));
+            let _ = ws.make_dir(Path::new("x/b/new"));
+        }
+        stop.store(true, Ordering::Relaxed);
+        swapper.join().unwrap();
+        host_intact(outside.path());
     }
 
     #[test]

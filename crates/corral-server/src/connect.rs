@@ -108,6 +108,7 @@ impl Decoder {
 pub enum Code {
     InvalidArgument,
     NotFound,
+    AlreadyExists,
     FailedPrecondition,
     PermissionDenied,
     ResourceExhausted,
@@ -123,6 +124,7 @@ impl Code {
         match self {
             Code::InvalidArgument => "invalid_argument",
             Code::NotFound => "not_found",
+            Code::AlreadyExists => "already_exists",
             Code::FailedPrecondition => "failed_precondition",
             Code::PermissionDenied => "permission_denied",
             Code::ResourceExhausted => "resource_exhausted",
@@ -138,6 +140,7 @@ impl Code {
         match self {
             Code::InvalidArgument | Code::FailedPrecondition => StatusCode::BAD_REQUEST,
             Code::NotFound => StatusCode::NOT_FOUND,
+            Code::AlreadyExists => StatusCode::CONFLICT,
             Code::PermissionDenied => StatusCode::FORBIDDEN,
             Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
             Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,

@@ -8,8 +8,10 @@
 //!   Errors are `{"code": <status>, "message": "..."}`, the shape the SDK parses.
 //! - Sandbox plane, selected by the `E2b-Sandbox-Id` header and authenticated by the
 //!   per-sandbox `X-Access-Token` handed out at creation: `POST /execute` (NDJSON),
-//!   `POST/GET /files`, `GET /health` and the Connect RPCs `POST /process.Process/Start` and
-//!   `POST /process.Process/SendSignal` (which kills a command started by `Start`).
+//!   `POST/GET /files`, `GET /health`, the Connect RPCs `POST /process.Process/Start` and
+//!   `POST /process.Process/SendSignal` (which kills a command started by `Start`), and envd's
+//!   filesystem service `filesystem.Filesystem/*` but the streaming `WatchDir` (stat, list,
+//!   mkdir, move, remove, and watchers that poll: [`crate::watch`]).
 //!   A sandbox that is unknown or gone answers 502 "The sandbox … was not found", as E2B's
 //!   edge proxy does; the SDK reads that as "not running". So does a sandbox whose token is
 //!   missing or wrong, so that the answer never tells whether an id exists.
@@ -35,6 +37,7 @@ use axum::routing::{delete, get, post, put};
 use axum::{Extension, Json, Router};
 use base64::Engine as _;
 use corral_kernel::{Event, Stopper};
+use corral_sandbox::workspace::{EntryInfo, EntryKind, MAX_DEPTH};
 use corral_sandbox::{ExecutionResult, Reservation, Status};
 use futures_util::StreamExt as _;
 use serde::{Deserialize, Serialize};
@@ -45,9 +48,10 @@ use crate::connect::{self, Code, Decoder, FLAG_END_STREAM};
 use crate::error::ApiError;
 use crate::http::{authenticate, blocking, parse_json, stream_frames, stream_upload, AppState};
 use crate::service::{
-    CommandRequest, CreateSandboxRequest, ExecuteRequest, ListQuery, SandboxInfo, ServiceError,
-    Tenant, LIST_LIMIT,
+    CommandRequest, CreateSandboxRequest, ExecuteRequest, ListQuery, SandboxInfo, Service,
+    ServiceError, Tenant, LIST_LIMIT,
 };
+use crate::watch::{Snapshot, MAX_WATCHERS};
 
 /// What `clientID` says in sandbox descriptions.
 const CLIENT_ID: &str = "corral";
@@ -177,45 +181,31 @@ enum Unsupported {
 /// The message of [`Unsupported::Rpc`]: the SDK calls that use `service/method`.
 fn rpc_message(service: &str, method: &str) -> String {
     let rpc = format!("{service}/{method}");
-    let (calls, verb) = match (service, method) {
-        (PROCESS_SERVICE, "Connect") => {
-            return format!(
-                "commands.connect and pty.connect ({rpc}) are not supported by Corral: a \
+    match (service, method) {
+        (PROCESS_SERVICE, "Connect") => format!(
+            "commands.connect and pty.connect ({rpc}) are not supported by Corral: a \
                  command's output goes to the call that started it; keep the handle that \
                  commands.run(..., background=True) returns"
-            )
-        }
-        (PROCESS_SERVICE, "List") => {
-            return format!(
-                "commands.list ({rpc}) is not supported by Corral: keep the handles (and pids) \
+        ),
+        (PROCESS_SERVICE, "List") => format!(
+            "commands.list ({rpc}) is not supported by Corral: keep the handles (and pids) \
                  that commands.run(..., background=True) returns"
-            )
-        }
-        (PROCESS_SERVICE, "SendInput" | "StreamInput" | "CloseStdin") => {
-            return format!(
-                "writing to a command's stdin (send_stdin, stream_input, close_stdin: {rpc}) is \
+        ),
+        (PROCESS_SERVICE, "SendInput" | "StreamInput" | "CloseStdin") => format!(
+            "writing to a command's stdin (send_stdin, stream_input, close_stdin: {rpc}) is \
                  not supported by Corral: commands read stdin from /dev/null; write the input \
                  to a file with files.write and redirect it (cmd < file)"
-            )
-        }
+        ),
         (PROCESS_SERVICE, "Update") => {
-            return format!("pty.resize ({rpc}) is not supported by Corral: it has no PTYs")
+            format!("pty.resize ({rpc}) is not supported by Corral: it has no PTYs")
         }
-        (FILESYSTEM_SERVICE, "Stat") => ("files.exists and files.get_info", "are"),
-        (FILESYSTEM_SERVICE, "ListDir") => ("files.list", "is"),
-        (FILESYSTEM_SERVICE, "MakeDir") => ("files.make_dir", "is"),
-        (FILESYSTEM_SERVICE, "Move") => ("files.rename", "is"),
-        (FILESYSTEM_SERVICE, "Remove") => ("files.remove", "is"),
-        (
-            FILESYSTEM_SERVICE,
-            "WatchDir" | "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher",
-        ) => ("files.watch_dir", "is"),
-        _ => return format!("{rpc} is not supported by Corral"),
-    };
-    format!(
-        "{calls} ({rpc}) {verb} not supported by Corral, which serves files.read and \
-         files.write: run a command instead, e.g. commands.run('ls -la')"
-    )
+        (FILESYSTEM_SERVICE, "WatchDir") => format!(
+            "the streaming files.watch_dir of the async SDK ({rpc}) is not supported by \
+                 Corral: the sync SDK's files.watch_dir, whose handle polls \
+                 (get_new_events), is served"
+        ),
+        _ => format!("{rpc} is not supported by Corral"),
+    }
 }
 
 impl From<Unsupported> for E2bError {
@@ -240,6 +230,8 @@ struct Registry {
     sandboxes: Mutex<HashMap<String, Registered>>,
     processes: Mutex<HashMap<u32, Process>>,
     next_pid: AtomicU32,
+    /// The directory watchers of `files.watch_dir`, by id; dropped with their sandbox.
+    watchers: Mutex<HashMap<String, Arc<Watcher>>>,
 }
 
 /// A command of `process.Process/Start`: its sandbox, and what stops it.
@@ -281,14 +273,63 @@ impl Registry {
 
     fn forget(&self, id: &str) {
         self.sandboxes.lock().expect("lock").remove(id);
-    }
-
-    /// Forgets every sandbox for which `alive(tenant, id)` is false.
-    fn prune(&self, alive: impl Fn(&Tenant, &str) -> bool) {
-        self.sandboxes
+        self.watchers
             .lock()
             .expect("lock")
-            .retain(|id, e| alive(&e.tenant, id));
+            .retain(|_, w| w.sandbox != id);
+    }
+
+    /// Forgets every sandbox for which `alive(tenant, id)` is false, and its watchers.
+    fn prune(&self, alive: impl Fn(&Tenant, &str) -> bool) {
+        let mut sandboxes = self.sandboxes.lock().expect("lock");
+        sandboxes.retain(|id, e| alive(&e.tenant, id));
+        self.watchers
+            .lock()
+            .expect("lock")
+            .retain(|_, w| sandboxes.contains_key(&w.sandbox));
+    }
+
+    /// Keeps a new watcher: its id, unless its sandbox has [`MAX_WATCHERS`] already.
+    fn add_watcher(&self, watcher: Watcher) -> Result<String, RpcError> {
+        let mut watchers = self.watchers.lock().expect("lock");
+        let of_sandbox = watchers
+            .values()
+            .filter(|w| w.sandbox == watcher.sandbox)
+            .count();
+        if of_sandbox >= MAX_WATCHERS {
+            return Err(RpcError(
+                Code::FailedPrecondition,
+                format!(
+                    "this sandbox has {MAX_WATCHERS} directory watchers already, the most it \
+                     may have: stop one (handle.stop()) first"
+                ),
+            ));
+        }
+        let watcher_id = format!("w{}", hex::encode(rand::random::<[u8; 16]>()));
+        watchers.insert(watcher_id.clone(), Arc::new(watcher));
+        Ok(watcher_id)
+    }
+
+    /// Sandbox `id`'s watcher `watcher_id`.
+    fn watcher(&self, id: &str, watcher_id: &str) -> Result<Arc<Watcher>, RpcError> {
+        self.watchers
+            .lock()
+            .expect("lock")
+            .get(watcher_id)
+            .filter(|w| w.sandbox == id)
+            .cloned()
+            .ok_or_else(|| watcher_not_found(watcher_id))
+    }
+
+    fn remove_watcher(&self, id: &str, watcher_id: &str) -> Result<(), RpcError> {
+        let mut watchers = self.watchers.lock().expect("lock");
+        match watchers.get(watcher_id) {
+            Some(w) if w.sandbox == id => {
+                watchers.remove(watcher_id);
+                Ok(())
+            }
+            _ => Err(watcher_not_found(watcher_id)),
+        }
     }
 
     /// The token and template of `tenant`'s sandbox `id`, if this face made it.
@@ -362,6 +403,13 @@ impl Registry {
             .filter(|p| p.sandbox == id)
             .map(|p| p.stop.clone())
     }
+}
+
+fn watcher_not_found(watcher_id: &str) -> RpcError {
+    RpcError(
+        Code::NotFound,
+        format!("watcher with id {watcher_id} not found"),
+    )
 }
 
 /// Compares a secret without stopping at the first difference.
@@ -1142,12 +1190,18 @@ fn connect_unary_error(code: Code, message: impl Into<String>) -> Response {
 }
 
 fn connect_error_of(e: &ServiceError) -> Value {
-    let code = match e {
+    connect_error(connect_code_of(e), e.to_string())
+}
+
+/// The Connect code of a service error.
+fn connect_code_of(e: &ServiceError) -> Code {
+    match e {
         ServiceError::BadRequest(_)
         | ServiceError::InvalidPath(_)
         | ServiceError::UnknownImage(_)
         | ServiceError::UnsupportedLanguage(_) => Code::InvalidArgument,
         ServiceError::NotFound(_) | ServiceError::FileNotFound(_) => Code::NotFound,
+        ServiceError::FileExists(_) => Code::AlreadyExists,
         ServiceError::SandboxDead(_) | ServiceError::Conflict { .. } => Code::FailedPrecondition,
         ServiceError::Forbidden(_) => Code::PermissionDenied,
         ServiceError::TooManySandboxes { .. }
@@ -1157,8 +1211,7 @@ fn connect_error_of(e: &ServiceError) -> Value {
         ServiceError::Unavailable { .. } | ServiceError::ShuttingDown => Code::Unavailable,
         // Only a creation asks for a network, and that is no RPC.
         ServiceError::NetworkNotAllowed(_) => Code::InvalidArgument,
-    };
-    connect_error(code, e.to_string())
+    }
 }
 
 fn connect_message(value: &Value) -> Bytes {
@@ -1444,21 +1497,282 @@ async fn send_signal(
     Ok(Json(json!({})).into_response())
 }
 
-/// The other RPCs of envd's `process.Process` and `filesystem.Filesystem` services: not
-/// served (Connect `unimplemented`), whatever the sandbox, so the answer tells nothing of it.
+/// The other RPCs of envd's `process.Process` service: not served (Connect
+/// `unimplemented`), whatever the sandbox, so the answer tells nothing of it.
 /// Every refusal here reads the request's body first (`_body`): a connection whose request
 /// was not read to its end is closed, and the SDK would find its next request cut off.
 async fn process_rpc(Path(method): Path<String>, _body: Bytes) -> Response {
     unimplemented_rpc(PROCESS_SERVICE, method)
 }
 
-async fn filesystem_rpc(Path(method): Path<String>, _body: Bytes) -> Response {
-    unimplemented_rpc(FILESYSTEM_SERVICE, method)
-}
-
 fn unimplemented_rpc(service: &'static str, method: String) -> Response {
     let e = Unsupported::Rpc { service, method };
     connect_unary_error(Code::Unimplemented, e.to_string())
+}
+
+// ---------------------------------------------------------------------------------------
+// envd's filesystem service
+
+/// The `filesystem.Filesystem` RPCs served (Connect unary, JSON codec).
+const FILESYSTEM_METHODS: &[&str] = &[
+    "Stat",
+    "ListDir",
+    "MakeDir",
+    "Move",
+    "Remove",
+    "CreateWatcher",
+    "GetWatcherEvents",
+    "RemoveWatcher",
+];
+
+/// A `filesystem.*` request: every field any of the served calls takes, in protobuf-JSON
+/// (lowerCamelCase, or the proto's snake_case names); absent fields are their defaults.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct FilesystemRequest {
+    path: String,
+    depth: u32,
+    source: String,
+    destination: String,
+    recursive: bool,
+    #[serde(alias = "watcher_id", rename = "watcherId")]
+    watcher_id: String,
+}
+
+/// A failed filesystem call, as the Connect error it is answered with.
+struct RpcError(Code, String);
+
+impl From<ServiceError> for RpcError {
+    fn from(e: ServiceError) -> RpcError {
+        RpcError(connect_code_of(&e), e.to_string())
+    }
+}
+
+/// The workspace path of an E2B path in a filesystem call: other absolute paths are
+/// `invalid_argument` (the SDK raises `InvalidArgumentException`, never "not found").
+fn rpc_path(path: &str) -> Result<String, RpcError> {
+    workspace_path(path).map_err(|e| RpcError(Code::InvalidArgument, e.message))
+}
+
+/// An entry's path as the sandbox sees it.
+fn sandbox_path(rel: &std::path::Path) -> String {
+    if rel.as_os_str().is_empty() {
+        WORKSPACE.to_string()
+    } else {
+        format!("{WORKSPACE}/{}", rel.display())
+    }
+}
+
+/// A file's permissions as envd writes them (Go's `FileMode.String()`: type letters, or `-`,
+/// then `rwxrwxrwx`).
+fn permissions_string(mode: u32) -> String {
+    let mut out = String::new();
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => out.push('d'),
+        libc::S_IFLNK => out.push('L'),
+        libc::S_IFBLK => out.push('D'),
+        libc::S_IFIFO => out.push('p'),
+        libc::S_IFSOCK => out.push('S'),
+        libc::S_IFCHR => out.push_str("Dc"),
+        _ => {}
+    }
+    for (bit, letter) in [
+        (libc::S_ISUID, 'u'),
+        (libc::S_ISGID, 'g'),
+        (libc::S_ISVTX, 't'),
+    ] {
+        if mode & bit != 0 {
+            out.push(letter);
+        }
+    }
+    if out.is_empty() {
+        out.push('-');
+    }
+    for (i, letter) in "rwxrwxrwx".chars().enumerate() {
+        out.push(if mode & (0o400 >> i) != 0 {
+            letter
+        } else {
+            '-'
+        });
+    }
+    out
+}
+
+/// A modification time in protobuf-JSON (RFC 3339); one the sandbox set outside what that
+/// can say (before 1970, after 9999) is clamped.
+fn proto_timestamp((secs, nanos): (i64, u32)) -> String {
+    const MAX_SECS: i64 = 253_402_300_799; // 9999-12-31T23:59:59Z
+    let at = match u64::try_from(secs.min(MAX_SECS)) {
+        Ok(s) => SystemTime::UNIX_EPOCH + std::time::Duration::new(s, nanos.min(999_999_999)),
+        Err(_) => SystemTime::UNIX_EPOCH,
+    };
+    humantime::format_rfc3339_nanos(at).to_string()
+}
+
+/// An `EntryInfo` as envd returns it. Owners are named as the sandbox sees them: its user is
+/// `user` (E2B's), 0 is `root`, other ids are numbers. A link is a link (`FILE_TYPE_SYMLINK`,
+/// `isSymlink`) with its target as stored: the host never resolves it.
+fn entry_json(entry: &EntryInfo, user: (u32, u32)) -> Value {
+    let name_of = |id: u32, user_id: u32| match id {
+        _ if id == user_id => "user".to_string(),
+        0 => "root".to_string(),
+        id => id.to_string(),
+    };
+    let path = sandbox_path(&entry.path);
+    let name = path.rsplit('/').next().unwrap_or_default().to_string();
+    let kind = match entry.kind {
+        EntryKind::File => "FILE_TYPE_FILE",
+        EntryKind::Dir => "FILE_TYPE_DIRECTORY",
+        EntryKind::Symlink => "FILE_TYPE_SYMLINK",
+        EntryKind::Other => "FILE_TYPE_UNSPECIFIED",
+    };
+    let mut info = json!({
+        "name": name,
+        "type": kind,
+        "path": path,
+        "size": entry.size.to_string(),
+        "mode": entry.mode & 0o777,
+        "permissions": permissions_string(entry.mode),
+        "owner": name_of(entry.uid, user.0),
+        "group": name_of(entry.gid, user.1),
+        "modifiedTime": proto_timestamp(entry.modified),
+    });
+    if let Some(target) = &entry.link_target {
+        info["symlinkTarget"] = json!(target.to_string_lossy());
+        info["isSymlink"] = json!(true);
+    }
+    info
+}
+
+/// A watcher of `files.watch_dir` (see [`crate::watch`]): its sandbox, the directory (relative
+/// to the workspace), how deep it looks, and what the directory held at the last poll.
+struct Watcher {
+    sandbox: String,
+    dir: String,
+    depth: usize,
+    seen: Mutex<Snapshot>,
+}
+
+/// envd's `filesystem.Filesystem` RPCs on the workspace: `Stat`, `ListDir`, `MakeDir`,
+/// `Move`, `Remove` and the polling watchers (`CreateWatcher`, `GetWatcherEvents`,
+/// `RemoveWatcher`), Connect unary with the JSON codec. Every path goes through the
+/// workspace's checks (no `..`, never through a link). Other methods (the streaming
+/// `WatchDir`) are `unimplemented`, whatever the sandbox.
+async fn filesystem_rpc(
+    State(state): State<AppState>,
+    Extension(registry): Extension<Arc<Registry>>,
+    Path(method): Path<String>,
+    sandbox: Result<PlaneSandbox, E2bError>,
+    body: Bytes,
+) -> Result<Response, E2bError> {
+    if !FILESYSTEM_METHODS.contains(&method.as_str()) {
+        return Ok(unimplemented_rpc(FILESYSTEM_SERVICE, method));
+    }
+    let sandbox = sandbox?; // once the body is read (see `execute`)
+    let req: FilesystemRequest = match parse_json(&body) {
+        Ok(req) => req,
+        Err(e) => {
+            return Ok(connect_unary_error(
+                Code::InvalidArgument,
+                format!("{method}Request: {e}"),
+            ))
+        }
+    };
+    let service = state.service.clone();
+    let answer = tokio::task::spawn_blocking(move || {
+        filesystem_call(&service, &registry, &sandbox, &method, req)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("internal error: {e}")))?;
+    Ok(match answer {
+        Ok(value) => Json(value).into_response(),
+        Err(RpcError(code, message)) => connect_unary_error(code, message),
+    })
+}
+
+fn filesystem_call(
+    service: &Service,
+    registry: &Registry,
+    sandbox: &PlaneSandbox,
+    method: &str,
+    req: FilesystemRequest,
+) -> Result<Value, RpcError> {
+    let PlaneSandbox { id, tenant } = sandbox;
+    let user = || service.sandbox_user(tenant, id).map_err(RpcError::from);
+    match method {
+        "Stat" => {
+            let entry = service.stat(tenant, id, &rpc_path(&req.path)?)?;
+            Ok(json!({"entry": entry_json(&entry, user()?)}))
+        }
+        "ListDir" => {
+            let dir = rpc_path(&req.path)?;
+            let depth = (req.depth as usize).max(1);
+            let entries = service.list_dir(tenant, id, &dir, depth)?;
+            let user = user()?;
+            let entries: Vec<Value> = entries.iter().map(|e| entry_json(e, user)).collect();
+            Ok(json!({"entries": entries}))
+        }
+        "MakeDir" => {
+            let path = rpc_path(&req.path)?;
+            if !service.make_dir(tenant, id, &path)? {
+                return Err(RpcError(
+                    Code::AlreadyExists,
+                    format!("directory already exists: {}", req.path),
+                ));
+            }
+            let entry = service.stat(tenant, id, &path)?;
+            Ok(json!({"entry": entry_json(&entry, user()?)}))
+        }
+        "Move" => {
+            let (from, to) = (rpc_path(&req.source)?, rpc_path(&req.destination)?);
+            let entry = service.move_path(tenant, id, &from, &to)?;
+            Ok(json!({"entry": entry_json(&entry, user()?)}))
+        }
+        "Remove" => match service.remove_path(tenant, id, &rpc_path(&req.path)?) {
+            // As envd (`os.RemoveAll`): nothing there is nothing to do.
+            Ok(()) | Err(ServiceError::FileNotFound(_)) => Ok(json!({})),
+            Err(e) => Err(e.into()),
+        },
+        "CreateWatcher" => {
+            let dir = rpc_path(&req.path)?;
+            let depth = if req.recursive { MAX_DEPTH } else { 1 };
+            if service.stat(tenant, id, &dir)?.kind != EntryKind::Dir {
+                return Err(RpcError(
+                    Code::InvalidArgument,
+                    format!("path {} is not a directory", req.path),
+                ));
+            }
+            let entries = service.list_dir(tenant, id, &dir, depth)?;
+            let watcher = Watcher {
+                seen: Mutex::new(Snapshot::of(std::path::Path::new(&dir), &entries)),
+                sandbox: id.clone(),
+                dir,
+                depth,
+            };
+            let watcher_id = registry.add_watcher(watcher)?;
+            Ok(json!({"watcherId": watcher_id}))
+        }
+        "GetWatcherEvents" => {
+            let watcher = registry.watcher(id, &req.watcher_id)?;
+            let mut seen = watcher.seen.lock().expect("lock");
+            let entries = service.list_dir(tenant, id, &watcher.dir, watcher.depth)?;
+            let now = Snapshot::of(std::path::Path::new(&watcher.dir), &entries);
+            let events: Vec<Value> = seen
+                .events_to(&now)
+                .into_iter()
+                .map(|(name, kind)| {
+                    json!({"name": name.to_string_lossy(), "type": kind.proto_name()})
+                })
+                .collect();
+            *seen = now;
+            Ok(json!({"events": events}))
+        }
+        "RemoveWatcher" => {
+            registry.remove_watcher(id, &req.watcher_id)?;
+            Ok(json!({}))
+        }
+        _ => unreachable!("only FILESYSTEM_METHODS are called"),
+    }
 }
 
 /// The Jupyter server's code contexts (`/contexts…`): not served, whatever the sandbox (the
@@ -1646,8 +1960,6 @@ mod tests {
             (PROCESS_SERVICE, "SendInput"),
             (PROCESS_SERVICE, "Update"),
             (PROCESS_SERVICE, "Nope"),
-            (FILESYSTEM_SERVICE, "Stat"),
-            (FILESYSTEM_SERVICE, "ListDir"),
             (FILESYSTEM_SERVICE, "WatchDir"),
             (FILESYSTEM_SERVICE, "Nope"),
         ] {

@@ -71,6 +71,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::InvalidPath(_) => (StatusCode::BAD_REQUEST, "invalid_path"),
             ServiceError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ServiceError::FileNotFound(_) => (StatusCode::NOT_FOUND, "file_not_found"),
+            ServiceError::FileExists(_) => (StatusCode::CONFLICT, "file_exists"),
             ServiceError::SandboxDead(_) => (StatusCode::CONFLICT, "sandbox_dead"),
             ServiceError::UnknownImage(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unknown_image"),
             ServiceError::UnsupportedLanguage(_) => {

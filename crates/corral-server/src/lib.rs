@@ -13,6 +13,7 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod service;
+pub mod watch;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -19,6 +19,7 @@ use corral_kernel::{
 use corral_sandbox::egress::{Decision, EgressObserver};
 use corral_sandbox::limits::show_bytes;
 use corral_sandbox::limits::timeout_from_secs;
+use corral_sandbox::workspace::EntryInfo;
 use corral_sandbox::{
     Egress, ExecutionResult, FileEntry, InputFile, LimitError, LimitField, Limits, NetworkPolicy,
     NetworkReport, Policy, ResultBudget, SandboxSpec, Status, WorkspaceError,
@@ -55,6 +56,9 @@ pub enum ServiceError {
     /// No such file or directory in a sandbox's workspace: the sandbox itself is there.
     #[error("{0}")]
     FileNotFound(String),
+    /// The destination of a move exists (a move never replaces anything).
+    #[error("{0}")]
+    FileExists(String),
     #[error("{0}")]
     SandboxDead(String),
     #[error("{0}")]
@@ -130,11 +134,16 @@ impl From<WorkspaceError> for ServiceError {
         match e {
             WorkspaceError::OutsideWorkspace(_)
             | WorkspaceError::NotRegular(_)
+            | WorkspaceError::NotADirectory(_)
             | WorkspaceError::Link(_) => ServiceError::InvalidPath(e.to_string()),
+            WorkspaceError::Exists(_) => ServiceError::FileExists(e.to_string()),
+            WorkspaceError::TooManyEntries { .. } | WorkspaceError::TooDeep { .. } => {
+                ServiceError::BadRequest(e.to_string())
+            }
             WorkspaceError::Io { ref source, .. } => match source.raw_os_error() {
                 Some(libc::ENOENT) => ServiceError::FileNotFound(e.to_string()),
                 // A path leaving the workspace, or a file where a directory was expected.
-                Some(libc::EXDEV | libc::ENOTDIR | libc::EISDIR) => {
+                Some(libc::EXDEV | libc::ENOTDIR | libc::EISDIR | libc::EINVAL) => {
                     ServiceError::InvalidPath(e.to_string())
                 }
                 _ => ServiceError::Sandbox(e.to_string()),
@@ -1592,6 +1601,49 @@ impl Service {
     ) -> Result<Vec<FileEntry>, ServiceError> {
         let dir = dir.filter(|d| !d.is_empty() && *d != "." && *d != "/");
         self.with_workspace(tenant, id, |ws| ws.list_below(dir.map(Path::new)))
+    }
+
+    /// What is at `path` in session `id`'s workspace (the workspace itself when empty),
+    /// never following a link.
+    pub fn stat(&self, tenant: &Tenant, id: &str, path: &str) -> Result<EntryInfo, ServiceError> {
+        self.with_workspace(tenant, id, |ws| ws.stat(Path::new(path)))
+    }
+
+    /// The entries of directory `dir`, `depth` levels of them (see [`corral_sandbox::Workspace::list_dir`]).
+    pub fn list_dir(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        dir: &str,
+        depth: usize,
+    ) -> Result<Vec<EntryInfo>, ServiceError> {
+        self.with_workspace(tenant, id, |ws| ws.list_dir(Path::new(dir), depth))
+    }
+
+    /// The host uid and gid of session `id`'s user, who its workspace files belong to.
+    pub fn sandbox_user(&self, tenant: &Tenant, id: &str) -> Result<(u32, u32), ServiceError> {
+        self.with_workspace(tenant, id, |ws| Ok(ws.sandbox_user()))
+    }
+
+    /// Makes directory `path` and its parents; false if it was already there.
+    pub fn make_dir(&self, tenant: &Tenant, id: &str, path: &str) -> Result<bool, ServiceError> {
+        self.with_workspace(tenant, id, |ws| ws.make_dir(Path::new(path)))
+    }
+
+    /// Moves `from` to `to`, never replacing anything; what is at `to` afterwards.
+    pub fn move_path(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        from: &str,
+        to: &str,
+    ) -> Result<EntryInfo, ServiceError> {
+        self.with_workspace(tenant, id, |ws| ws.rename(Path::new(from), Path::new(to)))
+    }
+
+    /// Removes `path`, a directory with everything in it (never through a link).
+    pub fn remove_path(&self, tenant: &Tenant, id: &str, path: &str) -> Result<(), ServiceError> {
+        self.with_workspace(tenant, id, |ws| ws.remove(Path::new(path)))
     }
 
     /// A slot for one upload streaming its body (at most `max_uploads_in_flight` at once),

@@ -2933,3 +2933,181 @@ fn network_requests_are_bounded_by_the_operator_and_audited() {
         "{metrics}"
     );
 }
+
+/// A `filesystem.Filesystem` Connect call (unary, JSON) on the E2B sandbox plane.
+fn filesystem_rpc(s: &Server, method: &str, id: &str, token: &str, body: Value) -> (u16, Value) {
+    let response = ureq::post(&format!("{}/filesystem.Filesystem/{method}", s.url))
+        .set("E2b-Sandbox-Id", id)
+        .set("X-Access-Token", token)
+        .set("Content-Type", "application/json")
+        .send_string(&body.to_string());
+    match response {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => {
+            (r.status(), r.into_json().unwrap_or(Value::Null))
+        }
+        Err(e) => panic!("{method}: {e}"),
+    }
+}
+
+#[test]
+fn e2b_filesystem_calls_stay_with_their_key_and_in_the_workspace() {
+    let s = Server::start("max_sessions_per_key = 2");
+    let (a, b) = (s.key("a"), s.key("b"));
+    let id = s.create(Some(&a));
+    let connect = |id: &str, key: &str| {
+        s.call(
+            "POST",
+            &format!("/v2/sandboxes/{id}/connect"),
+            Some(key),
+            None,
+        )
+    };
+    let (status, described) = connect(&id, &a);
+    assert_eq!(status, 200, "{described}");
+    let token = described["envdAccessToken"].as_str().unwrap().to_string();
+
+    // Another key cannot get the sandbox's token, and its own token does not open it.
+    let (status, _) = connect(&id, &b);
+    assert_eq!(status, 404);
+    let other = s.create(Some(&b));
+    let (_, theirs) = connect(&other, &b);
+    let other_token = theirs["envdAccessToken"].as_str().unwrap().to_string();
+    let _ = s.execute(&id, Some(&a), "open('mine.txt', 'w').write('mine')");
+    for (method, body) in [
+        ("Stat", json!({"path": "mine.txt"})),
+        ("ListDir", json!({"path": "/home/user"})),
+        ("MakeDir", json!({"path": "theirs"})),
+        (
+            "Move",
+            json!({"source": "mine.txt", "destination": "taken.txt"}),
+        ),
+        ("Remove", json!({"path": "mine.txt"})),
+        ("CreateWatcher", json!({"path": "."})),
+    ] {
+        for presented in [other_token.as_str(), "", "x"] {
+            let (status, answer) = filesystem_rpc(&s, method, &id, presented, body.clone());
+            assert_eq!(status, 502, "{method}: {answer}");
+        }
+    }
+    // A watcher of one sandbox is not found through another.
+    let (status, made) = filesystem_rpc(&s, "CreateWatcher", &id, &token, json!({"path": "."}));
+    assert_eq!(status, 200, "{made}");
+    let watcher = made["watcherId"].clone();
+    for method in ["GetWatcherEvents", "RemoveWatcher"] {
+        let (status, answer) = filesystem_rpc(
+            &s,
+            method,
+            &other,
+            &other_token,
+            json!({"watcherId": watcher}),
+        );
+        assert_eq!(
+            (status, &answer["code"]),
+            (404, &json!("not_found")),
+            "{answer}"
+        );
+    }
+    let (_, listed) = filesystem_rpc(&s, "ListDir", &id, &token, json!({"path": "."}));
+    let names: Vec<&str> = listed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["mine.txt"], "{listed}");
+
+    // The sandbox plants links to a host file and a host directory.
+    let host = tempfile::tempdir().unwrap();
+    std::fs::write(host.path().join("secret.txt"), "HOST-SECRET").unwrap();
+    let plant = format!(
+        "import os\nos.symlink({0:?}, 'file-link')\nos.symlink({1:?}, 'dir-link')\n\
+         os.mkdir('d')\nos.symlink({1:?}, 'd/inner')\nos.symlink('/', 'd/root')\nprint('planted')",
+        host.path().join("secret.txt").display().to_string(),
+        host.path().display().to_string(),
+    );
+    let (_, planted) = s.execute(&id, Some(&a), &plant);
+    assert_eq!(planted["stdout"], "planted\n", "{planted}");
+    let call = |method: &str, body: Value| filesystem_rpc(&s, method, &id, &token, body);
+
+    let (status, info) = call("Stat", json!({"path": "file-link"}));
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["entry"]["type"], "FILE_TYPE_SYMLINK", "{info}");
+    assert_eq!(
+        info["entry"]["size"],
+        json!(host.path().join("secret.txt").as_os_str().len().to_string()),
+        "the link's own size: {info}"
+    );
+    let (status, listed) = call("ListDir", json!({"path": ".", "depth": 10}));
+    assert_eq!(status, 200, "{listed}");
+    let paths: Vec<&str> = listed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/workspace/d",
+            "/workspace/d/inner",
+            "/workspace/d/root",
+            "/workspace/dir-link",
+            "/workspace/file-link",
+            "/workspace/mine.txt"
+        ],
+        "{listed}"
+    );
+    for (method, body) in [
+        ("Stat", json!({"path": "dir-link/secret.txt"})),
+        ("Stat", json!({"path": "d/root/etc/passwd"})),
+        ("Stat", json!({"path": "/etc/passwd"})),
+        ("ListDir", json!({"path": "dir-link"})),
+        ("ListDir", json!({"path": "d/root/etc"})),
+        ("MakeDir", json!({"path": "dir-link/planted"})),
+        (
+            "Move",
+            json!({"source": "dir-link/secret.txt", "destination": "stolen"}),
+        ),
+        (
+            "Move",
+            json!({"source": "mine.txt", "destination": "dir-link/planted"}),
+        ),
+        (
+            "Move",
+            json!({"source": "mine.txt", "destination": "/tmp/planted"}),
+        ),
+        ("Remove", json!({"path": "dir-link/secret.txt"})),
+        ("Remove", json!({"path": "d/root/etc/passwd"})),
+        ("CreateWatcher", json!({"path": "dir-link"})),
+    ] {
+        let (status, answer) = call(method, body.clone());
+        assert_eq!(
+            (status, &answer["code"]),
+            (400, &json!("invalid_argument")),
+            "{method} {body}: {answer}"
+        );
+    }
+    // A rename never replaces, even a link: the link stays as it was.
+    let (status, answer) = call(
+        "Move",
+        json!({"source": "mine.txt", "destination": "file-link"}),
+    );
+    assert_eq!(
+        (status, &answer["code"]),
+        (409, &json!("already_exists")),
+        "{answer}"
+    );
+    // Removing the links, and a directory holding links, removes the links only.
+    for path in ["file-link", "dir-link", "d"] {
+        let (status, answer) = call("Remove", json!({"path": path}));
+        assert_eq!(status, 200, "{path}: {answer}");
+    }
+    let (_, listed) = call("ListDir", json!({"path": "."}));
+    assert_eq!(listed["entries"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(
+        std::fs::read_to_string(host.path().join("secret.txt")).unwrap(),
+        "HOST-SECRET"
+    );
+    assert_eq!(std::fs::read_dir(host.path()).unwrap().count(), 1);
+    assert!(Path::new("/etc/passwd").exists());
+}
