@@ -1,4 +1,7 @@
-"""Corral's zygote: a Python with the heavy libraries already imported that forks sessions.
+"""Corral's zygotes: a Python with the heavy libraries already imported that forks sessions
+(``corral_zygote.py``, the full zygote), and a lean one that forks one-shot runs only
+(``corral_zygote.py lean``: the one-shot runner and a few light standard modules, no IPython,
+no data stack), whose forks copy and tear down far less memory.
 
 It runs inside a sandbox of the "zygote" role and never runs untrusted code. It never sees a
 session's data either: a fork request from the host (a SEQPACKET message on fd 3) carries
@@ -50,21 +53,72 @@ def _collapse_into_huge_pages():
                 break
 
 
-def main():
+# What the lean zygote imports besides the one-shot runner: standard modules that one-shot
+# programs often import and that would cost a run up to 10 ms to import, cheap to keep (about
+# 4 MiB; docs/benchmarks.md, issue 18, third round). Their state set at import is per
+# process only where a fresh interpreter's is too: `random` is reseeded in every child, and
+# the others keep none that differs between processes.
+LEAN_PRELOAD = (
+    "__future__",
+    "argparse",
+    "base64",
+    "bisect",
+    "copy",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "fractions",
+    "glob",
+    "hashlib",
+    "heapq",
+    "pathlib",
+    "pickle",
+    "random",
+    "secrets",
+    "shutil",
+    "statistics",
+    "string",
+    "tempfile",
+    "typing",
+    "urllib.parse",
+    "uuid",
+    "zlib",
+)
+
+
+def main(lean=False):
     session = ctypes.CDLL("/run/corral/libcorral_session.so")
     enter = session.corral_session_enter
     enter.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_size_t]
     enter.restype = ctypes.c_char_p
-    import corral_kernel
     import corral_oneshot
-    corral_kernel.prepare()
-    preloaded = [m for m in ("IPython", "numpy", "pandas", "matplotlib.pyplot") if m in sys.modules]
+    corral_oneshot._library()  # the result frames, needed by every run
+    if lean:
+        corral_kernel = None
+        for name in LEAN_PRELOAD:
+            try:
+                __import__(name)
+            except ImportError:
+                pass
+        preloaded = []
+    else:
+        import corral_kernel
+        corral_kernel.prepare()
+        preloaded = [m for m in ("IPython", "numpy", "pandas", "matplotlib.pyplot") if m in sys.modules]
+    ready = {"type": "ready", "preloaded": preloaded}
+    if lean:
+        # What the host routes one-shot runs by: the top-level modules imported here, and which
+        # names are the standard library's.
+        ready["modules"] = sorted({name.partition(".")[0] for name in sys.modules})
+        ready["stdlib"] = sorted(sys.stdlib_module_names)
     gc.collect()
     gc.freeze()  # keep the collector from touching (and so copying) the shared heap
     _collapse_into_huge_pages()
     ctl = socket.socket(fileno=3)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the forked children are not ours to reap
-    ctl.send(json.dumps({"type": "ready", "preloaded": preloaded}).encode())
+    ctl.send(json.dumps(ready).encode())
+    del ready
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(ctl, 1, 16)
@@ -79,9 +133,10 @@ def main():
                 entered = json.loads(enter((ctypes.c_int * len(fds))(*fds), len(fds)))
                 if entered["program"] is not None:
                     corral_oneshot.run_forked(entered["program"], entered["env"])
-                os.environ.update(entered["env"])
-                corral_kernel.reseed()
-                corral_kernel.serve(3)
+                if corral_kernel is not None:  # the lean zygote serves no session
+                    os.environ.update(entered["env"])
+                    corral_kernel.reseed()
+                    corral_kernel.serve(3)
             finally:
                 os._exit(0)
         for fd in fds:
@@ -89,4 +144,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(lean=sys.argv[1:] == ["lean"])

@@ -4,6 +4,7 @@
 
 pub mod bytecode;
 pub mod event;
+pub mod imports;
 pub mod manager;
 pub mod oneshot;
 pub mod pool;
@@ -16,4 +17,4 @@ pub use event::Event;
 pub use manager::{ManagerError, SessionInfo, SessionManager};
 pub use pool::{Pool, ZygoteStatus};
 pub use session::{Death, Interrupter, KernelError, Language, Session, SessionOptions, Stopper};
-pub use zygote::Zygote;
+pub use zygote::{Zygote, ZygoteKind};

@@ -17,6 +17,7 @@ use crate::pool::Pool;
 use crate::protocol::{Decoder, KernelMessage, ResultLimits};
 use crate::runtime::{as_support_files, PYTHON_ONESHOT, PYTHON_ONESHOT_RUNTIME};
 use crate::session::Language;
+use crate::zygote::ZygoteKind;
 
 /// Runs `code` (named `file_name` inside the sandbox) in a fresh sandbox built from `spec`
 /// (whose argv, program file and control socket this function sets). Python runs use and,
@@ -106,13 +107,14 @@ pub const READ_AT_START: &[&str] = &[
 ];
 
 /// A Python one-shot run ([`run`]'s `spec`, `file_name` and `code`) served by a sandbox
-/// forked from `pool`'s zygote instead of a fresh interpreter, with the same result (its
-/// `files` listed, the workspace gone with the sandbox): `None`
-/// when the pool cannot serve it so (another image, policy or image environment, or an `env`
-/// naming a variable of [`READ_AT_START`]) or when the fork failed (the zygote is being
-/// replaced, say); run it with [`run`] then. The fork has the run's limits, its own uid,
-/// cgroup, namespaces and workspace, and the lockdown of a session; the code and `env`
-/// reach only the forked child, after the fork.
+/// forked from one of `pool`'s zygotes instead of a fresh interpreter, with the same result
+/// (its `files` listed, the workspace gone with the sandbox), and which zygote forked it:
+/// `None` when the pool cannot serve it so (another image, policy or image environment, or
+/// an `env` naming a variable of [`READ_AT_START`]) or when the fork failed (the zygote is
+/// being replaced, say); run it with [`run`] then. The lean zygote forks it unless the program
+/// imports the data stack (see `Pool::fork_run`). The fork has the run's limits, its own uid,
+/// cgroup, namespaces and workspace, and the lockdown of a session; the code and `env` reach
+/// only the forked child, after the fork.
 pub fn run_forked(
     pool: &Pool,
     spec: &SandboxSpec,
@@ -120,7 +122,7 @@ pub fn run_forked(
     code: &[u8],
     result_budget: Option<Arc<ResultBudget>>,
     on_output: &mut dyn FnMut(Stream, &[u8]),
-) -> Option<ExecutionResult> {
+) -> Option<(ExecutionResult, ZygoteKind)> {
     let env = pool.run_env(spec)?;
     if env
         .iter()
@@ -128,14 +130,14 @@ pub fn run_forked(
     {
         return None;
     }
-    let mut forked = pool.fork_run(&spec.limits, env, file_name, code).ok()?;
+    let (mut forked, kind) = pool.fork_run(&spec.limits, env, file_name, code).ok()?;
     for input in &spec.input_files {
         let mut source = &input.source;
         if let Err(e) = forked.workspace().write_file(&input.dest, &mut source) {
             let setup = SandboxError::Setup(format!("copying an input file: {e}"));
             let mut result = ExecutionResult::sandbox_error(setup.to_string());
             result.warnings = forked.warnings().to_vec();
-            return Some(result);
+            return Some((result, kind));
         }
     }
     let socket = forked.socket().try_clone_to_owned().ok()?;
@@ -148,7 +150,7 @@ pub fn run_forked(
         let warnings = forked.warnings().to_vec();
         (outcome.into_result(forked.workspace(), warnings), ())
     });
-    Some(result)
+    Some((result, kind))
 }
 
 /// Runs `f` with a sink that decodes the frames a one-shot runner sends on its fd 3, and adds

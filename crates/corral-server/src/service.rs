@@ -14,7 +14,7 @@ use corral_kernel::bytecode::BytecodeCache;
 use corral_kernel::oneshot;
 use corral_kernel::{
     Event, KernelError, Language, ManagerError, Pool, SessionManager, SessionOptions, Stopper,
-    ZygoteStatus,
+    ZygoteKind, ZygoteStatus,
 };
 use corral_sandbox::limits::show_bytes;
 use corral_sandbox::limits::timeout_from_secs;
@@ -471,11 +471,15 @@ impl Service {
         self.pool.as_ref().map_or(0, |p| p.ready_count())
     }
 
-    /// The warm pool's image and the state of its zygote, when there is a pool.
-    pub fn zygote_status(&self) -> Option<(&str, ZygoteStatus)> {
-        self.pool
-            .as_ref()
-            .map(|p| (self.config.default_image.as_str(), p.zygote_status()))
+    /// The warm pool's image and the state of its zygotes (the full one, then the lean one),
+    /// when there is a pool.
+    pub fn zygote_status(&self) -> Option<(&str, [(ZygoteKind, ZygoteStatus); 2])> {
+        self.pool.as_ref().map(|p| {
+            (
+                self.config.default_image.as_str(),
+                ZygoteKind::ALL.map(|kind| (kind, p.zygote_status(kind))),
+            )
+        })
     }
 
     /// Bytes of rich results the server holds now, against `max_result_bytes_in_flight`.
@@ -1082,9 +1086,9 @@ impl Service {
             Language::Javascript => "main.js",
             Language::Bash => "main.sh",
         };
-        // Python on the warm pool's image: a sandbox forked from its zygote, where it can run
-        // the program exactly as a fresh interpreter would (else, or when the fork fails, a
-        // fresh interpreter).
+        // Python on the warm pool's image: a sandbox forked from one of its zygotes, where it
+        // can run the program exactly as a fresh interpreter would (else, or when the fork
+        // fails, a fresh interpreter).
         let forked = self
             .pool
             .as_ref()
@@ -1100,8 +1104,8 @@ impl Service {
                 )
             });
         let result = match forked {
-            Some(result) => {
-                self.metrics.runs_forked.inc();
+            Some((result, zygote)) => {
+                self.metrics.record_forked_run(zygote);
                 result
             }
             None => {
