@@ -272,6 +272,10 @@ pub struct PreparedCommand {
     pub timeout: Duration,
 }
 
+/// How long an image resolved by name is reused: a newly built image is used at most this much
+/// later.
+const RESOLVED_FOR: Duration = Duration::from_secs(1);
+
 /// What the service knows of a session beyond the manager: who owns it and what it runs.
 #[derive(Debug, Clone)]
 struct Owned {
@@ -298,6 +302,8 @@ pub struct Service {
     admission: Arc<Admission>,
     shutting_down: AtomicBool,
     bytecode: Mutex<HashMap<String, Arc<BytecodeCache>>>,
+    /// Images resolved by name, each reused for [`RESOLVED_FOR`].
+    resolved: Mutex<HashMap<String, (Instant, Arc<ResolvedImage>)>>,
     /// The rich results held at once (`max_result_bytes_in_flight`), and each key's share.
     result_budget: Arc<ResultBudget>,
     result_shares: Mutex<HashMap<String, Arc<ResultBudget>>>,
@@ -443,6 +449,7 @@ impl Service {
             admission,
             shutting_down: AtomicBool::new(false),
             bytecode: Mutex::new(HashMap::new()),
+            resolved: Mutex::new(HashMap::new()),
             result_budget,
             result_shares: Mutex::new(HashMap::new()),
             default_limits,
@@ -549,8 +556,25 @@ impl Service {
         Ok(())
     }
 
-    fn image(&self, name: Option<&str>) -> Result<ResolvedImage, ServiceError> {
+    /// The image `name` (the default image without one), as the store resolved it at most
+    /// [`RESOLVED_FOR`] ago: resolving reads the image's manifest and checks its path, which
+    /// costs a run more than a tenth of a millisecond.
+    fn image(&self, name: Option<&str>) -> Result<Arc<ResolvedImage>, ServiceError> {
         let name = name.unwrap_or(&self.config.default_image);
+        if let Some((at, image)) = self.resolved.lock().expect("lock").get(name) {
+            if at.elapsed() < RESOLVED_FOR {
+                return Ok(image.clone());
+            }
+        }
+        let image = Arc::new(self.resolve(name)?);
+        self.resolved
+            .lock()
+            .expect("lock")
+            .insert(name.to_string(), (Instant::now(), image.clone()));
+        Ok(image)
+    }
+
+    fn resolve(&self, name: &str) -> Result<ResolvedImage, ServiceError> {
         self.store.resolve(name).map_err(|e| match e {
             ImageError::NotBuilt { builtin: true, .. } => ServiceError::UnknownImage(format!(
                 "image `{name}` is not built yet: run `corral image build {name}` on the server"
