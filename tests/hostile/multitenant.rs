@@ -706,12 +706,13 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
-/// Tenant A's sessions and one-shot run hold secrets in their environment and use them; then
+/// Tenant A's sessions and one-shot runs hold secrets in their environment and use them; then
 /// tenant B, in sessions from the warm pool (forked after A's) and freshly forked ones, and in
-/// one-shot runs (one served from a fork of the zygote, one by a fresh interpreter), reads all
-/// of its own memory looking for them. Sessions and Python one-shot runs are forked from one
-/// pre-imported interpreter, which A's sessions and run were forked from too: nothing of them
-/// may reach B.
+/// one-shot runs (one served from a fork of each of the pool's zygotes, one by a fresh
+/// interpreter), reads all of its own memory looking for them. Sessions and Python one-shot
+/// runs are forked from two pre-imported interpreters (the full zygote forks sessions and runs
+/// that import the data stack, the lean one the other runs), which A's sessions and runs were
+/// forked from too: nothing of them may reach B.
 #[test]
 fn secrets_do_not_cross_tenants() {
     let _g = shared();
@@ -738,7 +739,16 @@ fn secrets_do_not_cross_tenants() {
     for id in &a_sessions[..2] {
         s.delete(&key_a, id);
     }
-    let forked_runs = || s.metric("corral_runs_forked_total").unwrap_or(0.0);
+    // One-shot runs forked from the full and from the lean zygote, as `/metrics` counts them.
+    let forked_runs = || {
+        ["full", "lean"].map(|z| {
+            s.metric(&format!("corral_runs_forked_total{{zygote=\"{z}\"}}"))
+                .unwrap_or(0.0)
+        })
+    };
+    // A run that imports a module outside the standard library (IPython, which every full
+    // zygote has imported) is forked from the full zygote; the others from the lean one.
+    let from_full = |code: &str| format!("import IPython  # from the full zygote\n{code}");
     let o = s.run(
         &key_a,
         &json!({"code": program(USE_SECRETS, &json!({})), "env": env}),
@@ -747,8 +757,28 @@ fn secrets_do_not_cross_tenants() {
     // Python one-shot runs are served from forks where the run can have a cgroup (rootless
     // without one, by fresh interpreters).
     let forkable = !o.raw_stdout.contains("cgroups unavailable");
-    let forked = |n: f64| if forkable { n } else { 0.0 };
-    assert_eq!(forked_runs(), forked(1.0), "A's run was served from a fork");
+    let forked = |full: f64, lean: f64| {
+        if forkable {
+            [full, lean]
+        } else {
+            [0.0, 0.0]
+        }
+    };
+    assert_eq!(
+        forked_runs(),
+        forked(0.0, 1.0),
+        "A's run was forked from the lean zygote"
+    );
+    let o = s.run(
+        &key_a,
+        &json!({"code": from_full(&program(USE_SECRETS, &json!({}))), "env": env}),
+    );
+    assert_eq!(o.value("LENGTHS"), lengths, "{}", o.dump());
+    assert_eq!(
+        forked_runs(),
+        forked(1.0, 1.0),
+        "A's second run was forked from the full zygote"
+    );
     // A takes the pool's sessions: the pool forks new ones, after A's secrets went through
     // the zygote.
     for _ in 0..2 {
@@ -811,10 +841,32 @@ fn secrets_do_not_cross_tenants() {
         );
     }
     let o = s.run(&key_b, &json!({"code": scan_own, "env": own_env}));
-    assert_eq!(forked_runs(), forked(2.0), "B's run was served from a fork");
+    assert_eq!(
+        forked_runs(),
+        forked(1.0, 2.0),
+        "B's run was forked from the lean zygote"
+    );
     check_scan(
         &o,
-        "B one-shot run (forked)",
+        "B one-shot run (forked from the lean zygote)",
+        &needles,
+        &canary,
+        Some(&own),
+        &secrets,
+        &mut leaks,
+    );
+    let o = s.run(
+        &key_b,
+        &json!({"code": from_full(&scan_own), "env": own_env}),
+    );
+    assert_eq!(
+        forked_runs(),
+        forked(2.0, 2.0),
+        "B's second run was forked from the full zygote"
+    );
+    check_scan(
+        &o,
+        "B one-shot run (forked from the full zygote)",
         &needles,
         &canary,
         Some(&own),
@@ -826,8 +878,8 @@ fn secrets_do_not_cross_tenants() {
     let o = s.run(&key_b, &json!({"code": scan_own, "env": cold_env}));
     assert_eq!(
         forked_runs(),
-        forked(2.0),
-        "B's second run: a fresh interpreter"
+        forked(2.0, 2.0),
+        "B's third run: a fresh interpreter"
     );
     check_scan(
         &o,

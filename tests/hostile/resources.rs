@@ -54,7 +54,7 @@ fn memory_bomb_is_stopped() {
 /// usable.
 #[test]
 fn session_memory_bomb_is_stopped() {
-    use corral_kernel::{Language, Session, SessionOptions, Zygote};
+    use corral_kernel::{Language, Session, SessionOptions, Zygote, ZygoteKind};
     use corral_sandbox::{Rootfs, Status};
 
     let _g = exclusive();
@@ -64,8 +64,8 @@ fn session_memory_bomb_is_stopped() {
     {
         let mut options = SessionOptions::new(Language::Python);
         options.limits.memory_bytes = 128 << 20;
-        let zygote =
-            Zygote::start(&Rootfs::Host, &[], Default::default()).expect("the zygote starts");
+        let zygote = Zygote::start(&Rootfs::Host, &[], Default::default(), ZygoteKind::Full)
+            .expect("the zygote starts");
         let sessions = [
             (
                 "direct",

@@ -637,15 +637,19 @@ def unprepare():
     """In a child forked after prepare() that runs a one-shot program instead of serving a
     session: puts back what prepare() set up for sessions and a fresh interpreter lacks (the
     shell's builtins and exit hook, `sys.path`, the environment, pyplot's inline backend and
-    its settings). The modules it imported stay imported."""
-    _pristine.restore(_shell)
+    its settings). The modules it imported stay imported. Nothing to do in a child of a
+    zygote that never called prepare() (the lean zygote of one-shot runs)."""
+    if _pristine is not None:
+        _pristine.restore(_shell)
 
 
 def reseed():
-    """Fresh random streams; sessions forked from one zygote must not share them."""
-    import random
-
-    random.seed()
+    """Fresh random streams (`random`'s and numpy's global state, where they are imported:
+    a module imported later seeds itself); sessions and runs forked from one zygote must not
+    share them."""
+    random = sys.modules.get("random")
+    if random is not None:
+        random.seed()
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()

@@ -1,13 +1,17 @@
-"""Corral's zygote: a Python with the heavy libraries already imported that forks sessions.
+"""Corral's zygotes: a Python with the heavy libraries already imported that forks sessions
+(``corral_zygote.py``, the full zygote), and a lean one that forks one-shot runs only
+(``corral_zygote.py lean``: the one-shot runner and a few light standard modules, no IPython,
+no data stack), whose forks copy and tear down far less memory.
 
 It runs inside a sandbox of the "zygote" role and never runs untrusted code. It never sees a
 session's data either: a fork request from the host (a SEQPACKET message on fd 3) carries
-only the session's descriptors. The forked child hands them to `corral_session_enter` of
+only the session's descriptors. The zygote hands them to `corral_session_fork` of
 libcorral_session.so, the engine's own lockdown built from Rust (crates/corral-sandbox,
-src/session.rs), which reads the session's plan from the session's own control socket,
-enters the session's cgroup, uid, namespaces and filesystems, forks the session's init and
-returns in the kernel process, locked down, with the session's environment. Only then does
-any of the session's code run. The same fork serves one-shot runs (`POST /v1/run`): the plan
+src/session.rs), which forks a child that reads the session's plan from the session's own
+control socket, enters the session's cgroup, uid, namespaces and filesystems, forks the
+session's init and returns in the kernel process, locked down, with the session's
+environment. No Python runs in that child or in init: the kernel process is the first to
+return to the interpreter, and only then does any of the session's code run. The same fork serves one-shot runs (`POST /v1/run`): the plan
 then carries the program, which init places at /run/corral/main.py, and the kernel runs it as
 corral_oneshot.py would in a fresh interpreter instead of serving a session.
 """
@@ -50,22 +54,73 @@ def _collapse_into_huge_pages():
                 break
 
 
-def main():
-    session = ctypes.CDLL("/run/corral/libcorral_session.so")
-    enter = session.corral_session_enter
-    enter.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_size_t]
-    enter.restype = ctypes.c_char_p
-    import corral_kernel
+# What the lean zygote imports besides the one-shot runner: standard modules that one-shot
+# programs often import, that cost a run 1 to 5 ms to import and the zygote little memory
+# (about 300 KiB together). Every 4 KiB of the zygote's own memory costs each run about half
+# a microsecond (its page-table entries are copied by three forks and torn down by three
+# exits), so modules as large as dataclasses, hashlib or pathlib (0.2 to 0.4 MiB each) are left
+# to the runs that use them (docs/benchmarks.md, issue 18, third round). Their state set at
+# import is per process only where a fresh interpreter's is too: `random` is reseeded in
+# every child, the others keep none that differs between processes.
+LEAN_PRELOAD = (
+    "__future__",
+    "base64",
+    "bisect",
+    "copy",
+    "csv",
+    "datetime",
+    "decimal",
+    "fractions",
+    "heapq",
+    "pickle",
+    "random",
+    "string",
+    "typing",
+    "zlib",
+)
+
+
+def main(lean=False):
+    # The fork is made in the library, with the GIL held and around it what os.fork() does
+    # around its own (PyOS_BeforeFork, then PyOS_AfterFork_Parent or _Child).
+    session = ctypes.PyDLL("/run/corral/libcorral_session.so")
+    fork = session.corral_session_fork
+    fork.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_size_t]
+    fork.restype = ctypes.c_char_p
+    before_fork = ctypes.pythonapi.PyOS_BeforeFork
+    after_fork_in_parent = ctypes.pythonapi.PyOS_AfterFork_Parent
+    after_fork_in_child = ctypes.pythonapi.PyOS_AfterFork_Child
+    for function in (before_fork, after_fork_in_parent, after_fork_in_child):
+        function.argtypes = []
+        function.restype = None
     import corral_oneshot
     import corral_policy  # noqa: F401 (forked children find it here: their /run/corral is not this one)
-    corral_kernel.prepare()
-    preloaded = [m for m in ("IPython", "numpy", "pandas", "matplotlib.pyplot") if m in sys.modules]
+    corral_oneshot._library()  # the result frames, needed by every run
+    if lean:
+        corral_kernel = None
+        for name in LEAN_PRELOAD:
+            try:
+                __import__(name)
+            except ImportError:
+                pass
+        preloaded = []
+    else:
+        import corral_kernel
+        corral_kernel.prepare()
+        preloaded = [m for m in ("IPython", "numpy", "pandas", "matplotlib.pyplot") if m in sys.modules]
+    ready = {"type": "ready", "preloaded": preloaded}
+    if lean:
+        # What the host routes one-shot runs by: the top-level modules imported here, and which
+        # names are the standard library's.
+        ready["modules"] = sorted({name.partition(".")[0] for name in sys.modules})
+        ready["stdlib"] = sorted(sys.stdlib_module_names)
     gc.collect()
     gc.freeze()  # keep the collector from touching (and so copying) the shared heap
     _collapse_into_huge_pages()
     ctl = socket.socket(fileno=3)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the forked children are not ours to reap
-    ctl.send(json.dumps({"type": "ready", "preloaded": preloaded}).encode())
+    ctl.send(json.dumps(ready).encode())
+    del ready
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(ctl, 1, 16)
@@ -73,21 +128,28 @@ def main():
             continue
         if not msg:
             return
-        if os.fork() == 0:
+        before_fork()
+        entered = fork((ctypes.c_int * len(fds))(*fds), len(fds))
+        if entered is None:  # the zygote
+            after_fork_in_parent()
+            for fd in fds:
+                os.close(fd)
+            continue
+        # The session's kernel process, locked down: fd 3 is its protocol socket now.
+        try:
+            after_fork_in_child()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            ctl.detach()  # the library closes every descriptor but the session's
-            try:
-                entered = json.loads(enter((ctypes.c_int * len(fds))(*fds), len(fds)))
-                if entered["program"] is not None:
-                    corral_oneshot.run_forked(entered["program"], entered["env"])
+            ctl.detach()
+            entered = json.loads(entered)
+            if entered["program"] is not None:
+                corral_oneshot.run_forked(entered["program"], entered["env"])
+            if corral_kernel is not None:  # the lean zygote serves no session
                 os.environ.update(entered["env"])
                 corral_kernel.reseed()
                 corral_kernel.serve(3)
-            finally:
-                os._exit(0)
-        for fd in fds:
-            os.close(fd)
+        finally:
+            os._exit(0)
 
 
 if __name__ == "__main__":
-    main()
+    main(lean=sys.argv[1:] == ["lean"])

@@ -59,13 +59,16 @@ pub fn into_rich_result(is_main_result: bool, mut data: Map<String, Value>) -> R
 
 /// Whether `text` is standard, padded base64, checked piecewise without decoding it whole.
 fn is_base64(text: &[u8]) -> bool {
-    // Whole quads, so each piece but the last is valid exactly when its part of the whole is.
+    // Whole quads, so each piece but the last is valid exactly when its part of the whole is,
+    // padding aside: a piece may end with it, the whole only at its very end.
     const PIECE: usize = 16 << 10;
     let mut out = [0u8; PIECE / 4 * 3];
-    text.chunks(PIECE).all(|piece| {
-        base64::engine::general_purpose::STANDARD
-            .decode_slice(piece, &mut out)
-            .is_ok()
+    let last = text.len().saturating_sub(1) / PIECE;
+    text.chunks(PIECE).enumerate().all(|(i, piece)| {
+        (i == last || !piece.ends_with(b"="))
+            && base64::engine::general_purpose::STANDARD
+                .decode_slice(piece, &mut out)
+                .is_ok()
     })
 }
 
@@ -149,6 +152,14 @@ mod tests {
         let bad: Map<String, Value> =
             serde_json::from_str(r#"{"image/png":"not base64!"}"#).unwrap();
         assert_eq!(rich_result(false, &bad).png, None);
+    }
+
+    #[test]
+    fn padding_ends_only_the_whole_text() {
+        // The first piece (16 KiB) ends with padding, which is valid there but not in the whole.
+        let text = "QUJD".repeat(4094) + "AAAa+Ac=" + "00Aa";
+        assert!(!is_base64(text.as_bytes()));
+        assert!(is_base64(("QUJD".repeat(4096) + "QQ==").as_bytes()));
     }
 
     proptest::proptest! {

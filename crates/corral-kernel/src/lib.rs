@@ -4,6 +4,7 @@
 
 pub mod bytecode;
 pub mod event;
+pub mod imports;
 pub mod manager;
 pub mod oneshot;
 pub mod policy;
@@ -18,4 +19,4 @@ pub use manager::{ManagerError, MetricSample, SessionInfo, SessionManager};
 pub use policy::{CodePolicy, PolicyError, Widening};
 pub use pool::{Pool, ZygoteStatus};
 pub use session::{Death, Interrupter, KernelError, Language, Session, SessionOptions, Stopper};
-pub use zygote::Zygote;
+pub use zygote::{Zygote, ZygoteKind};

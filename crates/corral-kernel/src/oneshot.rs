@@ -20,6 +20,7 @@ use crate::runtime::{
     as_support_files, JAVASCRIPT_POLICY, POLICY_RULES, PYTHON_ONESHOT, PYTHON_ONESHOT_RUNTIME,
 };
 use crate::session::Language;
+use crate::zygote::ZygoteKind;
 
 /// Runs `code` (named `file_name` inside the sandbox) in a fresh sandbox built from `spec`
 /// (whose argv, program file and control socket this function sets), under the code `policy`
@@ -150,14 +151,16 @@ fn refused(policy: &CodePolicy, code: &[u8]) -> Option<ExecutionResult> {
 }
 
 /// A Python one-shot run ([`run`]'s `spec`, `file_name`, `code` and `policy`) served by a
-/// sandbox forked from `pool`'s zygote instead of a fresh interpreter, with the same result
-/// (its `files` listed, the workspace gone with the sandbox): `None`
-/// when the pool cannot serve it so (another image, policy or image environment, a network
-/// policy (which needs a proxy endpoint of the run's own), or an `env`
-/// naming a variable of [`READ_AT_START`]) or when the fork failed (the zygote is being
-/// replaced, say); run it with [`run`] then. The fork has the run's limits, its own uid,
-/// cgroup, namespaces and workspace, and the lockdown of a session; the code, `env` and the
-/// code policy reach only the forked child, after the fork.
+/// sandbox forked from one of `pool`'s zygotes instead of a fresh interpreter, with the same
+/// result (its `files` listed, the workspace gone with the sandbox), and which zygote forked it
+/// (none: `policy` refused the code before anything started): `None` when the pool cannot
+/// serve it so (another image, policy or image environment, a network policy (which needs a
+/// proxy endpoint of the run's own), or an `env` naming a variable of [`READ_AT_START`]) or
+/// when the fork failed (the zygote is being replaced, say); run it with [`run`] then. The
+/// lean zygote forks it unless the program imports the data stack (see `Pool::fork_run`). The
+/// fork has the run's limits, its own uid, cgroup, namespaces and workspace, and the lockdown
+/// of a session; the code, `env` and the code policy reach only the forked child, after the
+/// fork.
 pub fn run_forked(
     pool: &Pool,
     spec: &SandboxSpec,
@@ -166,9 +169,9 @@ pub fn run_forked(
     policy: &CodePolicy,
     result_budget: Option<Arc<ResultBudget>>,
     on_output: &mut dyn FnMut(Stream, &[u8]),
-) -> Option<ExecutionResult> {
+) -> Option<(ExecutionResult, Option<ZygoteKind>)> {
     if let Some(refusal) = refused(policy, code) {
-        return Some(refusal);
+        return Some((refusal, None));
     }
     let env = pool.run_env(spec)?;
     if env
@@ -177,7 +180,7 @@ pub fn run_forked(
     {
         return None;
     }
-    let mut forked = pool.fork_run(&spec.limits, env, file_name, code).ok()?;
+    let (mut forked, kind) = pool.fork_run(&spec.limits, env, file_name, code).ok()?;
     forked.set_code_policy(policy.clone());
     for input in &spec.input_files {
         let mut source = &input.source;
@@ -185,7 +188,7 @@ pub fn run_forked(
             let setup = SandboxError::Setup(format!("copying an input file: {e}"));
             let mut result = ExecutionResult::sandbox_error(setup.to_string());
             result.warnings = forked.warnings().to_vec();
-            return Some(result);
+            return Some((result, Some(kind)));
         }
     }
     let socket = forked.socket().try_clone_to_owned().ok()?;
@@ -198,7 +201,7 @@ pub fn run_forked(
         let warnings = forked.warnings().to_vec();
         (outcome.into_result(forked.workspace(), warnings), ())
     });
-    Some(result)
+    Some((result, Some(kind)))
 }
 
 /// Runs `f` with a sink that decodes the frames a one-shot runner sends on its fd 3, and adds

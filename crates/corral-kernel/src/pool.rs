@@ -1,12 +1,18 @@
 //! A warm pool: sessions forked from the zygote ahead of demand, so that a burst of session
 //! creations is served without waiting for forks.
 //!
-//! The pool also keeps its zygote alive. A zygote that dies (`kill -9`, the OOM killer) is
+//! The pool has two zygotes of its image (see [`crate::zygote`]): the full one forks sessions
+//! and the one-shot runs that import the data stack, the lean one forks the other one-shot
+//! runs ([`Pool::fork_run`]).
+//!
+//! The pool also keeps its zygotes alive, each on its own. A zygote that dies (`kill -9`, the
+//! OOM killer) is
 //! noticed by the refill thread, which looks at it every [`CHECK_EVERY`], or by a fork that
 //! failed because of it, and is replaced by a new one started the same way; while
 //! replacements keep failing, the next attempt waits longer each time (0.5 s doubling up to
-//! 30 s). A creation during the gap waits up to [`ZYGOTE_WAIT`] for the new zygote, then fails
-//! with [`KernelError::ZygoteUnavailable`], which is temporary. A dead zygote's sandbox is
+//! 30 s). A creation during the full zygote's gap waits up to [`ZYGOTE_WAIT`] for the new
+//! zygote, then fails with [`KernelError::ZygoteUnavailable`], which is temporary; a one-shot
+//! run during a gap is forked from the other zygote. A dead zygote's sandbox is
 //! kept until the last session forked from it is gone (the sandbox's init is the ancestor of
 //! their pid namespaces: tearing it down would kill them); ready sessions whose kernel is
 //! gone are dropped, never handed out.
@@ -19,13 +25,14 @@ use std::time::{Duration, Instant};
 
 use corral_sandbox::{Limits, Policy, Rootfs, SandboxSpec};
 
+use crate::imports::imported_modules;
 use crate::session::{check_env, KernelError, Language, Session, SessionOptions};
-use crate::zygote::{ForkedRun, Zygote};
+use crate::zygote::{ForkedRun, Zygote, ZygoteKind};
 
 /// Refilling waits this long after the last acquisition: forking competes for CPU with the
 /// sessions just handed out, so a burst is served first and refilled after.
 const REFILL_QUIET: Duration = Duration::from_millis(250);
-/// How often the refill thread looks at the zygote and at the ready sessions when it has
+/// How often the refill thread looks at the zygotes and at the ready sessions when it has
 /// nothing else to do.
 pub const CHECK_EVERY: Duration = Duration::from_millis(500);
 /// How long a session creation waits for a replacement zygote before it is refused with
@@ -113,15 +120,35 @@ fn backoff(failures: u32) -> Duration {
     }
 }
 
-/// Python sessions for one image: a zygote and up to `target` sessions forked ahead.
+/// One of the pool's zygotes, as it is supervised.
+struct Supervisor {
+    state: Mutex<Supervision>,
+    /// Signalled (with `state`) when a new zygote is up.
+    up: Condvar,
+}
+
+impl Supervisor {
+    fn new(state: ZygoteState) -> Supervisor {
+        Supervisor {
+            state: Mutex::new(Supervision {
+                state,
+                restarts: 0,
+                failures: 0,
+                last_error: None,
+            }),
+            up: Condvar::new(),
+        }
+    }
+}
+
+/// Python sessions for one image: its two zygotes and up to `target` sessions forked ahead.
 pub struct Pool {
-    supervision: Mutex<Supervision>,
-    /// Signalled (with `supervision`) when a new zygote is up.
-    zygote_up: Condvar,
+    /// The full zygote's, then the lean one's (indexed by [`ZygoteKind`]).
+    zygotes: [Supervisor; 2],
     /// Set when a zygote was found dead: wakes the refill thread to replace it.
     zygote_down: AtomicBool,
     /// The options every pooled session is made with; other requests fork on demand. Its
-    /// rootfs, image environment and policy are the zygote's.
+    /// rootfs, image environment and policy are the zygotes'.
     template: SessionOptions,
     target: usize,
     ready: Mutex<VecDeque<Session>>,
@@ -136,7 +163,8 @@ impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
             .field("rootfs", &self.template.rootfs)
-            .field("zygote", &self.zygote_status())
+            .field("zygote", &self.zygote_status(ZygoteKind::Full))
+            .field("lean_zygote", &self.zygote_status(ZygoteKind::Lean))
             .field("target", &self.target)
             .field("ready", &self.ready_count())
             .finish()
@@ -144,8 +172,8 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    /// Starts the zygote for `rootfs` and a background thread that keeps `target` sessions
-    /// ready and replaces the zygote when it dies. The thread ends when the pool is dropped.
+    /// Starts the zygotes for `rootfs` and a background thread that keeps `target` sessions
+    /// ready and replaces a zygote that dies. The thread ends when the pool is dropped.
     pub fn start(
         rootfs: Rootfs,
         image_env: Vec<(String, String)>,
@@ -153,23 +181,24 @@ impl Pool {
         limits: Limits,
         target: usize,
     ) -> Result<Arc<Pool>, KernelError> {
-        let zygote = Zygote::start(&rootfs, &image_env, policy)?;
+        let up = |kind| -> Result<ZygoteState, KernelError> {
+            let zygote = Zygote::start(&rootfs, &image_env, policy, kind)?;
+            Ok(ZygoteState::Up(Arc::new(Generation {
+                zygote,
+                started: Instant::now(),
+            })))
+        };
+        let zygotes = [
+            Supervisor::new(up(ZygoteKind::Full)?),
+            Supervisor::new(up(ZygoteKind::Lean)?),
+        ];
         let mut template = SessionOptions::new(Language::Python);
         template.limits = limits;
         template.rootfs = rootfs;
         template.image_env = image_env;
         template.policy = policy;
         let pool = Arc::new(Pool {
-            supervision: Mutex::new(Supervision {
-                state: ZygoteState::Up(Arc::new(Generation {
-                    zygote,
-                    started: Instant::now(),
-                })),
-                restarts: 0,
-                failures: 0,
-                last_error: None,
-            }),
-            zygote_up: Condvar::new(),
+            zygotes,
             zygote_down: AtomicBool::new(false),
             template,
             target,
@@ -189,8 +218,8 @@ impl Pool {
     }
 
     /// Tears the pool down before the process exits: the refill thread ends (after the fork
-    /// it may be in), the ready sessions are killed, and the zygote's sandbox goes with the
-    /// last session forked from it, all with their cgroups. Later creations fail.
+    /// it may be in), the ready sessions are killed, and each zygote's sandbox goes with the
+    /// last session or run forked from it, all with their cgroups. Later creations fail.
     pub fn shutdown(&self) {
         self.closed.store(true, Ordering::SeqCst);
         drop(self.ready.lock().expect("pool lock"));
@@ -200,30 +229,33 @@ impl Pool {
         }
         let ready: Vec<Session> = self.ready.lock().expect("pool lock").drain(..).collect();
         drop(ready);
-        let mut s = self.supervision.lock().expect("pool lock");
-        s.last_error = Some("the server is shutting down".into());
-        let old = std::mem::replace(
-            &mut s.state,
-            ZygoteState::Down {
-                next_attempt: Instant::now() + BACKOFF_MAX,
-                starting: false,
-            },
-        );
-        drop(s);
-        drop(old);
+        for supervisor in &self.zygotes {
+            let mut s = supervisor.state.lock().expect("pool lock");
+            s.last_error = Some("the server is shutting down".into());
+            let old = std::mem::replace(
+                &mut s.state,
+                ZygoteState::Down {
+                    next_attempt: Instant::now() + BACKOFF_MAX,
+                    starting: false,
+                },
+            );
+            drop(s);
+            drop(old);
+        }
     }
 
-    /// The modules the current zygote managed to import; empty while it is being replaced.
+    /// The heavy modules the current full zygote managed to import; empty while it is being
+    /// replaced.
     pub fn preloaded(&self) -> Vec<String> {
-        match self.current() {
+        match self.current(ZygoteKind::Full) {
             Some(g) => g.zygote.preloaded.clone(),
             None => Vec::new(),
         }
     }
 
-    /// Whether the zygote is up and how often it was replaced.
-    pub fn zygote_status(&self) -> ZygoteStatus {
-        let s = self.supervision.lock().expect("pool lock");
+    /// Whether the `kind` zygote is up and how often it was replaced.
+    pub fn zygote_status(&self, kind: ZygoteKind) -> ZygoteStatus {
+        let s = self.supervisor(kind).state.lock().expect("pool lock");
         ZygoteStatus {
             alive: matches!(s.state, ZygoteState::Up(_)),
             restarts: s.restarts,
@@ -275,18 +307,27 @@ impl Pool {
         self.fork_session(options)
     }
 
-    /// A session forked now from the zygote. While the zygote is being replaced, or when a
-    /// fork fails because it died, this waits for the new one (up to [`ZYGOTE_WAIT`] in all)
+    /// A session forked now from the full zygote. While the zygote is being replaced, or when
+    /// a fork fails because it died, this waits for the new one (up to [`ZYGOTE_WAIT`] in all)
     /// and forks from it; past that it fails with [`KernelError::ZygoteUnavailable`].
     pub fn fork_session(&self, options: &SessionOptions) -> Result<Session, KernelError> {
-        self.fork_with(|generation| fork_from(generation, options))
+        self.fork_with(
+            || ZygoteKind::Full,
+            |generation| fork_from(generation, options),
+        )
     }
 
-    /// `fork` from the current zygote; while the zygote is being replaced, or when `fork`
-    /// failed because it died, waits for the next one (up to [`ZYGOTE_WAIT`] in all) and
-    /// forks from that; past that it fails with [`KernelError::ZygoteUnavailable`].
+    fn supervisor(&self, kind: ZygoteKind) -> &Supervisor {
+        &self.zygotes[kind as usize]
+    }
+
+    /// `fork` from the current zygote of the kind `choose` names; while it is being replaced,
+    /// or when `fork` failed because it died, chooses again and waits for the zygote chosen
+    /// (up to [`ZYGOTE_WAIT`] in all) and forks from that; past that it fails with
+    /// [`KernelError::ZygoteUnavailable`].
     fn fork_with<T>(
         &self,
+        choose: impl Fn() -> ZygoteKind,
         fork: impl Fn(&Arc<Generation>) -> Result<T, KernelError>,
     ) -> Result<T, KernelError> {
         if self.closed.load(Ordering::SeqCst) {
@@ -297,7 +338,7 @@ impl Pool {
         }
         let deadline = Instant::now() + ZYGOTE_WAIT;
         loop {
-            let generation = self.wait_for_zygote(deadline)?;
+            let generation = self.wait_for_zygote(choose(), deadline)?;
             match fork(&generation) {
                 Err(e @ KernelError::NeedsFreshInterpreter(_)) => return Err(e),
                 Err(_) if self.died(&generation) => continue,
@@ -307,7 +348,7 @@ impl Pool {
     }
 
     /// The part of a one-shot run's environment that is not the image's, when this pool's
-    /// zygote can serve the run (same image, policy and image environment); see
+    /// zygotes can serve the run (same image, policy and image environment); see
     /// [`crate::oneshot::run_forked`].
     pub(crate) fn run_env<'a>(&self, spec: &'a SandboxSpec) -> Option<&'a [(String, String)]> {
         let t = &self.template;
@@ -318,35 +359,66 @@ impl Pool {
         spec.env.strip_prefix(t.image_env.as_slice())
     }
 
-    /// A one-shot run forked now from the zygote (see [`Zygote::fork_run`]), waiting for a
-    /// zygote being replaced as [`Pool::fork_session`] does.
+    /// Which zygote forks a one-shot run of `code`: the lean one, unless the program imports
+    /// a module outside the standard library that the lean one has not imported
+    /// ([`Zygote::prefers_full`]); while one of them is being replaced, the other.
+    fn zygote_for(&self, code: &[u8]) -> ZygoteKind {
+        let Some(lean) = self.current(ZygoteKind::Lean) else {
+            return ZygoteKind::Full;
+        };
+        if !lean.zygote.prefers_full(&imported_modules(code)) {
+            return ZygoteKind::Lean;
+        }
+        match self.current(ZygoteKind::Full) {
+            Some(_) => ZygoteKind::Full,
+            None => ZygoteKind::Lean,
+        }
+    }
+
+    /// A one-shot run of `code` forked now (see [`Zygote::fork_run`]), and the kind of the
+    /// zygote it was forked from, chosen by what the program imports: the lean zygote unless
+    /// the program imports a module outside the standard library that the lean one has not
+    /// imported ([`Zygote::prefers_full`]). While the zygote chosen is being replaced, or when
+    /// it died during the fork, the other one forks it; while both are, this waits as
+    /// [`Pool::fork_session`] does.
     pub(crate) fn fork_run(
         &self,
         limits: &Limits,
         env: &[(String, String)],
         file_name: &str,
         code: &[u8],
-    ) -> Result<ForkedRun, KernelError> {
-        self.fork_with(|generation| {
-            let mut run =
-                generation
-                    .zygote
-                    .fork_run(limits, self.template.policy, env, file_name, code)?;
-            run.keep_alive(generation.clone());
-            Ok(run)
-        })
+    ) -> Result<(ForkedRun, ZygoteKind), KernelError> {
+        self.fork_with(
+            || self.zygote_for(code),
+            |generation| {
+                let mut run = generation.zygote.fork_run(
+                    limits,
+                    self.template.policy,
+                    env,
+                    file_name,
+                    code,
+                )?;
+                run.keep_alive(generation.clone());
+                Ok((run, generation.zygote.kind()))
+            },
+        )
     }
 
-    fn current(&self) -> Option<Arc<Generation>> {
-        match &self.supervision.lock().expect("pool lock").state {
+    fn current(&self, kind: ZygoteKind) -> Option<Arc<Generation>> {
+        match &self.supervisor(kind).state.lock().expect("pool lock").state {
             ZygoteState::Up(g) => Some(g.clone()),
             ZygoteState::Down { .. } => None,
         }
     }
 
-    /// The live zygote, waiting for a replacement until `deadline`.
-    fn wait_for_zygote(&self, deadline: Instant) -> Result<Arc<Generation>, KernelError> {
-        let mut s = self.supervision.lock().expect("pool lock");
+    /// The live `kind` zygote, waiting for a replacement until `deadline`.
+    fn wait_for_zygote(
+        &self,
+        kind: ZygoteKind,
+        deadline: Instant,
+    ) -> Result<Arc<Generation>, KernelError> {
+        let supervisor = self.supervisor(kind);
+        let mut s = supervisor.state.lock().expect("pool lock");
         loop {
             if let ZygoteState::Up(g) = &s.state {
                 return Ok(g.clone());
@@ -355,7 +427,7 @@ impl Pool {
             if left.is_zero() {
                 return Err(s.unavailable());
             }
-            s = self.zygote_up.wait_timeout(s, left).expect("pool lock").0;
+            s = supervisor.up.wait_timeout(s, left).expect("pool lock").0;
         }
     }
 
@@ -373,7 +445,7 @@ impl Pool {
     fn died(&self, generation: &Arc<Generation>) -> bool {
         let deadline = Instant::now() + DEATH_GRACE;
         loop {
-            let current = self.current();
+            let current = self.current(generation.zygote.kind());
             if !current.is_some_and(|c| Arc::ptr_eq(&c, generation)) {
                 return true;
             }
@@ -389,7 +461,8 @@ impl Pool {
 
     /// Records that `generation`'s zygote is dead and wakes the refill thread to replace it.
     fn mark_down(&self, generation: &Arc<Generation>) {
-        let mut s = self.supervision.lock().expect("pool lock");
+        let kind = generation.zygote.kind();
+        let mut s = self.supervisor(kind).state.lock().expect("pool lock");
         if !matches!(&s.state, ZygoteState::Up(g) if Arc::ptr_eq(g, generation)) {
             return;
         }
@@ -413,23 +486,26 @@ impl Pool {
         // from it, or the last fork in flight, lets go of it.
         drop(old);
         eprintln!(
-            "corral: warm pool: the zygote died after {uptime:.1?}; a new one starts in {delay:?}"
+            "corral: warm pool: the {} zygote died after {uptime:.1?}; a new one starts in \
+             {delay:?}",
+            kind.name()
         );
         self.zygote_down.store(true, Ordering::SeqCst);
         drop(self.ready.lock().expect("pool lock"));
         self.wanted.notify_all();
     }
 
-    /// The refill thread's turn at the zygote: the live one, or, while it is down, a new one
-    /// started now if its time has come; `Err` with how long until the next attempt.
-    fn supervise(&self) -> Result<Arc<Generation>, Duration> {
-        if let Some(g) = self.current() {
+    /// The refill thread's turn at the `kind` zygote: the live one, or, while it is down, a
+    /// new one started now if its time has come; `Err` with how long until the next attempt.
+    fn supervise(&self, kind: ZygoteKind) -> Result<Arc<Generation>, Duration> {
+        if let Some(g) = self.current(kind) {
             if self.check(&g) {
                 return Ok(g);
             }
         }
+        let supervisor = self.supervisor(kind);
         {
-            let mut s = self.supervision.lock().expect("pool lock");
+            let mut s = supervisor.state.lock().expect("pool lock");
             match s.state {
                 ZygoteState::Up(ref g) => return Ok(g.clone()),
                 ZygoteState::Down { next_attempt, .. } => {
@@ -445,8 +521,8 @@ impl Pool {
             }
         }
         let t = &self.template;
-        let started = Zygote::start(&t.rootfs, &t.image_env, t.policy);
-        let mut s = self.supervision.lock().expect("pool lock");
+        let started = Zygote::start(&t.rootfs, &t.image_env, t.policy, kind);
+        let mut s = supervisor.state.lock().expect("pool lock");
         match started {
             Ok(zygote) => {
                 let g = Arc::new(Generation {
@@ -457,10 +533,11 @@ impl Pool {
                 s.restarts += 1;
                 s.last_error = None;
                 eprintln!(
-                    "corral: warm pool: a new zygote is up (restart {})",
+                    "corral: warm pool: a new {} zygote is up (restart {})",
+                    kind.name(),
                     s.restarts
                 );
-                self.zygote_up.notify_all();
+                supervisor.up.notify_all();
                 Ok(g)
             }
             Err(e) => {
@@ -472,7 +549,9 @@ impl Pool {
                 };
                 s.last_error = Some(format!("its replacement did not start: {e}"));
                 eprintln!(
-                    "corral: warm pool: a new zygote did not start ({e}); next try in {delay:?}"
+                    "corral: warm pool: a new {} zygote did not start ({e}); next try in \
+                     {delay:?}",
+                    kind.name()
                 );
                 Err(delay)
             }
@@ -530,7 +609,9 @@ fn refill(pool: Weak<Pool>) {
         }
         pool.zygote_down.store(false, Ordering::SeqCst);
         pool.prune();
-        let generation = match pool.supervise() {
+        // The lean zygote is replaced when its time has come; nothing here waits for it.
+        let _ = pool.supervise(ZygoteKind::Lean);
+        let generation = match pool.supervise(ZygoteKind::Full) {
             Ok(g) => g,
             Err(wait) => {
                 drop(pool);
@@ -581,10 +662,10 @@ mod tests {
         assert_eq!(backoff(u32::MAX), BACKOFF_MAX);
     }
 
-    /// A pool whose zygote is down, without a refill thread to replace it.
+    /// A pool whose zygotes are down, without a refill thread to replace them.
     fn down_pool(next_attempt: Instant, starting: bool) -> Pool {
-        Pool {
-            supervision: Mutex::new(Supervision {
+        let down = || Supervisor {
+            state: Mutex::new(Supervision {
                 state: ZygoteState::Down {
                     next_attempt,
                     starting,
@@ -593,7 +674,10 @@ mod tests {
                 failures: 3,
                 last_error: Some("it died after 4 s".into()),
             }),
-            zygote_up: Condvar::new(),
+            up: Condvar::new(),
+        };
+        Pool {
+            zygotes: [down(), down()],
             zygote_down: AtomicBool::new(false),
             template: SessionOptions::new(Language::Python),
             target: 0,
@@ -609,7 +693,7 @@ mod tests {
     fn while_the_zygote_is_down_a_creation_waits_then_fails_temporarily() {
         let pool = down_pool(Instant::now() + Duration::from_secs(5), false);
         assert_eq!(
-            pool.zygote_status(),
+            pool.zygote_status(ZygoteKind::Full),
             ZygoteStatus {
                 alive: false,
                 restarts: 2,
@@ -618,7 +702,7 @@ mod tests {
         );
         let t = Instant::now();
         let e = pool
-            .wait_for_zygote(t + Duration::from_millis(200))
+            .wait_for_zygote(ZygoteKind::Full, t + Duration::from_millis(200))
             .unwrap_err();
         assert!(t.elapsed() >= Duration::from_millis(200));
         match e {
@@ -634,7 +718,7 @@ mod tests {
         }
         let starting = down_pool(Instant::now(), true);
         assert!(matches!(
-            starting.wait_for_zygote(Instant::now()),
+            starting.wait_for_zygote(ZygoteKind::Lean, Instant::now()),
             Err(KernelError::ZygoteUnavailable { retry_after, .. })
                 if retry_after == RETRY_WHILE_STARTING
         ));

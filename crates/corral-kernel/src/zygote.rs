@@ -1,12 +1,16 @@
-//! The zygote: one sandboxed Python per image with the heavy libraries (IPython, numpy,
-//! pandas, matplotlib) imported, which forks sessions in milliseconds. A fork request carries
-//! only the session's descriptors; the session's plan (limits, environment) goes to the
+//! The zygotes: sandboxed Pythons that fork sessions and one-shot runs in milliseconds. An
+//! image's full zygote has the heavy libraries (IPython, numpy, pandas, matplotlib) imported
+//! and forks sessions and the one-shot runs that use them; its lean zygote has only the
+//! one-shot runner (and a few light standard modules) imported and forks the other one-shot
+//! runs, whose forks then copy and tear down far less memory. A fork request carries only the
+//! session's descriptors; the session's plan (limits, environment) goes to the
 //! forked child alone, on the session's own control socket, so the zygote never holds any
 //! tenant's data. The child enters namespaces, a cgroup and restrictions of its own through
 //! the engine's lockdown ([`corral_sandbox::session`], loaded into the zygote as
 //! `libcorral_session.so`) before any code runs; the host then verifies that through `/proc`
 //! before the session is handed out.
 
+use std::collections::BTreeSet;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
@@ -29,39 +33,80 @@ use nix::unistd::Pid;
 
 use crate::policy::CodePolicy;
 use crate::protocol::{encode, Decoder, HostMessage, KernelMessage, ResultLimits};
-use crate::runtime::{as_support_files, support_files, PYTHON_ONESHOT, SESSION_LIBRARY, ZYGOTE};
+use crate::runtime::{
+    as_support_files, support_files, PYTHON_KERNEL_LIB, PYTHON_ONESHOT, SESSION_LIBRARY, ZYGOTE,
+};
 use crate::session::{KernelError, KernelHost, KernelProcess, Language, Session, SessionOptions};
 
 /// How long forking one session may take before it is given up.
 const FORK_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A pre-imported Python that forks sessions.
+/// Which of an image's two zygotes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ZygoteKind {
+    /// IPython and the data stack (numpy, pandas, matplotlib) imported: forks sessions, and
+    /// the one-shot runs that import the data stack.
+    Full,
+    /// The one-shot runner alone (and a few light standard modules): forks the other one-shot
+    /// runs, never a session.
+    Lean,
+}
+
+impl ZygoteKind {
+    pub const ALL: [ZygoteKind; 2] = [ZygoteKind::Full, ZygoteKind::Lean];
+
+    /// `full` or `lean`, as `/metrics` labels it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ZygoteKind::Full => "full",
+            ZygoteKind::Lean => "lean",
+        }
+    }
+}
+
+/// A pre-imported Python that forks sessions or one-shot runs.
 pub struct Zygote {
     sandbox: Sandbox,
     socket: OwnedFd,
     rootfs: Rootfs,
-    /// The modules the zygote managed to import (an image may lack some).
+    kind: ZygoteKind,
+    /// The heavy modules the zygote managed to import (an image may lack some); none for a
+    /// lean zygote.
     pub preloaded: Vec<String>,
+    /// A lean zygote: the top-level names of every module it has imported.
+    modules: BTreeSet<String>,
+    /// A lean zygote: the names of the standard library's modules, as its interpreter knows
+    /// them.
+    stdlib: BTreeSet<String>,
 }
 
 impl std::fmt::Debug for Zygote {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Zygote")
             .field("rootfs", &self.rootfs)
+            .field("kind", &self.kind)
             .field("preloaded", &self.preloaded)
             .finish()
     }
 }
 
 impl Zygote {
-    /// Starts the zygote for `rootfs` and waits until its imports are done.
+    /// Starts a zygote of `kind` for `rootfs` and waits until its imports are done.
     pub fn start(
         rootfs: &Rootfs,
         image_env: &[(String, String)],
         policy: Policy,
+        kind: ZygoteKind,
     ) -> Result<Zygote, KernelError> {
-        let mut spec =
-            SandboxSpec::new(vec!["python3".into(), format!("/run/corral/{}", ZYGOTE.0)]);
+        let mut argv = vec!["python3".into(), format!("/run/corral/{}", ZYGOTE.0)];
+        let mut files = match kind {
+            ZygoteKind::Full => support_files(Language::Python),
+            ZygoteKind::Lean => {
+                argv.push("lean".into());
+                as_support_files([PYTHON_KERNEL_LIB])
+            }
+        };
+        let mut spec = SandboxSpec::new(argv);
         spec.rootfs = rootfs.clone();
         spec.role = Role::Zygote;
         spec.env = image_env.to_vec();
@@ -74,14 +119,10 @@ impl Zygote {
             pids: 64,
             ..Limits::default()
         };
-        spec.support_files = support_files(Language::Python);
-        spec.support_files
-            .push((ZYGOTE.0.into(), ZYGOTE.1.as_bytes().to_vec()));
         // One-shot runs served from forks run the one-shot runner, imported before the forks.
-        spec.support_files
-            .extend(as_support_files([PYTHON_ONESHOT]));
-        spec.support_files
-            .push((SESSION_LIBRARY.0.into(), SESSION_LIBRARY.1.to_vec()));
+        files.extend(as_support_files([ZYGOTE, PYTHON_ONESHOT]));
+        files.push((SESSION_LIBRARY.0.into(), SESSION_LIBRARY.1.to_vec()));
+        spec.support_files = files;
         let mut sandbox = Sandbox::create(&spec)?;
         let socket = sandbox
             .take_socket()
@@ -141,19 +182,24 @@ impl Zygote {
                 }
                 let ready: serde_json::Value = serde_json::from_slice(&buf[..n])
                     .map_err(|e| fail(format!("bad ready message: {e}")))?;
-                let preloaded = ready["preloaded"]
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|v| v.as_str().map(String::from))
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let names = |key: &str| -> Vec<String> {
+                    ready[key]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|v| v.as_str().map(String::from))
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                };
                 return Ok(Zygote {
                     sandbox,
                     socket,
                     rootfs: rootfs.clone(),
-                    preloaded,
+                    kind,
+                    preloaded: names("preloaded"),
+                    modules: names("modules").into_iter().collect(),
+                    stdlib: names("stdlib").into_iter().collect(),
                 });
             }
             if ready[2] {
@@ -174,10 +220,29 @@ impl Zygote {
         !matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
     }
 
+    pub fn kind(&self) -> ZygoteKind {
+        self.kind
+    }
+
+    /// Whether a one-shot program that imports `imports` (top-level module names, see
+    /// [`crate::imports`]) is better forked from the full zygote than from this lean one: it
+    /// imports a module that this zygote has not imported and that is not part of the
+    /// standard library (the data stack and what builds on it, or a module of the run's
+    /// workspace). A standard module costs a few milliseconds to import, less than the fork
+    /// of the full zygote costs more; the data stack costs from 0.1 to 0.7 s.
+    pub fn prefers_full(&self, imports: &BTreeSet<&str>) -> bool {
+        imports_beyond(imports, &self.modules, &self.stdlib)
+    }
+
     /// Forks a Python session from the zygote with the given options (its rootfs must be the
     /// zygote's) and waits until its kernel is ready and verified.
     pub fn fork_session(&self, options: &SessionOptions) -> Result<Session, KernelError> {
         assert_eq!(options.language, Language::Python, "the zygote runs Python");
+        assert_eq!(
+            self.kind,
+            ZygoteKind::Full,
+            "only the full zygote serves sessions"
+        );
         let forked = self.fork(
             &options.limits,
             options.policy,
@@ -779,5 +844,43 @@ impl Drop for ForkedKernel {
     fn drop(&mut self) {
         self.kill();
         // The cgroup's own Drop removes it (waiting for its processes to leave).
+    }
+}
+
+/// Whether `imports` names a module that is neither in `imported` nor in `stdlib`.
+fn imports_beyond(
+    imports: &BTreeSet<&str>,
+    imported: &BTreeSet<String>,
+    stdlib: &BTreeSet<String>,
+) -> bool {
+    imports
+        .iter()
+        .any(|name| !imported.contains(*name) && !stdlib.contains(*name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::imports::imported_modules;
+
+    #[test]
+    fn runs_importing_modules_outside_the_standard_library_prefer_the_full_zygote() {
+        let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
+        let imported = set(&["os", "sys", "random", "corral_oneshot"]);
+        let stdlib = set(&["os", "sys", "random", "asyncio", "json"]);
+        let full =
+            |code: &str| imports_beyond(&imported_modules(code.as_bytes()), &imported, &stdlib);
+        assert!(!full("print(1)"));
+        assert!(
+            !full("import os, random\nimport asyncio"),
+            "the standard library"
+        );
+        assert!(
+            !full("import corral_oneshot"),
+            "imported by the lean zygote"
+        );
+        assert!(full("import json\nimport numpy as np"));
+        assert!(full("from pandas import DataFrame"));
+        assert!(full("import helper  # a module of the workspace"));
     }
 }

@@ -242,6 +242,7 @@ fn every_execution_of_a_session_is_checked_however_the_session_was_made() {
             &mut |_, _| {},
         )
         .expect("the zygote serves it")
+        .0
     };
     assert_refused(
         &run_forked(PYTHON_PROGRAM),
@@ -285,7 +286,13 @@ fn javascript_and_bash_sessions_take_what_applies_to_them() {
 fn a_cell_that_undoes_the_hook_does_not_undo_the_pre_check() {
     let mut options = SessionOptions::new(Language::Python);
     options.code_policy = policy(None, &["socket"], None);
-    let zygote = corral_kernel::Zygote::start(&Rootfs::Host, &[], Default::default()).unwrap();
+    let zygote = corral_kernel::Zygote::start(
+        &Rootfs::Host,
+        &[],
+        Default::default(),
+        corral_kernel::ZygoteKind::Full,
+    )
+    .unwrap();
     let sessions = [
         ("direct", Session::create(&options).unwrap()),
         ("zygote", zygote.fork_session(&options).unwrap()),

@@ -7,7 +7,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use corral_kernel::{Language, Session, SessionOptions, Zygote};
+use corral_kernel::{Language, Session, SessionOptions, Zygote, ZygoteKind};
 use corral_sandbox::{ExecutionResult, Rootfs, Status};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -17,7 +17,8 @@ const RESULT_BYTES: usize = 64 << 20;
 fn zygote() -> &'static Zygote {
     static ZYGOTE: OnceLock<Zygote> = OnceLock::new();
     ZYGOTE.get_or_init(|| {
-        Zygote::start(&Rootfs::Host, &[], Default::default()).expect("the zygote starts")
+        Zygote::start(&Rootfs::Host, &[], Default::default(), ZygoteKind::Full)
+            .expect("the zygote starts")
     })
 }
 

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use corral_kernel::{Event, Language, Session, SessionOptions, Stopper, Zygote};
+use corral_kernel::{Event, Language, Session, SessionOptions, Stopper, Zygote, ZygoteKind};
 use corral_sandbox::{ExecutionResult, Rootfs, Status};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -13,7 +13,8 @@ const SECOND: Duration = Duration::from_secs(1);
 fn zygote() -> &'static Zygote {
     static ZYGOTE: OnceLock<Zygote> = OnceLock::new();
     ZYGOTE.get_or_init(|| {
-        Zygote::start(&Rootfs::Host, &[], Default::default()).expect("the zygote starts")
+        Zygote::start(&Rootfs::Host, &[], Default::default(), ZygoteKind::Full)
+            .expect("the zygote starts")
     })
 }
 

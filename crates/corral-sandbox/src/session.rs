@@ -1,9 +1,9 @@
 //! A session forked from a zygote enters its own sandbox.
 //!
 //! A zygote is a pre-imported interpreter in a sandbox of the [`crate::Role::Zygote`] role; for
-//! each session it forks a child that calls [`enter`] (through the `corral_session_enter` C
-//! entry point of the `libcorral_session.so` library built from this crate, which the Python
-//! zygote loads). [`enter`] reads the session's [`SessionPlan`] from the session's own control
+//! each session it forks, through the `corral_session_fork` C entry point of the
+//! `libcorral_session.so` library built from this crate (which the Python zygote loads), a
+//! child that calls [`enter`]. [`enter`] reads the session's [`SessionPlan`] from the session's own control
 //! socket — so nothing a client sent ever reaches the zygote — and then, with the same code
 //! the one-shot engine uses:
 //!
@@ -135,7 +135,7 @@ impl SessionFds {
 /// Enters the session's sandbox; returns only in the kernel process, fully locked down, with
 /// the session's environment (and a one-shot run's program). Every failure is reported on the
 /// control socket and ends the process. Must be called in a freshly forked, single-threaded
-/// child of the zygote.
+/// child of the zygote ([`corral_session_fork`]).
 pub fn enter(fds: &SessionFds) -> Entered {
     let mut keep = vec![fds.protocol, fds.control, fds.stdout, fds.stderr];
     keep.extend(&fds.cgroup);
@@ -407,26 +407,41 @@ fn build_filesystems(disk_bytes: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// The C entry point of `libcorral_session.so`: `fds` holds the descriptors the zygote
-/// received with the fork request ([`SessionFds`]). Returns, in the kernel process only, a
-/// NUL-terminated JSON object that stays allocated for the life of the process:
+/// The C entry point of `libcorral_session.so`: forks the zygote, and the child enters the
+/// session's sandbox ([`enter`]) with `fds`, the descriptors the zygote received with the fork
+/// request ([`SessionFds`]). No code of the zygote's interpreter runs in the child, nor in the
+/// session's init: the kernel process is the first to go back to it. Returns NULL in the
+/// zygote (whether the fork was made or not: the host sees the session's control socket hang
+/// up when it failed), and in the kernel process only a NUL-terminated JSON object that stays
+/// allocated for the life of the process:
 /// `{"env": {"NAME": "value", ...}, "program": "/run/corral/main.py"}`, `program` null for a
 /// session.
 ///
 /// # Safety
-/// `fds` must point to `count` readable descriptors numbers; the caller must be a freshly
-/// forked, single-threaded process.
+/// `fds` must point to `count` readable descriptor numbers; the caller must be single-threaded
+/// and do for the fork what the interpreter's own `fork` does around it (for Python: hold the
+/// GIL, call `PyOS_BeforeFork` before, and `PyOS_AfterFork_Parent` in the zygote, or
+/// `PyOS_AfterFork_Child` in the kernel process, after).
 #[no_mangle]
-pub unsafe extern "C" fn corral_session_enter(
+pub unsafe extern "C" fn corral_session_fork(
     fds: *const libc::c_int,
     count: libc::size_t,
 ) -> *const libc::c_char {
     // SAFETY: the caller passes `count` descriptor numbers at `fds`.
     let fds = unsafe { std::slice::from_raw_parts(fds, count) };
     let Some(fds) = SessionFds::from_slice(fds) else {
-        // SAFETY: see `SessionFds::fail`.
-        unsafe { libc::_exit(126) }
+        return std::ptr::null();
     };
+    // SAFETY: the caller is single-threaded; the child runs only this library's code (and
+    // returns to the caller only in the kernel process, as a fork's child would).
+    match unsafe { nix::unistd::fork() } {
+        Ok(ForkResult::Child) => {}
+        Ok(ForkResult::Parent { .. }) | Err(_) => return std::ptr::null(),
+    }
+    // The zygote ignores SIGCHLD (its children are not its to reap); the session's init must
+    // see its kernel's.
+    // SAFETY: restoring a signal's default disposition.
+    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
     let entered = enter(&fds);
     let env: serde_json::Map<String, serde_json::Value> = entered
         .env

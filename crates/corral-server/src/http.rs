@@ -953,23 +953,28 @@ async fn list_files(
     Ok(Json(FileList { files }))
 }
 
-/// Liveness, and the state of the warm pool's zygote; needs no key. Always 200 while the
-/// server answers: `status` is `degraded` while a zygote is down (it is being replaced).
+/// Liveness, and the state of the warm pool's zygotes (the full one, which forks sessions, and
+/// the lean one of one-shot runs); needs no key. Always 200 while the server answers:
+/// `status` is `degraded` while a zygote is down (it is being replaced).
 #[utoipa::path(get, path = "/healthz", tag = "service", responses((status = 200)))]
 async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
     let pools: Vec<serde_json::Value> = state
         .service
         .zygote_status()
         .into_iter()
-        .map(|(image, zygote)| {
+        .map(|(image, [(_, full), (_, lean)])| {
             serde_json::json!({
                 "image": image,
-                "zygote_alive": zygote.alive,
-                "zygote_restarts": zygote.restarts,
+                "zygote_alive": full.alive,
+                "zygote_restarts": full.restarts,
+                "lean_zygote_alive": lean.alive,
+                "lean_zygote_restarts": lean.restarts,
             })
         })
         .collect();
-    let ok = pools.iter().all(|p| p["zygote_alive"] == true);
+    let ok = pools
+        .iter()
+        .all(|p| p["zygote_alive"] == true && p["lean_zygote_alive"] == true);
     Json(serde_json::json!({
         "status": if ok { "ok" } else { "degraded" },
         "pools": pools,
@@ -987,8 +992,10 @@ async fn metrics(State(state): State<AppState>, _tenant: Tenant) -> Response {
     m.pool_ready.set(state.service.pool_ready() as i64);
     m.result_bytes_held
         .set(state.service.result_bytes_held() as i64);
-    if let Some((image, zygote)) = state.service.zygote_status() {
-        m.record_zygote(image, &zygote);
+    if let Some((image, zygotes)) = state.service.zygote_status() {
+        for (kind, zygote) in &zygotes {
+            m.record_zygote(image, *kind, zygote);
+        }
     }
     (
         [(

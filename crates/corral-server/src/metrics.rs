@@ -34,8 +34,17 @@ pub struct HttpLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ImageLabels {
+pub struct ZygoteLabels {
     pub image: String,
+    /// `full` (sessions, and one-shot runs that import the data stack) or `lean` (the other
+    /// one-shot runs).
+    pub zygote: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ForkLabels {
+    /// The zygote that forked the run: `full` or `lean`.
+    pub zygote: String,
 }
 
 pub struct Metrics {
@@ -49,17 +58,17 @@ pub struct Metrics {
     pub runs_in_flight: Gauge,
     /// Room taken now in the budget of rich results held at once (`max_result_bytes_in_flight`).
     pub result_bytes_held: Gauge,
-    /// One-shot runs served by a sandbox forked from the warm pool's zygote.
-    pub runs_forked: Counter,
+    /// One-shot runs served by a sandbox forked from one of the warm pool's zygotes.
+    pub runs_forked: Family<ForkLabels, Counter>,
     pub executions: Family<ExecutionLabels, Counter>,
     pub execution_seconds: Histogram,
     pub session_create_seconds: Histogram,
     pub sandbox_failures: Counter,
     pub http_requests: Family<HttpLabels, Counter>,
-    /// 1 while the warm pool's zygote runs, 0 while it is being replaced.
-    pub zygote_up: Family<ImageLabels, Gauge>,
+    /// 1 while a zygote of the warm pool runs, 0 while it is being replaced.
+    pub zygote_up: Family<ZygoteLabels, Gauge>,
     /// Dead zygotes replaced by a new one.
-    pub zygote_restarts: Family<ImageLabels, Counter>,
+    pub zygote_restarts: Family<ZygoteLabels, Counter>,
     pub pauses: Counter,
     pub resumes: Counter,
     /// Every decision of a sandbox's egress proxy.
@@ -78,7 +87,7 @@ impl Default for Metrics {
             memory_budget_bytes: Gauge::default(),
             runs_in_flight: Gauge::default(),
             result_bytes_held: Gauge::default(),
-            runs_forked: Counter::default(),
+            runs_forked: Family::default(),
             executions: Family::default(),
             // 0.5 ms .. ~65 s
             execution_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 18)),
@@ -122,7 +131,7 @@ impl Default for Metrics {
         );
         registry.register(
             "runs_forked",
-            "One-shot runs served by a sandbox forked from the warm pool's zygote",
+            "One-shot runs served by a sandbox forked from a zygote of the warm pool, by zygote",
             m.runs_forked.clone(),
         );
         registry.register(
@@ -152,7 +161,7 @@ impl Default for Metrics {
         );
         registry.register(
             "zygote_up",
-            "Whether the warm pool's zygote runs (0 while it is being replaced)",
+            "Whether a zygote of the warm pool runs (0 while it is being replaced)",
             m.zygote_up.clone(),
         );
         registry.register(
@@ -172,6 +181,12 @@ impl Default for Metrics {
             "Bytes moved through sandboxes' egress proxies, by direction",
             m.egress_bytes.clone(),
         );
+        // Both series from the start, at 0.
+        for kind in corral_kernel::ZygoteKind::ALL {
+            let _ = m.runs_forked.get_or_create(&ForkLabels {
+                zygote: kind.name().into(),
+            });
+        }
         Metrics { registry, ..m }
     }
 }
@@ -187,10 +202,25 @@ impl Metrics {
         self.execution_seconds.observe(wall_ms as f64 / 1000.0);
     }
 
-    /// Copies the pool's view of its zygote (read at scrape time) into the metrics.
-    pub fn record_zygote(&self, image: &str, zygote: &corral_kernel::ZygoteStatus) {
-        let labels = ImageLabels {
+    /// A one-shot run forked from the `zygote` zygote.
+    pub fn record_forked_run(&self, zygote: corral_kernel::ZygoteKind) {
+        self.runs_forked
+            .get_or_create(&ForkLabels {
+                zygote: zygote.name().into(),
+            })
+            .inc();
+    }
+
+    /// Copies the pool's view of one of its zygotes (read at scrape time) into the metrics.
+    pub fn record_zygote(
+        &self,
+        image: &str,
+        kind: corral_kernel::ZygoteKind,
+        zygote: &corral_kernel::ZygoteStatus,
+    ) {
+        let labels = ZygoteLabels {
             image: image.into(),
+            zygote: kind.name().into(),
         };
         self.zygote_up
             .get_or_create(&labels)
@@ -214,6 +244,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use corral_kernel::ZygoteKind;
 
     #[test]
     fn exposition_names_every_family() {
@@ -226,7 +257,7 @@ mod tests {
             restarts: 3,
             last_error: None,
         };
-        m.record_zygote("default", &down);
+        m.record_zygote("default", ZygoteKind::Full, &down);
         m.egress_decisions
             .get_or_create(&EgressLabels {
                 decision: "denied".into(),
@@ -240,11 +271,22 @@ mod tests {
             .inc_by(5);
         m.record_zygote(
             "default",
+            ZygoteKind::Full,
             &corral_kernel::ZygoteStatus {
                 restarts: 2,
+                ..down.clone()
+            },
+        );
+        m.record_zygote(
+            "default",
+            ZygoteKind::Lean,
+            &corral_kernel::ZygoteStatus {
+                alive: true,
                 ..down
             },
         );
+        m.record_forked_run(ZygoteKind::Lean);
+        m.record_forked_run(ZygoteKind::Lean);
         let text = m.encode();
         for name in [
             "corral_sessions_live 2",
@@ -256,8 +298,12 @@ mod tests {
             "corral_execution_seconds_bucket",
             "corral_session_create_seconds_count",
             "corral_sandbox_failures_total",
-            "corral_zygote_up{image=\"default\"} 0",
-            "corral_zygote_restarts_total{image=\"default\"} 3",
+            "corral_zygote_up{image=\"default\",zygote=\"full\"} 0",
+            "corral_zygote_restarts_total{image=\"default\",zygote=\"full\"} 3",
+            "corral_zygote_up{image=\"default\",zygote=\"lean\"} 1",
+            "corral_zygote_restarts_total{image=\"default\",zygote=\"lean\"} 3",
+            "corral_runs_forked_total{zygote=\"lean\"} 2",
+            "corral_runs_forked_total{zygote=\"full\"} 0",
             "corral_egress_decisions_total{decision=\"denied\",reason=\"not_allowed\"} 1",
             "corral_egress_bytes_total{direction=\"down\"} 5",
         ] {

@@ -14,7 +14,7 @@ use corral_kernel::bytecode::BytecodeCache;
 use corral_kernel::oneshot;
 use corral_kernel::{
     CodePolicy, Event, KernelError, Language, ManagerError, PolicyError, Pool, SessionManager,
-    SessionOptions, Stopper, ZygoteStatus,
+    SessionOptions, Stopper, ZygoteKind, ZygoteStatus,
 };
 use corral_sandbox::egress::{Decision, EgressObserver};
 use corral_sandbox::limits::show_bytes;
@@ -523,6 +523,10 @@ pub struct PreparedCommand {
     pub timeout: Duration,
 }
 
+/// How long an image resolved by name is reused: a newly built image is used at most this much
+/// later.
+const RESOLVED_FOR: Duration = Duration::from_secs(1);
+
 /// What the service knows of a session beyond the manager: who owns it and what it runs.
 #[derive(Debug, Clone)]
 struct Owned {
@@ -556,6 +560,8 @@ pub struct Service {
     admission: Arc<Admission>,
     shutting_down: AtomicBool,
     bytecode: Mutex<HashMap<String, Arc<BytecodeCache>>>,
+    /// Images resolved by name, each reused for [`RESOLVED_FOR`].
+    resolved: Mutex<HashMap<String, (Instant, Arc<ResolvedImage>)>>,
     /// The rich results held at once (`max_result_bytes_in_flight`), and each key's share.
     result_budget: Arc<ResultBudget>,
     result_shares: Mutex<HashMap<String, Arc<ResultBudget>>>,
@@ -767,6 +773,7 @@ impl Service {
             admission,
             shutting_down: AtomicBool::new(false),
             bytecode: Mutex::new(HashMap::new()),
+            resolved: Mutex::new(HashMap::new()),
             result_budget,
             result_shares: Mutex::new(HashMap::new()),
             default_limits,
@@ -796,11 +803,15 @@ impl Service {
         self.pool.as_ref().map_or(0, |p| p.ready_count())
     }
 
-    /// The warm pool's image and the state of its zygote, when there is a pool.
-    pub fn zygote_status(&self) -> Option<(&str, ZygoteStatus)> {
-        self.pool
-            .as_ref()
-            .map(|p| (self.config.default_image.as_str(), p.zygote_status()))
+    /// The warm pool's image and the state of its zygotes (the full one, then the lean one),
+    /// when there is a pool.
+    pub fn zygote_status(&self) -> Option<(&str, [(ZygoteKind, ZygoteStatus); 2])> {
+        self.pool.as_ref().map(|p| {
+            (
+                self.config.default_image.as_str(),
+                ZygoteKind::ALL.map(|kind| (kind, p.zygote_status(kind))),
+            )
+        })
     }
 
     /// Bytes of rich results the server holds now, against `max_result_bytes_in_flight`.
@@ -952,8 +963,25 @@ impl Service {
         Ok(())
     }
 
-    fn image(&self, name: Option<&str>) -> Result<ResolvedImage, ServiceError> {
+    /// The image `name` (the default image without one), as the store resolved it at most
+    /// [`RESOLVED_FOR`] ago: resolving reads the image's manifest and checks its path, which
+    /// costs a run more than a tenth of a millisecond.
+    fn image(&self, name: Option<&str>) -> Result<Arc<ResolvedImage>, ServiceError> {
         let name = name.unwrap_or(&self.config.default_image);
+        if let Some((at, image)) = self.resolved.lock().expect("lock").get(name) {
+            if at.elapsed() < RESOLVED_FOR {
+                return Ok(image.clone());
+            }
+        }
+        let image = Arc::new(self.resolve(name)?);
+        self.resolved
+            .lock()
+            .expect("lock")
+            .insert(name.to_string(), (Instant::now(), image.clone()));
+        Ok(image)
+    }
+
+    fn resolve(&self, name: &str) -> Result<ResolvedImage, ServiceError> {
         self.store.resolve(name).map_err(|e| match e {
             ImageError::NotBuilt { builtin: true, .. } => ServiceError::UnknownImage(format!(
                 "image `{name}` is not built yet: run `corral image build {name}` on the server"
@@ -1711,9 +1739,9 @@ impl Service {
             Language::Javascript => "main.js",
             Language::Bash => "main.sh",
         };
-        // Python on the warm pool's image: a sandbox forked from its zygote, where it can run
-        // the program exactly as a fresh interpreter would (else, or when the fork fails, a
-        // fresh interpreter).
+        // Python on the warm pool's image: a sandbox forked from one of its zygotes, where it
+        // can run the program exactly as a fresh interpreter would (else, or when the fork
+        // fails, a fresh interpreter).
         let forked = self
             .pool
             .as_ref()
@@ -1730,8 +1758,10 @@ impl Service {
                 )
             });
         let result = match forked {
-            Some(result) => {
-                self.metrics.runs_forked.inc();
+            Some((result, zygote)) => {
+                if let Some(zygote) = zygote {
+                    self.metrics.record_forked_run(zygote);
+                }
                 result
             }
             None => {

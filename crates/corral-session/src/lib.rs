@@ -1,7 +1,7 @@
-//! `libcorral_session.so`: the zygote (a Python interpreter) loads it and calls
-//! `corral_session_enter` in each forked child, so that a session enters its sandbox through
+//! `libcorral_session.so`: the zygote (a Python interpreter) loads it and forks each session
+//! with `corral_session_fork`, whose child enters the session's sandbox through
 //! the engine's one implementation of the lockdown ([`corral_sandbox::session`]) and no
 //! system call, struct layout or seccomp program is written in Python.
 #![forbid(unsafe_code)]
 
-pub use corral_sandbox::session::corral_session_enter;
+pub use corral_sandbox::session::corral_session_fork;

@@ -6,7 +6,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use corral_kernel::{Language, Pool, Session, SessionOptions, Zygote};
+use corral_kernel::{Language, Pool, Session, SessionOptions, Zygote, ZygoteKind};
 use corral_sandbox::Status;
 
 use crate::bench::summarize;
@@ -323,7 +323,12 @@ fn pss_of(needle: &str) -> (u64, u64, usize) {
 pub fn density(image: &str, data_dir: Option<&Path>, n: usize) -> Result<()> {
     let options = options(image, data_dir)?;
     println!("\ndensity: {n} idle sessions with pandas imported, image `{image}`");
-    let zygote = Zygote::start(&options.rootfs, &options.image_env, options.policy)?;
+    let zygote = Zygote::start(
+        &options.rootfs,
+        &options.image_env,
+        options.policy,
+        ZygoteKind::Full,
+    )?;
     if !zygote.preloaded.iter().any(|m| m == "pandas") {
         bail!("the image has no pandas to import");
     }
@@ -358,5 +363,21 @@ pub fn density(image: &str, data_dir: Option<&Path>, n: usize) -> Result<()> {
         rss as f64 / 1024.0
     );
     drop(sessions);
+    // The pool's second zygote, which serves one-shot runs that do not use the data stack.
+    let lean = Zygote::start(
+        &options.rootfs,
+        &options.image_env,
+        options.policy,
+        ZygoteKind::Lean,
+    )?;
+    std::thread::sleep(Duration::from_secs(1));
+    let (lean_pss, lean_rss, _) = pss_of("corral_zygote.py\0lean");
+    println!(
+        "  the zygotes alone: full {:.1} MiB PSS, lean (one-shot runs) {:.1} MiB PSS ({:.1} MiB RSS)",
+        base_pss as f64 / 1024.0,
+        lean_pss as f64 / 1024.0,
+        lean_rss as f64 / 1024.0
+    );
+    drop(lean);
     Ok(())
 }

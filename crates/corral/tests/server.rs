@@ -1051,11 +1051,12 @@ fn idle_sessions_expire_and_are_recorded() {
     });
 }
 
-/// The zygotes below `server`: the processes running `corral_zygote.py` in a pid namespace
-/// one below the server's, whose parent (their sandbox's init) does not run it. The sessions
+/// The full (`lean` false) or lean zygotes below `server`: the processes running
+/// `corral_zygote.py` (with the argument `lean` for a lean one) in a pid namespace one below
+/// the server's, whose parent (their sandbox's init) does not run it. The sessions and runs
 /// they fork run the same program, a namespace further down, and the short-lived children
-/// that set a session up are the zygote's own.
-fn zygotes(server: i32) -> Vec<(i32, u64)> {
+/// that set them up are the zygote's own.
+fn zygotes(server: i32, lean: bool) -> Vec<(i32, u64)> {
     let depth = |pid: i32| {
         std::fs::read_to_string(format!("/proc/{pid}/status"))
             .ok()?
@@ -1063,15 +1064,16 @@ fn zygotes(server: i32) -> Vec<(i32, u64)> {
             .find_map(|l| l.strip_prefix("NSpid:"))
             .map(|l| l.split_whitespace().count())
     };
-    let runs_zygote = |pid: i32| {
-        std::fs::read(format!("/proc/{pid}/cmdline"))
-            .is_ok_and(|c| String::from_utf8_lossy(&c).contains("corral_zygote.py"))
-    };
+    let cmdline = |pid: i32| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let runs_zygote =
+        |pid: i32| String::from_utf8_lossy(&cmdline(pid)).contains("corral_zygote.py");
+    let is_lean = |pid: i32| cmdline(pid).ends_with(b"corral_zygote.py\0lean\0");
     let zygote_depth = depth(server).map(|d| d + 1);
     descendants(server)
         .into_iter()
         .filter(|&(pid, _)| {
             runs_zygote(pid)
+                && is_lean(pid) == lean
                 && depth(pid) == zygote_depth
                 && stat(pid).is_some_and(|(parent, _)| !runs_zygote(parent))
         })
@@ -1158,9 +1160,10 @@ fn a_killed_zygote_is_replaced_and_creations_in_the_gap_get_503_with_retry_after
     let (_, health) = s.call("GET", "/healthz", None, None);
     assert_eq!(
         health,
-        json!({"status": "ok", "pools": [{"image": "host", "zygote_alive": true, "zygote_restarts": 0}]})
+        json!({"status": "ok", "pools": [{"image": "host", "zygote_alive": true, "zygote_restarts": 0,
+                                           "lean_zygote_alive": true, "lean_zygote_restarts": 0}]})
     );
-    let old = zygotes(s.pid());
+    let old = zygotes(s.pid(), false);
     assert_eq!(old.len(), 1, "one zygote: {old:?}");
     let (old_pid, old_start) = old[0];
     let old_init = stat(old_pid).unwrap().0;
@@ -1212,7 +1215,7 @@ fn a_killed_zygote_is_replaced_and_creations_in_the_gap_get_503_with_retry_after
         Duration::from_secs(20),
         || {
             // (An orphan of the old zygote, not yet killed, has the old init for its parent.)
-            replacement = zygotes(s.pid()).into_iter().find(|&(p, _)| {
+            replacement = zygotes(s.pid(), false).into_iter().find(|&(p, _)| {
                 p != old_pid && stat(p).is_some_and(|(parent, _)| parent != old_init)
             });
             replacement.is_some()
@@ -1226,7 +1229,10 @@ fn a_killed_zygote_is_replaced_and_creations_in_the_gap_get_503_with_retry_after
     let caught = health["pools"][0]["zygote_alive"] == false;
     if caught {
         assert_eq!(health["status"], "degraded", "{health}");
-        assert_eq!(metric(&s, "corral_zygote_up{image=\"host\"}"), Some(0.0));
+        assert_eq!(
+            metric(&s, "corral_zygote_up{image=\"host\",zygote=\"full\"}"),
+            Some(0.0)
+        );
     }
     signal(new_pid, Signal::SIGCONT);
     let resumed = Instant::now();
@@ -1282,14 +1288,21 @@ fn a_killed_zygote_is_replaced_and_creations_in_the_gap_get_503_with_retry_after
         attempts.len()
     );
     assert_eq!(
-        metric(&s, "corral_zygote_restarts_total{image=\"host\"}"),
+        metric(
+            &s,
+            "corral_zygote_restarts_total{image=\"host\",zygote=\"full\"}"
+        ),
         Some(1.0)
     );
-    assert_eq!(metric(&s, "corral_zygote_up{image=\"host\"}"), Some(1.0));
+    assert_eq!(
+        metric(&s, "corral_zygote_up{image=\"host\",zygote=\"full\"}"),
+        Some(1.0)
+    );
     let (_, health) = s.call("GET", "/healthz", None, None);
     assert_eq!(
         health,
-        json!({"status": "ok", "pools": [{"image": "host", "zygote_alive": true, "zygote_restarts": 1}]})
+        json!({"status": "ok", "pools": [{"image": "host", "zygote_alive": true, "zygote_restarts": 1,
+                                           "lean_zygote_alive": true, "lean_zygote_restarts": 0}]})
     );
     // Every session is closed by now: nothing of the old generation is left (its sandbox's
     // init reaped too), and the one zygote is the replacement.
@@ -1306,10 +1319,124 @@ fn a_killed_zygote_is_replaced_and_creations_in_the_gap_get_503_with_retry_after
         "exactly one new zygote runs",
         Duration::from_secs(5),
         || {
-            let now = zygotes(s.pid());
+            let now = zygotes(s.pid(), false);
             now.len() == 1 && !old_generation.contains(&now[0])
         },
     );
+}
+
+/// `kill -9` of the warm pool's lean zygote, which forks one-shot runs that do not import the
+/// data stack: runs keep succeeding, forked from the full zygote while the lean one is
+/// replaced (the replacement is held stopped meanwhile), then from the new lean zygote;
+/// nothing of the old one is left.
+#[test]
+fn a_killed_lean_zygote_is_replaced_and_runs_in_the_gap_are_forked_from_the_full_one() {
+    use nix::sys::signal::Signal;
+
+    let s = Server::start("pool_size = 1\ndefault_image = \"host\"");
+    let forked = |zygote: &str| {
+        metric(
+            &s,
+            &format!("corral_runs_forked_total{{zygote=\"{zygote}\"}}"),
+        )
+        .unwrap()
+    };
+    let run = || {
+        let body = json!({"code": "print(1)"}).to_string();
+        let (status, r) = s.call("POST", "/v1/run", None, Some(&body));
+        assert_eq!((status, &r["stdout"]), (200, &json!("1\n")), "{r}");
+        r
+    };
+    let forkable = !run()["warnings"]
+        .to_string()
+        .contains("cgroups unavailable");
+    let expected = |full: f64, lean: f64| {
+        if forkable {
+            (full, lean)
+        } else {
+            (0.0, 0.0)
+        }
+    };
+    assert_eq!((forked("full"), forked("lean")), expected(0.0, 1.0));
+    let old = zygotes(s.pid(), true);
+    assert_eq!(old.len(), 1, "one lean zygote: {old:?}");
+    let (old_pid, _) = old[0];
+    let old_init = stat(old_pid).unwrap().0;
+    let old_generation: Vec<(i32, u64)> = descendants(old_init)
+        .into_iter()
+        .chain([(old_init, stat(old_init).unwrap().1)])
+        .collect();
+    signal(old_pid, Signal::SIGKILL);
+
+    // The run right after the kill finds it dead and is forked from the full zygote.
+    run();
+    assert_eq!((forked("full"), forked("lean")), expected(1.0, 1.0));
+    let mut replacement = None;
+    wait_until(
+        "a replacement lean zygote starts",
+        Duration::from_secs(20),
+        || {
+            replacement = zygotes(s.pid(), true).into_iter().find(|&(p, _)| {
+                p != old_pid && stat(p).is_some_and(|(parent, _)| parent != old_init)
+            });
+            replacement.is_some()
+        },
+    );
+    let (new_pid, _) = replacement.unwrap();
+    signal(new_pid, Signal::SIGSTOP);
+    let (_, health) = s.call("GET", "/healthz", None, None);
+    // Unless it was ready before it was stopped, runs meanwhile are forked from the full one.
+    let caught = health["pools"][0]["lean_zygote_alive"] == false;
+    if caught {
+        assert_eq!(health["status"], "degraded", "{health}");
+        assert_eq!(
+            metric(&s, "corral_zygote_up{image=\"host\",zygote=\"lean\"}"),
+            Some(0.0)
+        );
+        for _ in 0..3 {
+            run();
+        }
+        assert_eq!((forked("full"), forked("lean")), expected(4.0, 1.0));
+    }
+    eprintln!("caught the replacement of the lean zygote before it was ready: {caught}");
+    signal(new_pid, Signal::SIGCONT);
+    wait_until("the new lean zygote is up", Duration::from_secs(20), || {
+        let (_, health) = s.call("GET", "/healthz", None, None);
+        health["status"] == "ok"
+    });
+    let (full_before, lean_before) = (forked("full"), forked("lean"));
+    run();
+    assert_eq!(
+        (forked("full"), forked("lean")),
+        if forkable {
+            (full_before, lean_before + 1.0)
+        } else {
+            (0.0, 0.0)
+        },
+        "forked from the new lean zygote"
+    );
+    let (_, health) = s.call("GET", "/healthz", None, None);
+    assert_eq!(
+        health,
+        json!({"status": "ok", "pools": [{"image": "host", "zygote_alive": true, "zygote_restarts": 0,
+                                           "lean_zygote_alive": true, "lean_zygote_restarts": 1}]})
+    );
+    assert_eq!(
+        metric(
+            &s,
+            "corral_zygote_restarts_total{image=\"host\",zygote=\"lean\"}"
+        ),
+        Some(1.0)
+    );
+    wait_until(
+        "the old lean zygote's processes are gone",
+        Duration::from_secs(10),
+        || old_generation.iter().all(|&(p, start)| !alive(p, start)),
+    );
+    let now = zygotes(s.pid(), true);
+    assert_eq!(now.len(), 1, "one lean zygote: {now:?}");
+    assert!(!old_generation.contains(&now[0]));
+    assert_eq!(zygotes(s.pid(), false).len(), 1, "one full zygote");
 }
 
 // ---- admission control: fair share of one-shot runs, the host's memory budget, limits ----
@@ -2139,10 +2266,11 @@ print(json.dumps({
 }, sort_keys=True))
 "#;
 
-/// `POST /v1/run` of Python on the warm pool's image is served from a fork of its zygote, with
-/// exactly the result a fresh interpreter gives: the same programs through a server with a
-/// pool and one without give the same result, field by field (but the timings and the memory
-/// used, which the fork shares with its zygote).
+/// `POST /v1/run` of Python on the warm pool's image is served from a fork of one of its
+/// zygotes (the full one when the program imports a module outside the standard library, else
+/// the lean one), with exactly the result a fresh interpreter gives: the same programs through
+/// a server with a pool and one without give the same result, field by field (but the timings
+/// and the memory used, which the fork shares with its zygote).
 #[test]
 fn runs_served_from_forks_give_the_results_of_fresh_interpreters() {
     let forks = Server::start("pool_size = 1\ndefault_image = \"host\"");
@@ -2172,7 +2300,16 @@ fn runs_served_from_forks_give_the_results_of_fresh_interpreters() {
                         open('out.txt', 'w').write('done')",
                "env": {"GREETING": "hi"},
                "files": [{"path": "data/in.txt", "content": "hello"}]}),
+        // What the lean zygote has imported, and what it has not.
+        json!({"code": "import random, dataclasses, statistics, asyncio\n\
+                        print(statistics.mean([random.random() < 2, 1]), asyncio.run(asyncio.sleep(0, 'ok')))"}),
+        // From the full zygote: modules outside the standard library.
+        json!({"code": "import IPython\nprint(IPython.get_ipython())\ndisplay(1)"}),
+        json!({"code": "import numpy as np\nnp.arange(4).sum()"}),
+        json!({"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nprint(plt.get_backend())"}),
     ];
+    // The last three import modules outside the standard library.
+    let full = 3;
     let mut served = Vec::new();
     for program in &programs {
         let body = program.to_string();
@@ -2224,22 +2361,51 @@ fn runs_served_from_forks_give_the_results_of_fresh_interpreters() {
         served[13]
     );
     assert_eq!(served[15]["stdout"], "hello hi\n");
+    assert_eq!(served[16]["stdout"], "1 ok\n");
+    assert_eq!(served[17]["stdout"], "None\n");
+    assert_eq!(
+        served[17]["error"]["name"], "NameError",
+        "no IPython display()"
+    );
+    assert_eq!(served[18]["results"][0]["text"], "6");
+    assert_eq!(
+        served[19]["results"].as_array().unwrap().len(),
+        1,
+        "the figure"
+    );
     // Rootless without cgroups a fork cannot measure memory as a fresh interpreter's rusage
     // does: runs then get fresh interpreters.
-    let expected = if served[0]["warnings"]
+    let forkable = !served[0]["warnings"]
         .to_string()
-        .contains("cgroups unavailable")
-    {
-        0
-    } else {
-        programs.len()
+        .contains("cgroups unavailable");
+    let forked = |s: &Server, zygote: &str| {
+        metric(
+            s,
+            &format!("corral_runs_forked_total{{zygote=\"{zygote}\"}}"),
+        )
     };
+    let expected = |n: usize| Some(if forkable { n as f64 } else { 0.0 });
     assert_eq!(
-        metric(&forks, "corral_runs_forked_total"),
-        Some(expected as f64),
-        "every run was served from a fork where cgroups are available"
+        (forked(&forks, "full"), forked(&forks, "lean")),
+        (expected(full), expected(programs.len() - full)),
+        "every run was served from a fork where cgroups are available, from the lean zygote \
+         unless it imports a module outside the standard library"
     );
-    assert_eq!(metric(&fresh, "corral_runs_forked_total"), Some(0.0));
+    assert_eq!(
+        (forked(&fresh, "full"), forked(&fresh, "lean")),
+        (Some(0.0), Some(0.0))
+    );
+    // Every fork has random streams of its own.
+    let draws: Vec<Value> = (0..2)
+        .map(|_| {
+            let body = json!({"code": "import random\nprint(random.getrandbits(64))"});
+            forks
+                .call("POST", "/v1/run", None, Some(&body.to_string()))
+                .1["stdout"]
+                .clone()
+        })
+        .collect();
+    assert_ne!(draws[0], draws[1]);
 }
 
 /// The bounds on rich results are settable per run and per session (`limits.result_mb`,

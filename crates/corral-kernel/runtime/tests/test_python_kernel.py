@@ -300,3 +300,28 @@ print('ok')
         assert kernel.stdout_text() == "ok\n"
     finally:
         kernel.kill()
+
+
+def test_without_prepare_unprepare_does_nothing_and_reseed_imports_nothing():
+    """The lean zygote's children (one-shot runs) call both without prepare() having run."""
+    check = f"""
+import os, sys
+sys.path.insert(0, {str(RUNTIME)!r})
+import corral_kernel_lib
+path, environ = list(sys.path), dict(os.environ)
+corral_kernel_lib.unprepare()
+corral_kernel_lib.reseed()
+assert (sys.path, dict(os.environ)) == (path, environ)
+assert 'random' not in sys.modules and 'numpy' not in sys.modules
+import random
+state = random.getstate()
+corral_kernel_lib.reseed()
+assert random.getstate() != state
+print('ok')
+"""
+    kernel = Kernel([PYTHON, "-c", check])
+    try:
+        assert kernel.wait_exit() == 0, kernel.stderr_text()
+        assert kernel.stdout_text() == "ok\n"
+    finally:
+        kernel.kill()
