@@ -34,7 +34,8 @@ use nix::unistd::Pid;
 use crate::policy::CodePolicy;
 use crate::protocol::{encode, Decoder, HostMessage, KernelMessage, ResultLimits};
 use crate::runtime::{
-    as_support_files, support_files, PYTHON_KERNEL_LIB, PYTHON_ONESHOT, SESSION_LIBRARY, ZYGOTE,
+    as_support_files, support_files, PYTHON_KERNEL_LIB, PYTHON_ONESHOT, PYTHON_POLICY,
+    SESSION_LIBRARY, ZYGOTE,
 };
 use crate::session::{KernelError, KernelHost, KernelProcess, Language, Session, SessionOptions};
 
@@ -103,7 +104,8 @@ impl Zygote {
             ZygoteKind::Full => support_files(Language::Python),
             ZygoteKind::Lean => {
                 argv.push("lean".into());
-                as_support_files([PYTHON_KERNEL_LIB])
+                // The code policy's hook too: the runs it forks may have a policy.
+                as_support_files([PYTHON_KERNEL_LIB, PYTHON_POLICY])
             }
         };
         let mut spec = SandboxSpec::new(argv);
