@@ -329,6 +329,15 @@ const REFUSAL_LINGER: Duration = Duration::from_millis(200);
 /// at most [`REFUSAL_LINGER`]): what the client sends is read and dropped until it is done, so
 /// that closing leaves the answer to be read rather than resetting the connection.
 fn refuse_at_once(shared: &Shared, conn: &OwnedFd, reason: Reason, status: u16, why: &str) {
+    // Recorded before the client can read the answer: what it does next (an execution that
+    // ends, its report taken) comes after the record.
+    shared.decide(Decision {
+        host: "?".into(),
+        port: 0,
+        verdict: Verdict::Denied(reason),
+        address: None,
+        message: why.to_string(),
+    });
     let _ = nix::unistd::write(conn, &http_error(status, why));
     let _ = socket::shutdown(conn.as_raw_fd(), Shutdown::Write);
     let until = Instant::now() + REFUSAL_LINGER;
@@ -348,13 +357,6 @@ fn refuse_at_once(shared: &Shared, conn: &OwnedFd, reason: Reason, status: u16, 
             break;
         }
     }
-    shared.decide(Decision {
-        host: "?".into(),
-        port: 0,
-        verdict: Verdict::Denied(reason),
-        address: None,
-        message: why.to_string(),
-    });
 }
 
 /// An HTTP error answer whose reason phrase carries the explanation: clients (pip's "Tunnel
@@ -460,8 +462,10 @@ fn serve(shared: &Shared, client: OwnedFd) {
             Ok(None) => {}
             Err(e) => {
                 let why = e.to_string();
-                let _ = write_all(shared, &client, &http_error(e.status(), &why), deadline);
-                return shared.decide(unreadable(Reason::InvalidRequest, why));
+                let answer = http_error(e.status(), &why);
+                shared.decide(unreadable(Reason::InvalidRequest, why));
+                let _ = write_all(shared, &client, &answer, deadline);
+                return;
             }
         }
         let room = MAX_HEAD - buf.len();
@@ -470,8 +474,10 @@ fn serve(shared: &Shared, client: OwnedFd) {
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
             Err(reason) => {
                 let why = format!("no complete request within {} s", HEAD_TIMEOUT.as_secs());
-                let _ = write_all(shared, &client, &http_error(408, &why), deadline);
-                return shared.decide(unreadable(reason, why));
+                let answer = http_error(408, &why);
+                shared.decide(unreadable(reason, why));
+                let _ = write_all(shared, &client, &answer, deadline);
+                return;
             }
         }
     };
@@ -479,8 +485,9 @@ fn serve(shared: &Shared, client: OwnedFd) {
     let (host, port) = request.target();
     let (host, port) = (host.clone(), port);
     let shown = host.to_string();
+    // Every decision is recorded before the client can read its answer.
     let deny = |verdict: Verdict, status: u16, why: String| {
-        let _ = write_all(shared, &client, &http_error(status, &why), deadline);
+        let answer = http_error(status, &why);
         shared.decide(Decision {
             host: shown.clone(),
             port,
@@ -488,6 +495,7 @@ fn serve(shared: &Shared, client: OwnedFd) {
             address: None,
             message: why,
         });
+        let _ = write_all(shared, &client, &answer, deadline);
     };
     let addresses = match vet(shared, &host, port) {
         Ok(addresses) => addresses,
@@ -514,14 +522,15 @@ fn serve(shared: &Shared, client: OwnedFd) {
             match read_hello(shared, &client, name, rest, deadline) {
                 Ok(hello) => (hello, None),
                 Err((reason, why)) => {
-                    let _ = write_all(shared, &client, &TLS_ACCESS_DENIED, deadline);
-                    return shared.decide(Decision {
+                    shared.decide(Decision {
                         host: shown,
                         port,
                         verdict: Verdict::Denied(reason),
                         address: None,
                         message: why,
                     });
+                    let _ = write_all(shared, &client, &TLS_ACCESS_DENIED, deadline);
+                    return;
                 }
             }
         }
@@ -550,17 +559,19 @@ fn connect_and_relay(
         Ok(connected) => connected,
         Err(why) => {
             let why = format!("could not connect to {shown}:{port}: {why}");
-            if body.is_some() {
-                let deadline = Instant::now() + HEAD_TIMEOUT;
-                let _ = write_all(shared, client, &http_error(502, &why), deadline);
-            }
-            return shared.decide(Decision {
+            let answer = http_error(502, &why);
+            shared.decide(Decision {
                 host: shown.to_string(),
                 port,
                 verdict: Verdict::Failed(Reason::UpstreamFailed),
                 address: None,
                 message: why,
             });
+            if body.is_some() {
+                let deadline = Instant::now() + HEAD_TIMEOUT;
+                let _ = write_all(shared, client, &answer, deadline);
+            }
+            return;
         }
     };
     shared.decide(Decision {
