@@ -544,6 +544,26 @@ impl CorralMcp {
         Ok(info.id)
     }
 
+    /// Pauses or resumes (`op`) session `id` of this connection's caller: the answer says the
+    /// session's state as `done`, or the error.
+    async fn change_state(
+        &self,
+        ext: &Extensions,
+        id: String,
+        done: &'static str,
+        op: impl FnOnce(&dyn Backend, &Caller, &str) -> Result<SandboxInfo, BackendError>
+            + Send
+            + 'static,
+    ) -> ToolResult {
+        let (caller, _) = match self.context(ext) {
+            Ok(c) => c,
+            Err(e) => return Ok(e),
+        };
+        let backend = self.shared.backend.clone();
+        let changed = blocking(move || op(backend.as_ref(), &caller, &id)).await;
+        Ok(state_change(changed, done))
+    }
+
     /// Runs `op` on the given session, or on the default one (replaced once if it has ended).
     async fn on_session<T: Send + 'static>(
         &self,
@@ -702,13 +722,10 @@ impl CorralMcp {
         Parameters(p): Parameters<SessionIdParams>,
         ext: Extensions,
     ) -> ToolResult {
-        let (caller, _) = match self.context(&ext) {
-            Ok(c) => c,
-            Err(e) => return Ok(e),
-        };
-        let backend = self.shared.backend.clone();
-        let paused = blocking(move || backend.pause_session(&caller, &p.session_id)).await;
-        Ok(state_change(paused, "paused"))
+        self.change_state(&ext, p.session_id, "paused", |b, c, id| {
+            b.pause_session(c, id)
+        })
+        .await
     }
 
     #[tool(description = RESUME_SESSION)]
@@ -717,13 +734,10 @@ impl CorralMcp {
         Parameters(p): Parameters<SessionIdParams>,
         ext: Extensions,
     ) -> ToolResult {
-        let (caller, _) = match self.context(&ext) {
-            Ok(c) => c,
-            Err(e) => return Ok(e),
-        };
-        let backend = self.shared.backend.clone();
-        let resumed = blocking(move || backend.resume_session(&caller, &p.session_id)).await;
-        Ok(state_change(resumed, "resumed"))
+        self.change_state(&ext, p.session_id, "resumed", |b, c, id| {
+            b.resume_session(c, id)
+        })
+        .await
     }
 
     #[tool(description = WRITE_FILE)]
