@@ -16,6 +16,7 @@ then carries the program, which init places at /run/corral/main.py, and the kern
 corral_oneshot.py would in a fresh interpreter instead of serving a session.
 """
 
+import atexit  # noqa: F401 (every run forked from a zygote runs the exit functions)
 import ctypes
 import errno
 import gc
@@ -94,7 +95,7 @@ def main(lean=False):
         function.argtypes = []
         function.restype = None
     import corral_oneshot
-    corral_oneshot._library()  # the result frames, needed by every run
+    ready_frame = corral_oneshot._ready_frame()
     if lean:
         corral_kernel = None
         for name in LEAN_PRELOAD:
@@ -139,9 +140,9 @@ def main(lean=False):
             after_fork_in_child()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             ctl.detach()
-            entered = json.loads(entered)
+            entered = json.loads(entered.decode())
             if entered["program"] is not None:
-                corral_oneshot.run_forked(entered["program"], entered["env"])
+                corral_oneshot.run_forked(entered["program"], entered["env"], ready_frame)
             if corral_kernel is not None:  # the lean zygote serves no session
                 os.environ.update(entered["env"])
                 corral_kernel.reseed()
