@@ -224,28 +224,37 @@ def _exit_status(error):
     return 1
 
 
-def run_forked(path, env, frames_fd=3):
+def _ready_frame():
+    """The `ready` frame a forked kernel sends, made before the fork (as bytes, by the zygote)
+    so that no run has to encode it."""
+    version = "%d.%d.%d" % sys.version_info[:3]
+    payload = _library()._encode({"type": "ready", "language": "python", "version": version})
+    return len(payload).to_bytes(4, "big") + payload
+
+
+def run_forked(path, env, ready_frame, frames_fd=3):
     """Runs the program at `path` in a child forked from a zygote (corral_zygote.py) exactly
     as `python3 corral_oneshot.py PATH` runs it in a fresh interpreter, then ends the process
     as that interpreter would end. Never returns.
 
     The zygote's session set-up is put back first (corral_kernel_lib.unprepare), then `env` is
-    set; the kernel announces itself on `frames_fd` and runs the program once the host says so
-    (after it has verified the lockdown and filled the workspace), under the code policy that
-    `run` frame carries, if any. At the end, as the
-    interpreter's own exit: non-daemon threads are waited for, the exit functions registered
-    since the fork run, the standard streams are flushed; the zygote's own exit (its modules
-    torn down one by one) is skipped."""
-    import atexit
+    set; the kernel announces itself on `frames_fd` with `ready_frame` (from _ready_frame()) and
+    runs the program once the host says so (after it has verified the lockdown and filled the
+    workspace), under the code policy that `run` frame carries, if any. A forked process pays
+    for every object it writes to, its first time, with a copy of the page (about 1-2 us): this
+    path touches as few as it can. At the end, as the interpreter's own exit: non-daemon threads
+    are waited for, the exit functions registered since the fork run, the standard streams are
+    flushed; the zygote's own exit (its modules torn down one by one) is skipped."""
+    import atexit  # imported by the zygote
     import json
 
     library = _library()
     library.unprepare()
-    os.environ.update(env)
+    if env:
+        os.environ.update(env)
     library.reseed()
     sys.orig_argv = [sys.orig_argv[0], __file__, path]
-    version = "%d.%d.%d" % sys.version_info[:3]
-    library._send_frame(frames_fd, library._encode({"type": "ready", "language": "python", "version": version}))
+    library._write_all(frames_fd, ready_frame)
     go = library._read_exactly(frames_fd, 4)
     go = go and library._read_exactly(frames_fd, int.from_bytes(go, "big"))
     if go is None:

@@ -11,11 +11,13 @@ src/session.rs), which forks a child that reads the session's plan from the sess
 control socket, enters the session's cgroup, uid, namespaces and filesystems, forks the
 session's init and returns in the kernel process, locked down, with the session's
 environment. No Python runs in that child or in init: the kernel process is the first to
-return to the interpreter, and only then does any of the session's code run. The same fork serves one-shot runs (`POST /v1/run`): the plan
-then carries the program, which init places at /run/corral/main.py, and the kernel runs it as
-corral_oneshot.py would in a fresh interpreter instead of serving a session.
+return to the interpreter, and only then does any of the session's code run. The same fork
+serves one-shot runs (`POST /v1/run`): the plan then carries the program, which init places at
+/run/corral/main.py, and the kernel runs it as corral_oneshot.py would in a fresh interpreter
+instead of serving a session.
 """
 
+import atexit  # noqa: F401 (every run forked from a zygote runs the exit functions)
 import ctypes
 import errno
 import gc
@@ -55,8 +57,8 @@ def _collapse_into_huge_pages():
 
 
 # What the lean zygote imports besides the one-shot runner: standard modules that one-shot
-# programs often import, that cost a run 1 to 5 ms to import and the zygote little memory
-# (about 300 KiB together). Every 4 KiB of the zygote's own memory costs each run about half
+# programs often import, that cost a run up to 5 ms each to import and the zygote little
+# memory (0.7 MiB together). Every 4 KiB of the zygote's own memory costs each run about half
 # a microsecond (its page-table entries are copied by three forks and torn down by three
 # exits), so modules as large as dataclasses, hashlib or pathlib (0.2 to 0.4 MiB each) are left
 # to the runs that use them (docs/benchmarks.md, issue 18, third round). Their state set at
@@ -95,7 +97,7 @@ def main(lean=False):
         function.restype = None
     import corral_oneshot
     import corral_policy  # noqa: F401 (forked children find it here: their /run/corral is not this one)
-    corral_oneshot._library()  # the result frames, needed by every run
+    ready_frame = corral_oneshot._ready_frame()
     if lean:
         corral_kernel = None
         for name in LEAN_PRELOAD:
@@ -135,14 +137,14 @@ def main(lean=False):
             for fd in fds:
                 os.close(fd)
             continue
-        # The session's kernel process, locked down: fd 3 is its protocol socket now.
+        # The session's kernel process, locked down.
         try:
             after_fork_in_child()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            ctl.detach()
-            entered = json.loads(entered)
+            ctl.detach()  # fd 3 is the kernel's protocol socket now
+            entered = json.loads(entered.decode())
             if entered["program"] is not None:
-                corral_oneshot.run_forked(entered["program"], entered["env"])
+                corral_oneshot.run_forked(entered["program"], entered["env"], ready_frame)
             if corral_kernel is not None:  # the lean zygote serves no session
                 os.environ.update(entered["env"])
                 corral_kernel.reseed()

@@ -106,6 +106,82 @@ pub fn rss_mib(pid: u32) -> f64 {
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
+/// User and system CPU time of process `pid`, in milliseconds.
+fn process_cpu_ms(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split(' ').collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
+    Some(ticks * 1000.0 / hz as f64)
+}
+
+/// The CPU accounting files (cgroup v1 `cpuacct.usage` or v2 `cpu.stat`) of the cgroups of the
+/// zygotes below the server `pid`: its descendants running `corral_zygote.py` whose parent does
+/// not run it (the sessions they fork run it too, one process further down).
+fn zygote_cgroups(pid: u32) -> Vec<std::path::PathBuf> {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let mut parents = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = read(&format!("/proc/{p}/stat"));
+        if let Some(ppid) = stat
+            .rfind(')')
+            .and_then(|i| stat.get(i + 2..)?.split(' ').nth(1)?.parse::<u32>().ok())
+        {
+            parents.insert(p, ppid);
+        }
+    }
+    let below_server = |mut p: u32| {
+        while let Some(&parent) = parents.get(&p) {
+            if parent == pid {
+                return true;
+            }
+            p = parent;
+        }
+        false
+    };
+    let runs_zygote = |p: u32| read(&format!("/proc/{p}/cmdline")).contains("corral_zygote.py");
+    let mut files: Vec<std::path::PathBuf> = parents
+        .iter()
+        .filter(|&(&p, &parent)| below_server(p) && runs_zygote(p) && !runs_zygote(parent))
+        .filter_map(|(&p, _)| {
+            let cgroups = read(&format!("/proc/{p}/cgroup"));
+            let v1 = cgroups.lines().find_map(|l| {
+                let (_, rest) = l.split_once(':')?;
+                let (controllers, path) = rest.split_once(':')?;
+                controllers
+                    .split(',')
+                    .any(|c| c == "cpuacct")
+                    .then(|| format!("/sys/fs/cgroup/{controllers}{path}/cpuacct.usage").into())
+            });
+            v1.or_else(|| {
+                let path = cgroups.lines().find_map(|l| l.strip_prefix("0::"))?;
+                Some(format!("/sys/fs/cgroup{path}/cpu.stat").into())
+            })
+        })
+        .collect();
+    files.sort();
+    files.dedup();
+    files
+}
+
+/// The CPU time the cgroups of [`zygote_cgroups`] used, in milliseconds.
+fn cgroups_cpu_ms(files: &[std::path::PathBuf]) -> Option<f64> {
+    if files.is_empty() {
+        return None;
+    }
+    files.iter().try_fold(0.0, |sum, file| {
+        let text = std::fs::read_to_string(file).ok()?;
+        let ms = match text.lines().find_map(|l| l.strip_prefix("usage_usec ")) {
+            Some(usec) => usec.trim().parse::<f64>().ok()? / 1000.0,
+            None => text.trim().parse::<f64>().ok()? / 1e6,
+        };
+        Some(sum + ms)
+    })
+}
+
 pub fn percentile(sorted: &[Duration], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -204,9 +280,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     kill(&agent, &url, &id)?;
 
-    // 2. One-shot throughput: as many `print(1)` runs as 8 clients can push in 20 s.
+    // 2. One-shot throughput: as many `print(1)` runs as 8 clients can push in 20 s, and the
+    // CPU they took: the server's, the zygotes' (their cgroups, which hold each forked child
+    // until it joins its run's) and each run's own (its cgroup, as the result reports it).
+    let zygote_cgroups = zygote_cgroups(pid);
+    let cpu_before = (process_cpu_ms(pid), cgroups_cpu_ms(&zygote_cgroups));
+    let run_cpu_ms = Arc::new(AtomicU64::new(0));
     let oneshot = load(8, Duration::from_secs(20), {
         let url = url.clone();
+        let run_cpu_ms = run_cpu_ms.clone();
         move |agent, samples| {
             let t = Instant::now();
             let r = post(
@@ -219,9 +301,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 bail!("print(1) gave {r}");
             }
             samples.lock().expect("lock").push(("run", t.elapsed()));
+            run_cpu_ms.fetch_add(r["cpu_time_ms"].as_u64().unwrap_or(0), Ordering::Relaxed);
             Ok(())
         }
     });
+    let per_run = |before: Option<f64>, after: Option<f64>| match (before, after) {
+        (Some(b), Some(a)) if oneshot.done > 0 => format!("{:.2}", (a - b) / oneshot.done as f64),
+        _ => "-".into(),
+    };
+    let oneshot_cpu = format!(
+        "CPU per run: server {} ms, zygotes {} ms, the run's own cgroup {} ms",
+        per_run(cpu_before.0, process_cpu_ms(pid)),
+        per_run(cpu_before.1, cgroups_cpu_ms(&zygote_cgroups)),
+        per_run(Some(0.0), Some(run_cpu_ms.load(Ordering::Relaxed) as f64)),
+    );
 
     // 3. Many clients: create a session, execute four times, kill; over and over. The server's
     // memory is sampled throughout: it must not grow with the work done.
@@ -277,6 +370,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         oneshot.errors
     );
     row("run", oneshot.by("run"));
+    println!("  {oneshot_cpu}");
     println!(
         "{} clients x (create, 4 executions, kill) for {:.0} s: {} cycles ({:.1}/s, {:.1} executions/s), {} errors",
         args.clients,
