@@ -16,6 +16,17 @@ use crate::spec::Limits;
 const V1_CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
 const CPU_PERIOD_US: u64 = 100_000;
 
+/// A CPU weight on cgroup v2's scale: 1 to 10000, where an ordinary process weighs 100.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuWeight(u16);
+
+impl CpuWeight {
+    /// `weight` when it lies in 1..=10000.
+    pub fn new(weight: u16) -> Option<CpuWeight> {
+        (1..=10_000).contains(&weight).then_some(CpuWeight(weight))
+    }
+}
+
 /// How the host's cgroup hierarchy is laid out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Layout {
@@ -124,6 +135,29 @@ impl Layout {
 }
 
 impl Layout {
+    /// Sets the CPU weight of all sandboxes together against the host's other processes: the
+    /// `corral` parent's `cpu.weight` on v2, its `cpu.shares` on v1 (`weight` × 1024 / 100,
+    /// the scale on which an ordinary process weighs 1024). Fails when the layout has no
+    /// `cpu` controller or the kernel refuses the value.
+    pub fn set_cpu_weight(&self, weight: CpuWeight) -> io::Result<()> {
+        let parents = self.parents(nix::unistd::geteuid().is_root())?;
+        let weight = u64::from(weight.0);
+        let target = match self {
+            Layout::V1(_) => parents
+                .iter()
+                .find(|(controllers, _)| controllers.iter().any(|c| c == "cpu"))
+                .map(|(_, dir)| (dir.join("cpu.shares"), weight * 1024 / 100)),
+            Layout::V2(_) => self
+                .controllers()
+                .iter()
+                .any(|c| c == "cpu")
+                .then(|| (parents[0].1.join("cpu.weight"), weight)),
+        };
+        let (file, value) = target
+            .ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "no cpu controller"))?;
+        write_file(&file, &value.to_string())
+    }
+
     /// The names of the sandbox cgroups that exist now, of every Corral process of this user
     /// (each is named `<owner pid>-...`).
     pub fn sandbox_cgroups(&self) -> Vec<String> {
@@ -793,6 +827,27 @@ mod tests {
         );
         assert_eq!(read("memory/corral/sbx/memory.swappiness"), "");
         std::mem::forget(cg); // the fake files make rmdir fail; the tempdir cleans up
+    }
+
+    #[test]
+    fn the_cpu_weight_goes_to_the_corral_parent() {
+        let root = tempfile::tempdir().unwrap();
+        let v1 = Layout::V1(vec![
+            ("memory".into(), root.path().join("memory")),
+            ("cpu".into(), root.path().join("cpu")),
+        ]);
+        for c in ["memory", "cpu/corral"] {
+            fs::create_dir_all(root.path().join(c)).unwrap();
+        }
+        fs::write(root.path().join("cpu/corral/cpu.shares"), "").unwrap();
+        v1.set_cpu_weight(CpuWeight::new(2000).unwrap()).unwrap();
+        let shares = fs::read_to_string(root.path().join("cpu/corral/cpu.shares")).unwrap();
+        assert_eq!(shares, "20480");
+        // Without a cpu controller there is nothing to weigh: an error, not a silent no-op.
+        let no_cpu = Layout::V1(vec![("memory".into(), root.path().join("memory"))]);
+        assert!(no_cpu.set_cpu_weight(CpuWeight::new(100).unwrap()).is_err());
+        assert_eq!(CpuWeight::new(0), None);
+        assert_eq!(CpuWeight::new(10_001), None);
     }
 
     #[test]

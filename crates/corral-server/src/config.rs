@@ -68,6 +68,10 @@ pub struct Config {
     /// The code policy of the keys named NAME, instead of `code_policy` (`[key_code_policy.NAME]`
     /// tables).
     pub key_code_policy: std::collections::BTreeMap<String, crate::service::PolicyRequest>,
+    /// The CPU weight of all sandboxes together against the host's other processes, on cgroup
+    /// v2's scale (1–10000; an ordinary process weighs 100), set on the `corral` parent cgroup
+    /// at start. Unset: left as it is.
+    pub cpu_weight: Option<u16>,
     /// What sandboxes may reach beyond their loopback (a `[network]` table;
     /// docs/network.md): by default nothing.
     pub network: NetworkConfig,
@@ -133,6 +137,7 @@ impl Default for Config {
             default_idle_timeout_s: 600,
             max_idle_timeout_s: 24 * 3600,
             max_paused_s: 24 * 3600,
+            cpu_weight: None,
             shutdown_grace_s: 10,
             allow_degraded: false,
             strict: false,

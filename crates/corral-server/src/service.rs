@@ -631,6 +631,18 @@ impl EgressObserver for EgressAudit {
     }
 }
 
+/// Weighs all sandboxes together against the host's other processes (the `cpu_weight`
+/// setting); the server refuses to start when it cannot.
+fn set_cpu_weight(weight: u16) -> anyhow::Result<()> {
+    let weight = corral_sandbox::cgroup::CpuWeight::new(weight)
+        .ok_or_else(|| anyhow::anyhow!("cpu_weight: {weight} is not within 1..=10000"))?;
+    let layout = corral_sandbox::cgroup_layout()
+        .ok_or_else(|| anyhow::anyhow!("cpu_weight: this host offers no cgroups to weigh"))?;
+    layout
+        .set_cpu_weight(weight)
+        .map_err(|e| anyhow::anyhow!("cpu_weight: {e}"))
+}
+
 fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
 }
@@ -711,6 +723,9 @@ impl Service {
         // Cgroups of sandboxes whose owner was killed (their processes died with their
         // control pipes); removed now, before any sandbox of this process exists.
         corral_sandbox::sweep_stale_cgroups_once();
+        if let Some(weight) = config.cpu_weight {
+            set_cpu_weight(weight)?;
+        }
         let policy = Policy {
             strict: config.strict,
             allow_degraded: config.allow_degraded,

@@ -3277,3 +3277,103 @@ fn e2b_filesystem_calls_stay_with_their_key_and_in_the_workspace() {
     assert_eq!(std::fs::read_dir(host.path()).unwrap().count(), 1);
     assert!(Path::new("/etc/passwd").exists());
 }
+
+/// Where `cpu_weight` lands: the `corral` parent's `cpu.shares` (v1) or `cpu.weight` (v2), with
+/// the value it takes for a weight of 150; `None` without a `cpu` controller.
+fn cpu_weight_file() -> Option<(PathBuf, &'static str)> {
+    use corral_sandbox::cgroup::Layout;
+    match Layout::detect()? {
+        Layout::V1(list) => list
+            .iter()
+            .find(|(c, _)| c == "cpu")
+            .map(|(_, mount)| (mount.join("corral/cpu.shares"), "1536")),
+        Layout::V2(mount) => Some((mount.join("corral/cpu.weight"), "150")),
+    }
+}
+
+#[test]
+fn the_cpu_weight_is_set_on_the_corral_parent_or_the_server_refuses_to_start() {
+    // Out of range: the server does not start, and says why.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("c.toml"), "cpu_weight = 0\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(dir.path().join("c.toml"))
+        .arg("--db")
+        .arg(dir.path().join("corral.db"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cpu_weight: 0 is not within 1..=10000"),
+        "{stderr}"
+    );
+
+    // In range: set where this user may set it (as root always, given a cpu controller);
+    // elsewhere the server refuses to start rather than run unweighted.
+    let Some((file, expected)) = cpu_weight_file() else {
+        return;
+    };
+    let before = std::fs::read_to_string(&file).unwrap_or_default();
+    struct Restore(PathBuf, String);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, self.1.trim());
+        }
+    }
+    let _restore = Restore(file.clone(), before);
+    let port = free_port();
+    std::fs::write(
+        dir.path().join("c.toml"),
+        "cpu_weight = 150\npool_size = 0\n",
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--config",
+        ])
+        .arg(dir.path().join("c.toml"))
+        .arg("--db")
+        .arg(dir.path().join("corral.db"))
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let started = loop {
+        if child.try_wait().unwrap().is_some() {
+            break false;
+        }
+        if ureq::get(&format!("http://127.0.0.1:{port}/healthz"))
+            .call()
+            .is_ok()
+        {
+            break true;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server neither started nor stopped"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if started {
+        assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), expected);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    } else {
+        assert!(!nix::unistd::geteuid().is_root(), "root can set the weight");
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        assert!(stderr.contains("cpu_weight: "), "{stderr}");
+    }
+}
