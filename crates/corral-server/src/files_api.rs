@@ -272,7 +272,7 @@ mod tests {
             ..link
         };
         let json = serde_json::to_value(Entry::from(&far)).unwrap();
-        assert_eq!(json["modified"], "9999-12-31T23:59:59Z");
+        assert_eq!(json["modified"], "9999-12-31T23:59:59.000000000Z");
         assert!(json.get("symlink_target").is_none());
     }
 }

@@ -382,7 +382,7 @@ class Files:
     def list_dir(self, path: str = "", depth: int = 1) -> List[EntryInfo]:
         """The entries of directory ``path``, ``depth`` levels of them (1 to 32), each
         directory followed by its entries, names sorted. Links are listed, never entered; a
-        listing past 10,000 entries raises :class:`InvalidPathError`."""
+        listing past 10,000 entries raises :class:`InvalidRequestError`."""
         payload = self._sb._conn.json(
             "GET",
             sandbox_url(self._sb.id, "/files:list"),
