@@ -4,8 +4,8 @@
 //
 //   node tests/e2b-js/run.mjs
 //
-// With CORRAL_URL set (and CORRAL_API_KEY, when that server needs a key), the tests use that
-// server instead. Otherwise the binary is $CORRAL_BIN, else <repo>/target/debug/corral; the
+// With CORRAL_URL set (and CORRAL_API_KEY, and CORRAL_OTHER_API_KEY: a second key of that
+// server, for the tenancy tests), the tests use that server instead. Otherwise the binary is $CORRAL_BIN, else <repo>/target/debug/corral; the
 // database is fresh, in a temporary directory, with a key made by `corral key create`; the
 // image store is $CORRAL_DATA_DIR's (passed through). The server gets SIGTERM at the end.
 
@@ -47,13 +47,18 @@ async function startServer() {
   }
   const dir = mkdtempSync(join(tmpdir(), 'corral-e2b-js-'))
   const db = join(dir, 'corral.db')
-  const made = spawnSync(binary, ['key', 'create', '--name', 'e2b-js-test', '--db', db], {
-    encoding: 'utf8',
-  })
-  const key = made.stdout.trim().split('\n').pop()
-  if (made.status !== 0 || !key) {
-    throw new Error(`\`corral key create\` failed (${made.status}): ${made.stderr}`)
+  const makeKey = (name) => {
+    const made = spawnSync(binary, ['key', 'create', '--name', name, '--db', db], {
+      encoding: 'utf8',
+    })
+    const key = made.stdout.trim().split('\n').pop()
+    if (made.status !== 0 || !key) {
+      throw new Error(`\`corral key create\` failed (${made.status}): ${made.stderr}`)
+    }
+    return key
   }
+  const key = makeKey('e2b-js-test')
+  const otherKey = makeKey('e2b-js-other-tenant')
   const port = await freePort()
   const url = `http://127.0.0.1:${port}`
   const logPath = join(dir, 'server.log')
@@ -96,15 +101,16 @@ async function startServer() {
     rmSync(dir, { recursive: true, force: true })
     return true
   }
-  return { url, key, stop, logPath }
+  return { url, key, otherKey, stop, logPath }
 }
 
 let server = null
 let url = (process.env.CORRAL_URL || '').replace(/\/+$/, '')
 let key = process.env.CORRAL_API_KEY || 'corral-missing-api-key'
+let otherKey = process.env.CORRAL_OTHER_API_KEY || ''
 if (!url) {
   server = await startServer()
-  ;({ url, key } = server)
+  ;({ url, key, otherKey } = server)
 }
 
 // What makes the SDK speak plain HTTP to one server: both URLs, http://, no trailing slash.
@@ -115,6 +121,8 @@ const env = {
   E2B_SANDBOX_URL: url,
   E2B_API_KEY: key,
   E2B_DEBUG: 'false',
+  // A second tenant's key, for the tests that one tenant cannot reach another's sandboxes.
+  CORRAL_OTHER_API_KEY: otherKey,
 }
 delete env.E2B_DOMAIN
 
