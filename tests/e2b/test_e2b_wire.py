@@ -219,12 +219,12 @@ def test_refusals_leave_the_connection_usable(corral_server, sbx):
     unknown = {"E2b-Sandbox-Id": "sbx-unknown", "X-Access-Token": "x"}
     refused = [
         ("POST", "/process.Process/Connect", {"content": chunks, "headers": connect}, 501),
-        ("POST", "/filesystem.Filesystem/WatchDir", {"content": chunks, "headers": connect}, 501),
         ("POST", "/contexts", {"json": {"language": "python", "cwd": "/home/user"}}, 501),
         ("POST", "/sandboxes/x/fork", {}, 501),
         ("GET", "/sandboxes/x/metrics", {}, 404),
         ("POST", "/execute", {"json": {"code": "1"}, "headers": unknown}, 502),
         ("POST", "/process.Process/Start", {"content": chunks, "headers": {**connect, **unknown}}, 502),
+        ("POST", "/filesystem.Filesystem/WatchDir", {"content": chunks, "headers": {**connect, **unknown}}, 502),
         ("POST", "/process.Process/SendSignal", {"json": {"process": {"pid": 1}}, "headers": unknown}, 502),
         ("POST", "/filesystem.Filesystem/ListDir", {"json": {"path": "/home/user"}, "headers": unknown}, 502),
         ("POST", "/filesystem.Filesystem/Remove", {"json": {"path": "x"}, "headers": unknown}, 502),

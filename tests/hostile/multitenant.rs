@@ -1591,6 +1591,195 @@ fn uploads_that_do_not_fit_leave_nothing_and_never_follow_links() {
     verdict("uploads escaped or left something behind", &found, &host);
 }
 
+/// The filesystem calls (`…/files:stat|list|mkdir|move|remove`, issue 22) against a sandbox
+/// that planted links to a host directory and keeps swapping a name between a directory and
+/// such a link while the calls go on: none of them reaches the host (the host directory is
+/// exactly as planted), and none of another key's calls reaches the sandbox (404 each, as an
+/// unknown sandbox, and the sandbox's files are as they were).
+#[test]
+fn filesystem_calls_never_follow_links_nor_cross_keys() {
+    let _g = shared();
+    let secret = HostSecret::plant();
+    let s = Server::start(1);
+    s.wait_pool(1);
+    let (a, b) = (s.key("A"), s.key("B"));
+    let id = s.session(&a, &json!({}));
+    let mut found = Vec::new();
+    let plant = format!(
+        "import os\nos.symlink({0:?}, 'dirlink')\nos.symlink({1:?}, 'filelink')\n\
+         os.mkdir('real')\nopen('real/a.txt', 'w').write('a')\nprint('planted')",
+        secret.dir_str(),
+        secret.path_str()
+    );
+    let o = s.exec(&a, &id, &plant);
+    assert_eq!(o.stdout(), "planted\n", "{}", o.dump());
+    let call = |method: &str, what: &str, body: Option<Value>| {
+        s.call(
+            method,
+            &format!("/v1/sandboxes/{id}/{what}"),
+            &a,
+            body.as_ref(),
+        )
+    };
+    let refused: [(&str, &str, Option<Value>); 7] = [
+        ("GET", "files:list?path=dirlink", None),
+        ("GET", "files:stat?path=dirlink/secret.txt", None),
+        (
+            "POST",
+            "files:mkdir",
+            Some(json!({"path": "dirlink/planted"})),
+        ),
+        (
+            "POST",
+            "files:move",
+            Some(json!({"from": "real/a.txt", "to": "dirlink/a.txt"})),
+        ),
+        (
+            "POST",
+            "files:move",
+            Some(json!({"from": "dirlink/secret.txt", "to": "stolen"})),
+        ),
+        (
+            "POST",
+            "files:remove",
+            Some(json!({"path": "dirlink/secret.txt"})),
+        ),
+        ("GET", "files:list?path=&depth=32", None),
+    ];
+    for (i, (method, what, body)) in refused.into_iter().enumerate() {
+        let (status, answer) = call(method, what, body);
+        // The last one lists the workspace: the links are listed, never entered.
+        let ok = if i == 6 {
+            status == 200
+                && answer["entries"].as_array().is_some_and(|e| {
+                    e.iter()
+                        .all(|e| !e["path"].as_str().unwrap_or("").starts_with("dirlink/"))
+                })
+        } else {
+            status == 400 && answer["error"]["code"] == "invalid_path"
+        };
+        if !ok {
+            found.push(format!("{method} {what}: {status} {answer}"));
+        }
+    }
+    // A link is moved and removed as itself; the host file stays.
+    let (status, answer) = call(
+        "POST",
+        "files:move",
+        Some(json!({"from": "filelink", "to": "real/moved"})),
+    );
+    if status != 200 || answer["type"] != "symlink" {
+        found.push(format!("moving a link: {status} {answer}"));
+    }
+    let (status, answer) = call("POST", "files:remove", Some(json!({"path": "real/moved"})));
+    if status != 204 {
+        found.push(format!("removing a link: {status} {answer}"));
+    }
+
+    // The sandbox swaps `race` between a directory and a link to the host directory while
+    // the calls go on.
+    let racer = format!(
+        r#"import subprocess, sys
+code = """
+import os, shutil
+while True:
+    try: os.unlink("race")
+    except OSError: shutil.rmtree("race", True)
+    try: os.symlink({0:?}, "race")
+    except OSError: pass
+    try: os.unlink("race")
+    except OSError: pass
+    os.makedirs("race/sub", exist_ok=True)
+"""
+p = subprocess.Popen([sys.executable, "-c", code])
+print(p.pid)
+"#,
+        secret.dir_str()
+    );
+    let o = s.exec(&a, &id, &racer);
+    let racer_pid = o.stdout().trim().to_string();
+    assert!(racer_pid.parse::<u32>().is_ok(), "{}", o.dump());
+    for n in 0..30 {
+        let (status, answer) = s.upload(&a, &id, &format!("real/m{n}.txt"), &b"m"[..]);
+        assert_eq!(status, 201, "{answer}");
+        let attempts: [(&str, String, Option<Value>); 5] = [
+            (
+                "POST",
+                "files:mkdir".into(),
+                Some(json!({"path": format!("race/made{n}")})),
+            ),
+            (
+                "POST",
+                "files:move".into(),
+                Some(json!({"from": format!("real/m{n}.txt"), "to": format!("race/m{n}.txt")})),
+            ),
+            (
+                "POST",
+                "files:remove".into(),
+                Some(json!({"path": "race/secret.txt"})),
+            ),
+            ("GET", "files:list?path=race&depth=2".into(), None),
+            ("GET", "files:stat?path=race/secret.txt".into(), None),
+        ];
+        for (method, what, body) in attempts {
+            let (status, answer) = call(method, &what, body);
+            let entered = answer["entries"].as_array().is_some_and(|entries| {
+                entries
+                    .iter()
+                    .any(|e| e["path"].as_str().unwrap_or("").ends_with("secret.txt"))
+            });
+            let stated = what.starts_with("files:stat") && status == 200;
+            if status >= 500 || entered || stated || answer.to_string().contains(&secret.token) {
+                found.push(format!(
+                    "{method} {what} during the swaps: {status} {answer}"
+                ));
+            }
+        }
+    }
+    let o = s.exec(
+        &a,
+        &id,
+        &format!("import os, signal\nos.kill({racer_pid}, signal.SIGKILL)\nprint('stopped')"),
+    );
+    assert_eq!(o.stdout(), "stopped\n", "{}", o.dump());
+
+    // Another key: every call is the 404 of an unknown sandbox, and changes nothing.
+    let theirs: [(&str, &str, Option<Value>); 6] = [
+        ("GET", "files:stat?path=real", None),
+        ("GET", "files:list?path=&depth=4", None),
+        ("POST", "files:mkdir", Some(json!({"path": "from-b"}))),
+        (
+            "POST",
+            "files:move",
+            Some(json!({"from": "real", "to": "taken-by-b"})),
+        ),
+        ("POST", "files:remove", Some(json!({"path": "real"}))),
+        ("GET", "files:stat?path=", None),
+    ];
+    for (method, what, body) in theirs {
+        let (status, answer) = s.call(
+            method,
+            &format!("/v1/sandboxes/{id}/{what}"),
+            &b,
+            body.as_ref(),
+        );
+        if status != 404 || answer.to_string().contains("real") {
+            found.push(format!("key B: {method} {what}: {status} {answer}"));
+        }
+    }
+    let o = s.exec(&a, &id, "import os\nprint(sorted(n for n in os.listdir('.') if n != 'race'), os.path.isfile('real/a.txt'))");
+    if o.stdout() != "['dirlink', 'real'] True\n" {
+        found.push(format!("A's workspace at the end:\n{}", o.dump()));
+    }
+    secret.assert_unchanged();
+    let host = s.stop();
+    verdict(
+        "filesystem calls followed a link or crossed keys",
+        &found,
+        &host,
+    );
+}
+
 // ---- 7. what a sandbox learns of the host's layout -----------------------------------------
 
 /// The host paths a mount table inside a sandbox must not name: the data directory the server

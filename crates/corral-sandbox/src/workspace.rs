@@ -434,12 +434,16 @@ pub struct Workspace {
     charge: Option<Arc<Charge>>,
 }
 
+/// The start of the hidden names uploads are written under before they are renamed to
+/// their own (see [`Workspace::write_file`]).
+pub const UPLOAD_TEMP_PREFIX: &str = ".corral-upload-";
+
 /// Creates a new regular file under a fresh hidden name in `dir` (never an existing name):
 /// its name and the file, open for writing.
 fn create_temp(dir: &OwnedFd) -> io::Result<(PathBuf, File)> {
     let mut attempts = 0;
     loop {
-        let name = PathBuf::from(format!(".corral-upload-{}", crate::unique_name()));
+        let name = PathBuf::from(format!("{UPLOAD_TEMP_PREFIX}{}", crate::unique_name()));
         let how = new_file();
         match openat2(dir.as_raw_fd(), &name, how) {
             // SAFETY: openat2 returned a new descriptor that nothing else owns.

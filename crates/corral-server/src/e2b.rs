@@ -10,8 +10,8 @@
 //!   per-sandbox `X-Access-Token` handed out at creation: `POST /execute` (NDJSON),
 //!   `POST/GET /files`, `GET /health`, the Connect RPCs `POST /process.Process/Start` and
 //!   `POST /process.Process/SendSignal` (which kills a command started by `Start`), and envd's
-//!   filesystem service `filesystem.Filesystem/*` but the streaming `WatchDir` (stat, list,
-//!   mkdir, move, remove, and watchers that poll: [`crate::watch`]).
+//!   filesystem service `filesystem.Filesystem/*` (stat, list, mkdir, move, remove, and
+//!   directory watchers, polled by the client or streamed by `WatchDir`: [`watch_dir`]).
 //!   A sandbox that is unknown or gone answers 502 "The sandbox … was not found", as E2B's
 //!   edge proxy does; the SDK reads that as "not running". So does a sandbox whose token is
 //!   missing or wrong, so that the answer never tells whether an id exists.
@@ -52,6 +52,9 @@ use crate::service::{
     ServiceError, Tenant, LIST_LIMIT,
 };
 use crate::watch::{Snapshot, MAX_WATCHERS};
+
+mod watch_dir;
+use watch_dir::{create_watcher, event_json, poll_watcher, Watcher};
 
 /// What `clientID` says in sandbox descriptions.
 const CLIENT_ID: &str = "corral";
@@ -199,11 +202,6 @@ fn rpc_message(service: &str, method: &str) -> String {
         (PROCESS_SERVICE, "Update") => {
             format!("pty.resize ({rpc}) is not supported by Corral: it has no PTYs")
         }
-        (FILESYSTEM_SERVICE, "WatchDir") => format!(
-            "the streaming files.watch_dir of the async SDK ({rpc}) is not supported by \
-                 Corral: the sync SDK's files.watch_dir, whose handle polls \
-                 (get_new_events), is served"
-        ),
         _ => format!("{rpc} is not supported by Corral"),
     }
 }
@@ -464,6 +462,10 @@ pub fn router(config: &Config) -> Router<AppState> {
         .route("/process.Process/Start", post(process_start))
         .route("/process.Process/SendSignal", post(send_signal))
         .route("/process.Process/{method}", post(process_rpc))
+        .route(
+            "/filesystem.Filesystem/WatchDir",
+            post(watch_dir::watch_dir),
+        )
         .route("/filesystem.Filesystem/{method}", post(filesystem_rpc))
         .layer(DefaultBodyLimit::max(config.max_json_bytes))
         .merge(uploads)
@@ -1644,20 +1646,12 @@ fn entry_json(entry: &EntryInfo, user: (u32, u32)) -> Value {
     info
 }
 
-/// A watcher of `files.watch_dir` (see [`crate::watch`]): its sandbox, the directory (relative
-/// to the workspace), how deep it looks, and what the directory held at the last poll.
-struct Watcher {
-    sandbox: String,
-    dir: String,
-    depth: usize,
-    seen: Mutex<Snapshot>,
-}
-
 /// envd's `filesystem.Filesystem` RPCs on the workspace: `Stat`, `ListDir`, `MakeDir`,
 /// `Move`, `Remove` and the polling watchers (`CreateWatcher`, `GetWatcherEvents`,
 /// `RemoveWatcher`), Connect unary with the JSON codec. Every path goes through the
-/// workspace's checks (no `..`, never through a link). Other methods (the streaming
-/// `WatchDir`) are `unimplemented`, whatever the sandbox.
+/// workspace's checks (no `..`, never through a link). The streaming `WatchDir` has its
+/// own route ([`watch_dir::watch_dir`]); other methods are `unimplemented`, whatever the
+/// sandbox.
 async fn filesystem_rpc(
     State(state): State<AppState>,
     Extension(registry): Extension<Arc<Registry>>,
@@ -1734,37 +1728,12 @@ fn filesystem_call(
             Err(e) => Err(e.into()),
         },
         "CreateWatcher" => {
-            let dir = rpc_path(&req.path)?;
-            let depth = if req.recursive { MAX_DEPTH } else { 1 };
-            if service.stat(tenant, id, &dir)?.kind != EntryKind::Dir {
-                return Err(RpcError(
-                    Code::InvalidArgument,
-                    format!("path {} is not a directory", req.path),
-                ));
-            }
-            let entries = service.list_dir(tenant, id, &dir, depth)?;
-            let watcher = Watcher {
-                seen: Mutex::new(Snapshot::of(std::path::Path::new(&dir), &entries)),
-                sandbox: id.clone(),
-                dir,
-                depth,
-            };
-            let watcher_id = registry.add_watcher(watcher)?;
+            let watcher_id = create_watcher(service, registry, sandbox, &req.path, req.recursive)?;
             Ok(json!({"watcherId": watcher_id}))
         }
         "GetWatcherEvents" => {
-            let watcher = registry.watcher(id, &req.watcher_id)?;
-            let mut seen = watcher.seen.lock().expect("lock");
-            let entries = service.list_dir(tenant, id, &watcher.dir, watcher.depth)?;
-            let now = Snapshot::of(std::path::Path::new(&watcher.dir), &entries);
-            let events: Vec<Value> = seen
-                .events_to(&now)
-                .into_iter()
-                .map(|(name, kind)| {
-                    json!({"name": name.to_string_lossy(), "type": kind.proto_name()})
-                })
-                .collect();
-            *seen = now;
+            let events = poll_watcher(service, registry, sandbox, &req.watcher_id)?;
+            let events: Vec<Value> = events.iter().map(|(n, k)| event_json(n, *k)).collect();
             Ok(json!({"events": events}))
         }
         "RemoveWatcher" => {
@@ -1960,7 +1929,6 @@ mod tests {
             (PROCESS_SERVICE, "SendInput"),
             (PROCESS_SERVICE, "Update"),
             (PROCESS_SERVICE, "Nope"),
-            (FILESYSTEM_SERVICE, "WatchDir"),
             (FILESYSTEM_SERVICE, "Nope"),
         ] {
             let response = unimplemented_rpc(service, method.into());

@@ -260,6 +260,7 @@ pub fn router(state: AppState) -> Router {
                 )
             }),
         )
+        .merge(crate::files_api::router())
         .layer(DefaultBodyLimit::max(config.max_json_bytes))
         .merge(files)
         .merge(crate::e2b::router(&config))
@@ -1034,13 +1035,18 @@ async fn metrics(State(state): State<AppState>, _tenant: Tenant) -> Response {
 )]
 pub struct ApiDoc;
 
+/// The whole OpenAPI document: [`ApiDoc`] and the filesystem calls of [`crate::files_api`].
+fn api_doc() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi().merge_from(crate::files_api::FilesApiDoc::openapi())
+}
+
 async fn openapi() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+    Json(api_doc())
 }
 
 /// A readable API page, rendered here from the OpenAPI document (no scripts, works offline).
 async fn docs() -> Html<String> {
-    Html(crate::docs_page::render(&ApiDoc::openapi()))
+    Html(crate::docs_page::render(&api_doc()))
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ pub mod db;
 mod docs_page;
 pub mod e2b;
 pub mod error;
+pub mod files_api;
 pub mod http;
 pub mod metrics;
 pub mod service;

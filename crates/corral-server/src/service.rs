@@ -971,7 +971,8 @@ impl Service {
         Ok((egress, Some(audit)))
     }
 
-    fn check_running(&self) -> Result<(), ServiceError> {
+    /// `ShuttingDown` once the server has begun to shut down (no new work from then on).
+    pub fn check_running(&self) -> Result<(), ServiceError> {
         if self.shutting_down.load(Ordering::Relaxed) {
             return Err(ServiceError::ShuttingDown);
         }

@@ -11,13 +11,15 @@
 //! [`MAX_WATCHERS`] per sandbox). The SDK itself polls (`get_new_events`), so a poll that
 //! walks the directory answers the same question; what it cannot see is a change undone
 //! between two polls (a file made and removed again), and several writes between two polls
-//! are one `write`.
+//! are one `write`. An upload in progress is not seen: its hidden name
+//! ([`UPLOAD_TEMP_PREFIX`]) is left out of every snapshot, so a finished upload is the `create`
+//! or `write` of its own name, as it is for envd.
 
 use std::collections::BTreeMap;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use corral_sandbox::workspace::{EntryInfo, EntryKind};
+use corral_sandbox::workspace::{EntryInfo, EntryKind, UPLOAD_TEMP_PREFIX};
 
 /// The most watchers one sandbox has at once.
 pub const MAX_WATCHERS: usize = 8;
@@ -66,11 +68,12 @@ pub struct Snapshot(BTreeMap<PathBuf, Seen>);
 
 impl Snapshot {
     /// The snapshot of a listing of directory `dir` (entries' paths are relative to the
-    /// workspace).
+    /// workspace), without the uploads in progress.
     pub fn of(dir: &Path, entries: &[EntryInfo]) -> Snapshot {
         Snapshot(
             entries
                 .iter()
+                .filter(|e| !e.name().starts_with(UPLOAD_TEMP_PREFIX))
                 .map(|e| {
                     let rel = e.path.strip_prefix(dir).unwrap_or(&e.path).to_path_buf();
                     let seen = Seen {
@@ -209,5 +212,37 @@ mod tests {
             ]
         );
         assert!(after.events_to(&after).is_empty());
+    }
+
+    #[test]
+    fn an_upload_in_progress_is_not_seen_and_its_end_is_a_create_or_a_write() {
+        use EntryKind::File;
+        let dir = Path::new("w");
+        let temp = format!("w/{UPLOAD_TEMP_PREFIX}abc");
+        let before = Snapshot::of(dir, &[entry("w/old", 1, File, 1, 10)]);
+        let during = Snapshot::of(
+            dir,
+            &[entry("w/old", 1, File, 1, 10), entry(&temp, 2, File, 3, 11)],
+        );
+        assert!(before.events_to(&during).is_empty());
+        let after = Snapshot::of(
+            dir,
+            &[
+                entry("w/old", 3, File, 5, 12),
+                entry("w/new", 2, File, 3, 11),
+            ],
+        );
+        let events: Vec<(String, EventKind)> = during
+            .events_to(&after)
+            .into_iter()
+            .map(|(p, k)| (p.display().to_string(), k))
+            .collect();
+        assert_eq!(
+            events,
+            [
+                ("new".into(), EventKind::Create),
+                ("old".into(), EventKind::Write)
+            ]
+        );
     }
 }

@@ -23,6 +23,7 @@ from ._errors import (
     InvalidRequestError,
     NetworkNotAllowedError,
     NotFoundError,
+    PathExistsError,
     PayloadTooLargeError,
     RateLimitError,
     RetryLaterError,
@@ -34,6 +35,7 @@ from ._errors import (
 )
 from ._models import (
     CommandResult,
+    EntryInfo,
     Execution,
     ExecutionError,
     FileInfo,
@@ -70,6 +72,7 @@ __all__ = [
     "Result",
     "ExecutionError",
     "FileInfo",
+    "EntryInfo",
     "CommandResult",
     "RunResult",
     "SandboxInfo",
@@ -83,6 +86,7 @@ __all__ = [
     "AuthenticationError",
     "ForbiddenError",
     "NotFoundError",
+    "PathExistsError",
     "SandboxError",
     "SandboxDeadError",
     "SandboxStateError",

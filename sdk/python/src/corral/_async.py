@@ -32,6 +32,7 @@ from ._common import (
     file_url,
     json_body,
     list_params,
+    parse_entry_list,
     parse_file_list,
     resolve_api_key,
     resolve_url,
@@ -43,6 +44,7 @@ from ._common import (
 from ._errors import CommandExitError, CorralError, NotFoundError
 from ._models import (
     CommandResult,
+    EntryInfo,
     Execution,
     FileInfo,
     LimitsLike,
@@ -374,8 +376,48 @@ class AsyncFiles:
         )
         return parse_file_list(payload)
 
-    async def remove(self, path: str) -> None:
-        await self._sb._conn.request("DELETE", file_url(self._sb.id, path))
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        if recursive:
+            await self._sb._conn.request(
+                "POST", sandbox_url(self._sb.id, "/files:remove"), json={"path": path}
+            )
+        else:
+            await self._sb._conn.request("DELETE", file_url(self._sb.id, path))
+
+    async def stat(self, path: str) -> EntryInfo:
+        payload = await self._sb._conn.json(
+            "GET", sandbox_url(self._sb.id, "/files:stat"), params={"path": path}
+        )
+        return EntryInfo.from_dict(payload)
+
+    async def exists(self, path: str) -> bool:
+        try:
+            await self.stat(path)
+        except NotFoundError:
+            return False
+        return True
+
+    async def list_dir(self, path: str = "", depth: int = 1) -> List[EntryInfo]:
+        payload = await self._sb._conn.json(
+            "GET",
+            sandbox_url(self._sb.id, "/files:list"),
+            params={"path": path, "depth": depth},
+        )
+        return parse_entry_list(payload)
+
+    async def make_dir(self, path: str) -> bool:
+        response = await self._sb._conn.request(
+            "POST", sandbox_url(self._sb.id, "/files:mkdir"), json={"path": path}
+        )
+        return response.status_code == 201
+
+    async def move(self, source: str, destination: str) -> EntryInfo:
+        payload = await self._sb._conn.json(
+            "POST",
+            sandbox_url(self._sb.id, "/files:move"),
+            json={"from": source, "to": destination},
+        )
+        return EntryInfo.from_dict(payload)
 
 
 class AsyncCommands:

@@ -34,6 +34,7 @@ from ._errors import (
 )
 from ._models import (
     CommandResult,
+    EntryInfo,
     Execution,
     ExecutionError,
     FileInfo,
@@ -289,6 +290,11 @@ def sandbox_url(sandbox_id: str, suffix: str = "") -> str:
 def parse_file_list(payload: Any) -> List[FileInfo]:
     files = payload.get("files", []) if isinstance(payload, dict) else []
     return [FileInfo.from_dict(f) for f in files]
+
+
+def parse_entry_list(payload: Any) -> List[EntryInfo]:
+    entries = payload.get("entries", []) if isinstance(payload, dict) else []
+    return [EntryInfo.from_dict(e) for e in entries]
 
 
 # ---- the event stream -----------------------------------------------------------------------

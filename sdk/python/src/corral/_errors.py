@@ -86,6 +86,11 @@ class NotFoundError(CorralError):
     no such file or directory in a live sandbox's workspace."""
 
 
+class PathExistsError(CorralError):
+    """409 ``file_exists``: something is already at the destination of ``files.move``, which
+    never replaces anything."""
+
+
 class SandboxError(CorralError):
     """500 ``sandbox_error`` (Corral could not build or run the sandbox) and 409 ``sandbox_dead``."""
 
@@ -174,6 +179,7 @@ _BY_CODE: Mapping[str, Type[CorralError]] = {
     "network_not_allowed": NetworkNotAllowedError,
     "not_found": NotFoundError,
     "file_not_found": NotFoundError,
+    "file_exists": PathExistsError,
     "sandbox_dead": SandboxDeadError,
     "sandbox_paused": SandboxStateError,
     "sandbox_not_paused": SandboxStateError,

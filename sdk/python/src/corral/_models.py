@@ -225,6 +225,34 @@ class FileInfo:
 
 
 @dataclass
+class EntryInfo:
+    """Anything in a sandbox's workspace, as ``lstat`` sees it: ``type`` is ``"file"``,
+    ``"dir"``, ``"symlink"`` or ``"other"`` (a FIFO, socket or device). A link is reported as
+    a link, with its target as stored (``symlink_target``), never followed."""
+
+    path: str
+    name: str
+    type: str
+    size: int
+    mode: int
+    modified: str
+    symlink_target: Optional[str] = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "EntryInfo":
+        target = data.get("symlink_target")
+        return cls(
+            path=str(data.get("path", "")),
+            name=str(data.get("name", "")),
+            type=str(data.get("type", "")),
+            size=int(data.get("size", 0)),
+            mode=int(data.get("mode", 0)),
+            modified=str(data.get("modified", "")),
+            symlink_target=None if target is None else str(target),
+        )
+
+
+@dataclass
 class CommandResult:
     """What ``commands.run`` produced.
 

@@ -27,6 +27,7 @@ from ._common import (
     file_url,
     json_body,
     list_params,
+    parse_entry_list,
     parse_file_list,
     resolve_api_key,
     resolve_url,
@@ -38,6 +39,7 @@ from ._common import (
 from ._errors import CommandExitError, NotFoundError
 from ._models import (
     CommandResult,
+    EntryInfo,
     Execution,
     FileInfo,
     LimitsLike,
@@ -350,9 +352,62 @@ class Files:
         payload = self._sb._conn.json("GET", sandbox_url(self._sb.id, "/files"), params=params)
         return parse_file_list(payload)
 
-    def remove(self, path: str) -> None:
-        """Deletes a file; a missing one raises :class:`NotFoundError`."""
-        self._sb._conn.request("DELETE", file_url(self._sb.id, path))
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Deletes a regular file; a missing one raises :class:`NotFoundError`. With
+        ``recursive=True`` it removes whatever is at ``path``: a directory with everything in
+        it, or a link as itself (never what it points to)."""
+        if recursive:
+            self._sb._conn.request(
+                "POST", sandbox_url(self._sb.id, "/files:remove"), json={"path": path}
+            )
+        else:
+            self._sb._conn.request("DELETE", file_url(self._sb.id, path))
+
+    def stat(self, path: str) -> EntryInfo:
+        """What is at ``path`` (``""``: the workspace itself); a link is reported as a link.
+        A missing path raises :class:`NotFoundError`."""
+        payload = self._sb._conn.json(
+            "GET", sandbox_url(self._sb.id, "/files:stat"), params={"path": path}
+        )
+        return EntryInfo.from_dict(payload)
+
+    def exists(self, path: str) -> bool:
+        """Whether anything (a file, directory, link…) is at ``path``."""
+        try:
+            self.stat(path)
+        except NotFoundError:
+            return False
+        return True
+
+    def list_dir(self, path: str = "", depth: int = 1) -> List[EntryInfo]:
+        """The entries of directory ``path``, ``depth`` levels of them (1 to 32), each
+        directory followed by its entries, names sorted. Links are listed, never entered; a
+        listing past 10,000 entries raises :class:`InvalidRequestError`."""
+        payload = self._sb._conn.json(
+            "GET",
+            sandbox_url(self._sb.id, "/files:list"),
+            params={"path": path, "depth": depth},
+        )
+        return parse_entry_list(payload)
+
+    def make_dir(self, path: str) -> bool:
+        """Makes directory ``path`` and its missing parents: ``True`` if made, ``False`` if it
+        was already a directory."""
+        response = self._sb._conn.request(
+            "POST", sandbox_url(self._sb.id, "/files:mkdir"), json={"path": path}
+        )
+        return response.status_code == 201
+
+    def move(self, source: str, destination: str) -> EntryInfo:
+        """Moves (renames) ``source`` to ``destination``, making missing directories on the
+        way; never replaces anything (an existing ``destination`` raises
+        :class:`PathExistsError`). Returns what is now at ``destination``."""
+        payload = self._sb._conn.json(
+            "POST",
+            sandbox_url(self._sb.id, "/files:move"),
+            json={"from": source, "to": destination},
+        )
+        return EntryInfo.from_dict(payload)
 
 
 class Commands:
