@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 
 use corral_sandbox::cgroup::{MemoryUsage, Meter};
 use corral_sandbox::egress::EgressMonitor;
+use corral_sandbox::ports::PortOpener;
 use corral_sandbox::{ExecutionResult, NetworkReport, Workspace};
 
 use crate::event::Event;
@@ -74,6 +75,9 @@ struct Entry {
     /// Reads the session's egress report without waiting for the session (a restart
     /// replaces it).
     network: Mutex<Option<EgressMonitor>>,
+    /// Opens connections to the session's listeners without waiting for the session (a
+    /// restart replaces it).
+    ports: Mutex<Option<PortOpener>>,
 }
 
 impl Entry {
@@ -241,6 +245,7 @@ impl SessionManager {
         };
         let entry = Arc::new(Entry {
             network: Mutex::new(session.network_monitor()),
+            ports: Mutex::new(session.port_opener()),
             interrupter: session.interrupter(),
             workspace: Mutex::new(session.workspace().clone()),
             meter: Mutex::new(session.meter()),
@@ -379,12 +384,29 @@ impl SessionManager {
         *entry.workspace.lock().expect("lock") = session.workspace().clone();
         *entry.meter.lock().expect("lock") = session.meter();
         *entry.network.lock().expect("lock") = session.network_monitor();
+        *entry.ports.lock().expect("lock") = session.port_opener();
         {
             let mut info = entry.info.lock().expect("lock");
             info.death = None;
             info.executions = 0;
         }
         Ok(entry.info())
+    }
+
+    /// Opens connections to the servers listening in session `id`'s sandbox (for the port
+    /// proxy); refused while it is paused. A connection counts as use of the session: its
+    /// idle clock starts again.
+    pub fn port_opener(&self, id: &str) -> Result<PortOpener, ManagerError> {
+        let entry = self.entry(id)?;
+        entry.check_running(id)?;
+        let opener = entry.ports.lock().expect("lock").clone();
+        let opener = opener.ok_or_else(|| ManagerError::Dead {
+            id: id.to_string(),
+            reason: "its sandbox has ended".into(),
+        })?;
+        *entry.last_used.lock().expect("lock") = Instant::now();
+        entry.info.lock().expect("lock").last_used = SystemTime::now();
+        Ok(opener)
     }
 
     /// The workspace of session `id` (for the files API). It is not the session: using it

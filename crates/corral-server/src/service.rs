@@ -1360,6 +1360,25 @@ impl Service {
         self.get(tenant, id)
     }
 
+    /// Opens connections to the listeners of session `id` (the port proxy, crate::ports);
+    /// refused while it is paused.
+    pub fn port_opener(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+    ) -> Result<corral_sandbox::ports::PortOpener, ServiceError> {
+        self.owned(tenant, id)?;
+        self.manager
+            .port_opener(id)
+            .map_err(|e| self.manager_error(id, e))
+    }
+
+    /// The tenant that owns session `id` (for host-routed ports an operator made public).
+    pub fn owner_of(&self, id: &str) -> Option<Tenant> {
+        let sessions = self.sessions.lock().expect("lock");
+        sessions.get(id).map(|o| o.tenant.clone())
+    }
+
     /// Pauses session `id`: every process of its sandbox is frozen, keeping its memory and
     /// files; its idle clock stops (docs/api.md, "Pause and resume").
     pub fn pause(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ServiceError> {
