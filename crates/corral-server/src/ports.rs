@@ -157,6 +157,7 @@ impl Proxy {
 pub fn router(proxy: Arc<Proxy>) -> Router<AppState> {
     Router::new()
         .route("/v1/sandboxes/{id}/ports/{port}", any(native))
+        .route("/v1/sandboxes/{id}/ports/{port}/", any(native))
         .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(native))
         .layer(axum::Extension(proxy))
 }
@@ -318,10 +319,13 @@ async fn forward(
         hyper::client::conn::http1::handshake(TokioIo::new(Idle::new(stream, idle)))
             .await
             .map_err(|e| bad_gateway(port, e))?;
-    // The connection (and its slot) lives as long as the exchange, upgrade included.
+    // The slot is held as long as the connection: by its task until the exchange ends or is
+    // upgraded, then by the task that copies the upgraded bytes.
+    let slot = Arc::new(slot);
+    let held = slot.clone();
     tokio::spawn(async move {
         let _ = connection.with_upgrades().await;
-        drop(slot);
+        drop(held);
     });
 
     let client_upgrade = req
@@ -344,6 +348,7 @@ async fn forward(
                     let (mut client, mut sandbox) = (TokioIo::new(client), TokioIo::new(sandbox));
                     let _ = tokio::io::copy_bidirectional(&mut client, &mut sandbox).await;
                 }
+                drop(slot);
             });
         }
     }
