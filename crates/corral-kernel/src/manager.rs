@@ -149,6 +149,9 @@ pub enum ManagerError {
     /// A pause while the session executes or runs a command.
     #[error("session {0} is busy: pause it between executions")]
     Busy(String),
+    /// A creation under the id of a live session.
+    #[error("a session {0} exists already")]
+    Exists(String),
 }
 
 /// All live sessions of a process.
@@ -208,6 +211,23 @@ impl SessionManager {
         options: &SessionOptions,
         idle_timeout: Duration,
     ) -> Result<SessionInfo, ManagerError> {
+        self.create_as(options, idle_timeout, None)
+    }
+
+    /// [`SessionManager::create`], the session named `id` when given (a session the server
+    /// saved across a restart comes back under its own id); refused when a live session has
+    /// that id.
+    pub fn create_as(
+        &self,
+        options: &SessionOptions,
+        idle_timeout: Duration,
+        id: Option<&str>,
+    ) -> Result<SessionInfo, ManagerError> {
+        if let Some(id) = id {
+            if self.sessions.lock().expect("lock").contains_key(id) {
+                return Err(ManagerError::Exists(id.to_string()));
+            }
+        }
         let pool = self
             .pools
             .lock()
@@ -221,7 +241,8 @@ impl SessionManager {
         };
         // A pooled session was made before its owner was known.
         session.set_result_budget(options.result_budget.clone());
-        let id = format!(
+        let id = id.map(str::to_string).unwrap_or_else(|| {
+            format!(
             "sbx-{:x}{:04x}",
             SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
@@ -229,7 +250,8 @@ impl SessionManager {
                 .unwrap_or(0)
                 & 0xffff_ffff,
             self.next.fetch_add(1, Ordering::Relaxed) & 0xffff
-        );
+            )
+        });
         let now = SystemTime::now();
         let info = SessionInfo {
             id: id.clone(),
@@ -391,6 +413,14 @@ impl SessionManager {
             info.executions = 0;
         }
         Ok(entry.info())
+    }
+
+    /// The workspace of session `id` to read, paused or not (a paused session's files are
+    /// saved across a restart); nothing may write through it while the session is paused.
+    pub fn workspace_to_save(&self, id: &str) -> Result<Workspace, ManagerError> {
+        let entry = self.entry(id)?;
+        let workspace = entry.workspace.lock().expect("lock").clone();
+        Ok(workspace)
     }
 
     /// Opens connections to the servers listening in session `id`'s sandbox (for the port

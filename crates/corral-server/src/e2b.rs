@@ -684,6 +684,8 @@ fn listed_sandbox(info: &SandboxInfo, template: Option<String>) -> Value {
         "diskSizeMB": limits.disk_mb.unwrap_or(0),
         "state": if info.state == "paused" { "paused" } else { "running" },
         "metadata": info.metadata,
+        // Corral's own: `not kept` once resumed on files saved across a restart.
+        "memory": info.memory,
     })
 }
 

@@ -12,6 +12,7 @@ pub mod e2b;
 pub mod error;
 pub mod http;
 pub mod metrics;
+pub mod persist;
 pub mod ports;
 pub mod service;
 pub mod watch;
