@@ -243,13 +243,13 @@ impl SessionManager {
         session.set_result_budget(options.result_budget.clone());
         let id = id.map(str::to_string).unwrap_or_else(|| {
             format!(
-            "sbx-{:x}{:04x}",
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0)
-                & 0xffff_ffff,
-            self.next.fetch_add(1, Ordering::Relaxed) & 0xffff
+                "sbx-{:x}{:04x}",
+                SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(0)
+                    & 0xffff_ffff,
+                self.next.fetch_add(1, Ordering::Relaxed) & 0xffff
             )
         });
         let now = SystemTime::now();

@@ -130,7 +130,9 @@ impl PortOpener {
         let stream = TcpStream::from(socket);
         match stream.take_error().map_err(io)? {
             None => Ok(stream),
-            Some(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => Err(PortError::Refused(port)),
+            Some(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
+                Err(PortError::Refused(port))
+            }
             Some(e) => Err(io(e)),
         }
     }
@@ -172,7 +174,8 @@ pub(crate) fn answer(msg: &[u8], reply: Option<OwnedFd>) {
     let port = u16::from_be_bytes([*hi, *lo]);
     match open_in_namespace(port) {
         Ok(socket) => {
-            let _ = sys::send_message_nowait(reply.as_fd(), &[REPLY_SOCKET], Some(socket.as_raw_fd()));
+            let _ =
+                sys::send_message_nowait(reply.as_fd(), &[REPLY_SOCKET], Some(socket.as_raw_fd()));
         }
         Err(errno) => {
             let mut answer = vec![REPLY_ERROR];

@@ -616,7 +616,9 @@ async fn connect_sandbox(
         let (owner, sandbox) = (tenant.clone(), id.clone());
         info = blocking(move || service.resume(&owner, &sandbox)).await?;
     }
-    Ok(Json(known_sandbox_json(&state, &registry, tenant, &id, info.image)))
+    Ok(Json(known_sandbox_json(
+        &state, &registry, tenant, &id, info.image,
+    )))
 }
 
 /// The sandbox as E2B's create and connect answer it, registering it with this face the first
@@ -665,7 +667,9 @@ async fn resume_sandbox(
     let info = blocking(move || service.resume(&owner, &sandbox)).await?;
     Ok((
         StatusCode::CREATED,
-        Json(known_sandbox_json(&state, &registry, tenant, &id, info.image)),
+        Json(known_sandbox_json(
+            &state, &registry, tenant, &id, info.image,
+        )),
     ))
 }
 

@@ -272,12 +272,13 @@ impl Saved {
         // What a previous save of this id left (a server killed during its shutdown).
         let _ = fs::remove_dir_all(&path);
         let id = sandbox.id.clone();
-        let mut out = OutDir::create(&path, CopyLimits::for_workspace(disk_bytes)).map_err(
-            |source| PersistError::Copy {
-                id: id.clone(),
-                source,
-            },
-        )?;
+        let mut out =
+            OutDir::create(&path, CopyLimits::for_workspace(disk_bytes)).map_err(|source| {
+                PersistError::Copy {
+                    id: id.clone(),
+                    source,
+                }
+            })?;
         let report = workspace
             .copy_out(&mut out)
             .map_err(|source| PersistError::Workspace {

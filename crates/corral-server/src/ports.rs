@@ -142,7 +142,8 @@ impl Proxy {
         let name = if domain.contains(':') {
             host.as_str()
         } else {
-            host.rsplit_once(':').map_or(host.as_str(), |(name, _)| name)
+            host.rsplit_once(':')
+                .map_or(host.as_str(), |(name, _)| name)
         };
         let label = name.strip_suffix(domain)?.strip_suffix('.')?;
         let (port, id) = label.split_once('-')?;
@@ -230,9 +231,7 @@ fn local_origin(origin: &str) -> bool {
         return false;
     };
     let host = match authority.rsplit_once(':') {
-        Some((host, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
-            host
-        }
+        Some((host, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => host,
         Some(_) if !authority.ends_with(']') => return false,
         _ => authority,
     };
@@ -240,7 +239,9 @@ fn local_origin(origin: &str) -> bool {
     (scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https"))
         && (host == "localhost"
             || (host.ends_with(".localhost")
-                && host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'))
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'))
             || host == "[::1]"
             || host
                 .parse::<std::net::Ipv4Addr>()
@@ -376,7 +377,9 @@ fn port_error(id: &str, e: PortError) -> ApiError {
     match e {
         PortError::Gone => ApiError::not_found(format!("no sandbox {id}")),
         PortError::Refused(_) => ApiError::new(StatusCode::BAD_GATEWAY, "port_closed", message),
-        PortError::Timeout(_) => ApiError::new(StatusCode::GATEWAY_TIMEOUT, "port_timeout", message),
+        PortError::Timeout(_) => {
+            ApiError::new(StatusCode::GATEWAY_TIMEOUT, "port_timeout", message)
+        }
         PortError::InvalidPort => ApiError::bad_request(message),
         PortError::BadReply | PortError::Io { .. } => ApiError::internal(message),
     }
@@ -435,7 +438,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Idle<S> {
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Idle<S> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let poll = Pin::new(&mut this.inner).poll_write(cx, buf);
         this.check(cx, poll)
@@ -522,7 +529,11 @@ mod tests {
             "/v1/sandboxes/sbx-1/ports/+80/",
             "/v1/sandboxes/sbx-1/ports/http/",
         ] {
-            assert_eq!(target(bad).unwrap_err().status, StatusCode::BAD_REQUEST, "{bad}");
+            assert_eq!(
+                target(bad).unwrap_err().status,
+                StatusCode::BAD_REQUEST,
+                "{bad}"
+            );
         }
     }
 
@@ -532,7 +543,10 @@ mod tests {
         p.config.max_connections_per_sandbox = 2;
         let a = p.slot("a").unwrap();
         let _b = p.slot("a").unwrap();
-        assert_eq!(p.slot("a").unwrap_err().status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            p.slot("a").unwrap_err().status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
         // Another sandbox has its own.
         let _c = p.slot("b").unwrap();
         drop(a);

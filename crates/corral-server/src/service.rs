@@ -1278,8 +1278,7 @@ impl Service {
         );
         let info = corral_kernel::SessionInfo {
             id: saved.id.clone(),
-            language: parse_language(request.language.as_deref())
-                .map_or("python", Language::name),
+            language: parse_language(request.language.as_deref()).map_or("python", Language::name),
             created_at: saved.created_at(),
             last_used: saved.paused_at,
             idle_timeout: idle,

@@ -3304,7 +3304,12 @@ fn a_paused_sandbox_survives_a_restart_with_its_files() {
     );
     assert_eq!(status, 200, "{out}");
     for id in &ids {
-        let (status, info) = s.call("POST", &format!("/v1/sandboxes/{id}/pause"), Some(&key_a), None);
+        let (status, info) = s.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/pause"),
+            Some(&key_a),
+            None,
+        );
         assert_eq!(status, 200, "{info}");
     }
     let pid = s.pid();
@@ -3333,7 +3338,10 @@ fn a_paused_sandbox_survives_a_restart_with_its_files() {
         .iter()
         .filter_map(|i| i["id"].as_str())
         .collect();
-    assert!(listed.contains(&kept.as_str()) && listed.contains(&deleted.as_str()), "{list}");
+    assert!(
+        listed.contains(&kept.as_str()) && listed.contains(&deleted.as_str()),
+        "{list}"
+    );
     for (method, path) in [
         ("GET", format!("/v1/sandboxes/{kept}")),
         ("POST", format!("/v1/sandboxes/{kept}/resume")),
@@ -3349,7 +3357,12 @@ fn a_paused_sandbox_survives_a_restart_with_its_files() {
     assert_eq!(status, 409, "{answer}");
     assert_eq!(error_code(&answer), "sandbox_paused");
 
-    let (status, info) = s.call("POST", &format!("/v1/sandboxes/{kept}/resume"), Some(&key_a), None);
+    let (status, info) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{kept}/resume"),
+        Some(&key_a),
+        None,
+    );
     assert_eq!(status, 200, "{info}");
     assert_eq!(info["id"], kept.as_str());
     assert_eq!(info["state"], "running", "{info}");
@@ -3362,17 +3375,35 @@ fn a_paused_sandbox_survives_a_restart_with_its_files() {
     );
     assert_eq!(status, 200, "{out}");
     assert_eq!(out["stdout"], "saved bytes yes False\n", "{out}");
-    assert!(!saved_dir.join(&kept).exists(), "the saved files outlived the resume");
+    assert!(
+        !saved_dir.join(&kept).exists(),
+        "the saved files outlived the resume"
+    );
     // A second resume: it runs.
-    let (status, _) = s.call("POST", &format!("/v1/sandboxes/{kept}/resume"), Some(&key_a), None);
+    let (status, _) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{kept}/resume"),
+        Some(&key_a),
+        None,
+    );
     assert_eq!(status, 409);
 
     // A saved sandbox deleted: its files go with it.
     assert!(saved_dir.join(&deleted).exists());
-    let (status, _) = s.call("DELETE", &format!("/v1/sandboxes/{deleted}"), Some(&key_a), None);
+    let (status, _) = s.call(
+        "DELETE",
+        &format!("/v1/sandboxes/{deleted}"),
+        Some(&key_a),
+        None,
+    );
     assert_eq!(status, 204);
     assert!(!saved_dir.join(&deleted).exists());
-    let (status, _) = s.call("GET", &format!("/v1/sandboxes/{deleted}"), Some(&key_a), None);
+    let (status, _) = s.call(
+        "GET",
+        &format!("/v1/sandboxes/{deleted}"),
+        Some(&key_a),
+        None,
+    );
     assert_eq!(status, 404);
 }
 

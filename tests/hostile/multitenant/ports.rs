@@ -18,7 +18,8 @@ const PORTS_CONFIG: &str = "[ports]\nmax_connections_per_sandbox = 4\nidle_timeo
 fn raw(s: &Server, head: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
     let address = s.url.trim_start_matches("http://");
     let mut conn = TcpStream::connect(address).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
     conn.write_all(head.as_bytes()).unwrap();
     conn.write_all(b"Connection: close\r\n\r\n").unwrap();
     conn.write_all(body).unwrap();
@@ -35,7 +36,10 @@ fn raw(s: &Server, head: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     let mut body = answer[split + 4..].to_vec();
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         body = dechunk(&body);
     }
     (status, head, body)
@@ -58,7 +62,11 @@ fn dechunk(mut data: &[u8]) -> Vec<u8> {
 /// GET `path` on `host` with `key` (none: no credential).
 fn get(s: &Server, host: &str, path: &str, key: Option<&str>) -> (u16, String, Vec<u8>) {
     let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
-    raw(s, &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}"), b"")
+    raw(
+        s,
+        &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}"),
+        b"",
+    )
 }
 
 fn server_port(s: &Server) -> u16 {
@@ -76,7 +84,8 @@ fn start_servers(s: &Server, key: &str, id: &str) {
 fn upgrade(s: &Server, key: &str, id: &str) -> Result<TcpStream, String> {
     let address = s.url.trim_start_matches("http://");
     let mut conn = TcpStream::connect(address).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
     write!(
         conn,
         "GET /v1/sandboxes/{id}/ports/8001/ws HTTP/1.1\r\nHost: {address}\r\n\
@@ -96,13 +105,23 @@ fn upgrade(s: &Server, key: &str, id: &str) -> Result<TcpStream, String> {
         // The answer's body, by its length (the server keeps the connection open).
         let length = head
             .lines()
-            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:")?.trim().parse().ok())
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
             .unwrap_or(0);
         let mut rest = vec![0u8; length];
         let _ = conn.read_exact(&mut rest);
         return Err(format!("{head}{}", String::from_utf8_lossy(&rest)));
     }
-    for message in [&b"ping"[..], &[0u8, 255, 10, 13, 0][..], &[7u8; 100_000][..]] {
+    for message in [
+        &b"ping"[..],
+        &[0u8, 255, 10, 13, 0][..],
+        &[7u8; 100_000][..],
+    ] {
         conn.write_all(message).unwrap();
         let mut echoed = vec![0u8; message.len()];
         conn.read_exact(&mut echoed).unwrap();
@@ -179,7 +198,12 @@ fn ports_scenario(pool_size: usize) {
 
     // Tenant B: neither route, with its key or with none; never the answer of A's server.
     for (what, host, path, key) in [
-        ("B's key, native", &local, native.as_str(), Some(key_b.as_str())),
+        (
+            "B's key, native",
+            &local,
+            native.as_str(),
+            Some(key_b.as_str()),
+        ),
         ("B's key, host-routed", &routed, "/", Some(key_b.as_str())),
         ("no key, native", &local, native.as_str(), None),
         ("no key, host-routed", &routed, "/", None),
@@ -243,7 +267,13 @@ fn ports_scenario(pool_size: usize) {
     }
     // B is not held up by A's connections.
     assert_eq!(
-        get(&s, &local, &format!("/v1/sandboxes/{b}/ports/8000/"), Some(&key_b)).0,
+        get(
+            &s,
+            &local,
+            &format!("/v1/sandboxes/{b}/ports/8000/"),
+            Some(&key_b)
+        )
+        .0,
         502
     );
     drop(held);
