@@ -52,7 +52,13 @@ pub enum PersistError {
         #[source]
         source: corral_sandbox::WorkspaceError,
     },
-    #[error("{path}: {source}")]
+    #[error("restoring {}: {source}", path.display())]
+    Restore {
+        path: PathBuf,
+        #[source]
+        source: corral_sandbox::WorkspaceError,
+    },
+    #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
         #[source]
@@ -339,8 +345,8 @@ fn restore_dir(
             let mut file = fs::File::open(entry.path()).map_err(io(&entry.path()))?;
             workspace
                 .write_file(&rel, &mut file)
-                .map_err(|source| PersistError::Workspace {
-                    id: rel.display().to_string(),
+                .map_err(|source| PersistError::Restore {
+                    path: rel.clone(),
                     source,
                 })?;
             *restored += 1;

@@ -150,7 +150,8 @@ impl Proxy {
         if id.is_empty() || id.contains('.') || !port.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
-        Some((port.parse().ok()?, id.to_string()))
+        let port = port.parse().ok().filter(|p| *p != 0)?;
+        Some((port, id.to_string()))
     }
 }
 
@@ -304,9 +305,6 @@ async fn forward(
     path: String,
     mut req: Request,
 ) -> Result<Response, ApiError> {
-    if port == 0 {
-        return Err(parse_port("0").unwrap_err());
-    }
     let opener = app.service.port_opener(&tenant, &id)?;
     let slot = proxy.slot(&id)?;
     let stream = tokio::task::spawn_blocking(move || opener.connect(port, CONNECT_TIMEOUT))
@@ -496,6 +494,7 @@ mod tests {
             "8000-a.b.localhost:8420",
             "8000-sbx-1.evil.localhost:8420",
             "8000-sbx-1localhost:8420",
+            "0-sbx-1.localhost:8420",
         ] {
             assert_eq!(local.route_of(host), None, "{host}");
         }
