@@ -13,6 +13,15 @@ class Echo(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def answer(self):
         n, h = 0, hashlib.sha256()
+        if "chunked" in (self.headers.get("transfer-encoding") or "").lower():
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    break
+                chunk = self.rfile.read(size)
+                self.rfile.readline()
+                n += len(chunk); h.update(chunk)
         length = int(self.headers.get("content-length") or 0)
         while n < length:
             chunk = self.rfile.read(min(65536, length - n))
