@@ -354,3 +354,64 @@ fn restore_dir(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> String {
+        serde_json::to_string(&SavedSpec {
+            request: CreateSandboxRequest::default(),
+            created_at: 1,
+        })
+        .unwrap()
+    }
+
+    /// At start: a row whose id is no sandbox id is dropped (never used as a path), a sandbox
+    /// paused too long is deleted with its files, files nobody saved are removed, the rest
+    /// stays, to its owner only.
+    #[test]
+    fn loading_drops_bad_ids_expired_sandboxes_and_stray_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("corral.db")).unwrap();
+        let saved_dir = dir.path().join("saved-sandboxes");
+        let now = unix_secs(SystemTime::now()) as i64;
+        for id in ["sbx-kept", "sbx-old", "stray"] {
+            fs::create_dir_all(saved_dir.join(id)).unwrap();
+            fs::write(saved_dir.join(id).join("f"), "x").unwrap();
+        }
+        fs::create_dir_all(dir.path().join("outside")).unwrap();
+        db.save_sandbox("sbx-kept", "key-a", now, &spec()).unwrap();
+        db.save_sandbox("sbx-old", "key-a", now - 7200, &spec())
+            .unwrap();
+        db.save_sandbox("../outside", "key-a", now, &spec())
+            .unwrap();
+        db.save_sandbox("sbx-garbled", "key-a", now, "{not json")
+            .unwrap();
+
+        let saved = Saved::load(&db, saved_dir.clone(), Duration::from_secs(3600)).unwrap();
+        let a = Tenant("key-a".into());
+        let ids: Vec<String> = saved.of(&db, &a).into_iter().map(|s| s.id).collect();
+        assert_eq!(ids, ["sbx-kept"]);
+        assert!(saved
+            .get(&db, &Tenant("key-b".into()), "sbx-kept")
+            .is_none());
+        assert!(saved_dir.join("sbx-kept/f").is_file());
+        assert!(!saved_dir.join("sbx-old").exists());
+        assert!(!saved_dir.join("stray").exists());
+        assert!(dir.path().join("outside").is_dir());
+        let rows: Vec<String> = db
+            .saved_sandboxes()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.0)
+            .collect();
+        assert_eq!(rows, ["sbx-kept"]);
+
+        // Another key cannot delete it; its owner can, files and row.
+        assert!(!saved.remove(&db, &Tenant("key-b".into()), "sbx-kept"));
+        assert!(saved.remove(&db, &a, "sbx-kept"));
+        assert!(!saved_dir.join("sbx-kept").exists());
+        assert!(db.saved_sandboxes().unwrap().is_empty());
+    }
+}
