@@ -27,6 +27,8 @@ use serde_json::{json, Value};
 use crate::harness::*;
 use crate::host::HostSecret;
 
+mod ports;
+
 // ---- the server -----------------------------------------------------------------------------
 
 /// A `corral serve` of this test. Dropping it kills it; [`Server::stop`] stops it and checks

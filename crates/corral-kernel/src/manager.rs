@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 
 use corral_sandbox::cgroup::{MemoryUsage, Meter};
 use corral_sandbox::egress::EgressMonitor;
+use corral_sandbox::ports::PortOpener;
 use corral_sandbox::{ExecutionResult, NetworkReport, Workspace};
 
 use crate::event::Event;
@@ -74,6 +75,9 @@ struct Entry {
     /// Reads the session's egress report without waiting for the session (a restart
     /// replaces it).
     network: Mutex<Option<EgressMonitor>>,
+    /// Opens connections to the session's listeners without waiting for the session (a
+    /// restart replaces it).
+    ports: Mutex<Option<PortOpener>>,
 }
 
 impl Entry {
@@ -145,6 +149,9 @@ pub enum ManagerError {
     /// A pause while the session executes or runs a command.
     #[error("session {0} is busy: pause it between executions")]
     Busy(String),
+    /// A creation under the id of a live session.
+    #[error("a session {0} exists already")]
+    Exists(String),
 }
 
 /// All live sessions of a process.
@@ -204,6 +211,23 @@ impl SessionManager {
         options: &SessionOptions,
         idle_timeout: Duration,
     ) -> Result<SessionInfo, ManagerError> {
+        self.create_as(options, idle_timeout, None)
+    }
+
+    /// [`SessionManager::create`], the session named `id` when given (a session the server
+    /// saved across a restart comes back under its own id); refused when a live session has
+    /// that id.
+    pub fn create_as(
+        &self,
+        options: &SessionOptions,
+        idle_timeout: Duration,
+        id: Option<&str>,
+    ) -> Result<SessionInfo, ManagerError> {
+        if let Some(id) = id {
+            if self.sessions.lock().expect("lock").contains_key(id) {
+                return Err(ManagerError::Exists(id.to_string()));
+            }
+        }
         let pool = self
             .pools
             .lock()
@@ -217,15 +241,17 @@ impl SessionManager {
         };
         // A pooled session was made before its owner was known.
         session.set_result_budget(options.result_budget.clone());
-        let id = format!(
-            "sbx-{:x}{:04x}",
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0)
-                & 0xffff_ffff,
-            self.next.fetch_add(1, Ordering::Relaxed) & 0xffff
-        );
+        let id = id.map(str::to_string).unwrap_or_else(|| {
+            format!(
+                "sbx-{:x}{:04x}",
+                SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(0)
+                    & 0xffff_ffff,
+                self.next.fetch_add(1, Ordering::Relaxed) & 0xffff
+            )
+        });
         let now = SystemTime::now();
         let info = SessionInfo {
             id: id.clone(),
@@ -241,6 +267,7 @@ impl SessionManager {
         };
         let entry = Arc::new(Entry {
             network: Mutex::new(session.network_monitor()),
+            ports: Mutex::new(session.port_opener()),
             interrupter: session.interrupter(),
             workspace: Mutex::new(session.workspace().clone()),
             meter: Mutex::new(session.meter()),
@@ -379,12 +406,37 @@ impl SessionManager {
         *entry.workspace.lock().expect("lock") = session.workspace().clone();
         *entry.meter.lock().expect("lock") = session.meter();
         *entry.network.lock().expect("lock") = session.network_monitor();
+        *entry.ports.lock().expect("lock") = session.port_opener();
         {
             let mut info = entry.info.lock().expect("lock");
             info.death = None;
             info.executions = 0;
         }
         Ok(entry.info())
+    }
+
+    /// The workspace of session `id` to read, paused or not (a paused session's files are
+    /// saved across a restart); nothing may write through it while the session is paused.
+    pub fn workspace_to_save(&self, id: &str) -> Result<Workspace, ManagerError> {
+        let entry = self.entry(id)?;
+        let workspace = entry.workspace.lock().expect("lock").clone();
+        Ok(workspace)
+    }
+
+    /// Opens connections to the servers listening in session `id`'s sandbox (for the port
+    /// proxy); refused while it is paused. A connection counts as use of the session: its
+    /// idle clock starts again.
+    pub fn port_opener(&self, id: &str) -> Result<PortOpener, ManagerError> {
+        let entry = self.entry(id)?;
+        entry.check_running(id)?;
+        let opener = entry.ports.lock().expect("lock").clone();
+        let opener = opener.ok_or_else(|| ManagerError::Dead {
+            id: id.to_string(),
+            reason: "its sandbox has ended".into(),
+        })?;
+        *entry.last_used.lock().expect("lock") = Instant::now();
+        entry.info.lock().expect("lock").last_used = SystemTime::now();
+        Ok(opener)
     }
 
     /// The workspace of session `id` (for the files API). It is not the session: using it

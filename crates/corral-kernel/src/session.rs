@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corral_sandbox::egress::EgressMonitor;
+use corral_sandbox::ports::PortOpener;
 use corral_sandbox::{
     hit_rlimit_data, rlimit_data_message, ControlSocket, Egress, ExecutionResult, LanguageError,
     Limits, Policy, Report, ResultBudget, Rootfs, Sandbox, SandboxError, SandboxSpec, Status,
@@ -344,6 +345,12 @@ impl KernelHost {
             KernelHost::Forked(f) => f.network_monitor(),
         }
     }
+    fn port_opener(&self) -> Option<PortOpener> {
+        match self {
+            KernelHost::Sandbox(s) => s.port_opener(),
+            KernelHost::Forked(f) => Some(f.port_opener()),
+        }
+    }
 }
 
 pub struct Session {
@@ -626,6 +633,12 @@ impl Session {
     /// Reads what the session's egress proxy does (none without a network policy).
     pub fn network_monitor(&self) -> Option<EgressMonitor> {
         self.kernel.host.network_monitor()
+    }
+
+    /// Opens connections to servers listening in the session's sandbox (a restart replaces
+    /// it); none once the kernel's sandbox is gone.
+    pub fn port_opener(&self) -> Option<PortOpener> {
+        self.kernel.host.port_opener()
     }
 
     fn drain_wake(&self) {

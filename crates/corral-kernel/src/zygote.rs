@@ -480,7 +480,7 @@ impl Zygote {
         }
         Ok(Forked {
             kernel: ForkedKernel {
-                control: control_host,
+                control: Arc::new(control_host),
                 stdout: stdout_r,
                 stderr: stderr_r,
                 workspace: workspace.expect("loop ends with it"),
@@ -725,7 +725,8 @@ pub(crate) fn verify_isolation(pid: i32) -> Result<(), String> {
 
 /// A kernel forked from a zygote: the host's ends of its pipes and its init's control socket.
 pub(crate) struct ForkedKernel {
-    pub control: OwnedFd,
+    /// Shared only weakly ([`corral_sandbox::ports::PortOpener`]): closing it ends the session.
+    pub control: Arc<OwnedFd>,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
     pub workspace: Workspace,
@@ -760,6 +761,11 @@ impl ForkedKernel {
     /// Reads what the egress proxy does (none without a network policy).
     pub fn network_monitor(&self) -> Option<EgressMonitor> {
         self.egress.as_ref().map(EgressProxy::monitor)
+    }
+
+    /// Opens connections to the session's listeners, until it ends.
+    pub fn port_opener(&self) -> corral_sandbox::ports::PortOpener {
+        corral_sandbox::ports::PortOpener::new(&self.control)
     }
 
     pub fn interrupt(&self) -> io::Result<()> {

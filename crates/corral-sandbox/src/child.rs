@@ -601,14 +601,17 @@ pub(crate) fn supervise(
             .is_some_and(|r| !r.is_empty());
         while children.read_signal().is_ok_and(|s| s.is_some()) {}
         if control_ready {
+            // One message per request (the control socket is a SEQPACKET pair).
             let mut buf = [0u8; 64];
-            match nix::unistd::read(control, &mut buf) {
-                Ok(0) | Err(_) => host_gone = true,
-                Ok(n) => {
-                    if buf[..n].contains(&b'i') && workload_status.is_none() {
+            match sys::recv_message(control_fd, &mut buf) {
+                Ok((0, _)) | Err(_) => host_gone = true,
+                Ok((n, fd)) => match &buf[..n] {
+                    [b'i'] if workload_status.is_none() => {
                         let _ = nix::sys::signal::kill(workload, nix::sys::signal::Signal::SIGINT);
                     }
-                }
+                    [crate::ports::MSG_CONNECT, port @ ..] => crate::ports::answer(port, fd),
+                    _ => {}
+                },
             }
         }
     }

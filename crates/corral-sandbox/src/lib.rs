@@ -18,6 +18,7 @@ mod landlock_rules;
 pub mod limits;
 pub mod lockdown;
 mod owner;
+pub mod ports;
 pub mod result;
 pub mod rootfs;
 mod sandbox;

@@ -356,8 +356,9 @@ pub struct Sandbox {
     stdout: OwnedFd,
     stderr: OwnedFd,
     report: OwnedFd,
-    /// The write end of init's control pipe; closing it makes init kill everything.
-    control: Option<OwnedFd>,
+    /// The host's end of init's control socket (a SEQPACKET pair); closing it makes init
+    /// kill everything. Shared only weakly ([`crate::ports::PortOpener`]).
+    control: Option<Arc<OwnedFd>>,
     started: bool,
     /// The host's end of the program's fd 3, until taken.
     socket: Option<OwnedFd>,
@@ -478,8 +479,15 @@ impl Sandbox {
         let (stderr_r, stderr_w) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(SandboxError::io("pipe"))?;
         crate::sys::ensure_stdio_open();
-        let (control_r, control_w) =
-            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(SandboxError::io("pipe"))?;
+        // A socket rather than a pipe: the host's requests to init carry descriptors
+        // (crate::ports).
+        let (control_w, control_r) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(SandboxError::io("socketpair"))?;
         let socket = match spec.control_socket {
             None => None,
             Some(kind) => Some(
@@ -613,7 +621,7 @@ impl Sandbox {
             stdout: stdout_r,
             stderr: stderr_r,
             report,
-            control: Some(control_w),
+            control: Some(Arc::new(control_w)),
             started: start_at_once,
             socket,
             workspace: None,
@@ -860,8 +868,17 @@ impl Sandbox {
             .control
             .as_ref()
             .ok_or_else(|| io::Error::from(io::ErrorKind::BrokenPipe))?;
-        nix::unistd::write(control, byte)?;
+        nix::sys::socket::send(
+            control.as_raw_fd(),
+            byte,
+            nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+        )?;
         Ok(())
+    }
+
+    /// Opens connections to the sandbox's listeners, until it ends.
+    pub fn port_opener(&self) -> Option<crate::ports::PortOpener> {
+        self.control.as_ref().map(crate::ports::PortOpener::new)
     }
 
     /// The host's end of the program's fd 3 (once).

@@ -1308,6 +1308,26 @@ mod tests {
                 DENY,
                 open_socket(AF_UNIX, SOCK_STREAM, 0)
             ),
+            probe!(
+                "socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC)",
+                Expect::Success,
+                open_socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)
+            ),
+            probe!(
+                "socket(AF_INET, SOCK_DGRAM)",
+                DENY,
+                open_socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)
+            ),
+            probe!(
+                "socket(AF_INET6, SOCK_STREAM)",
+                DENY,
+                open_socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)
+            ),
+            probe!(
+                "blocking socket(AF_INET, SOCK_STREAM)",
+                DENY,
+                open_socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)
+            ),
             deny!("ptrace", SYS_ptrace, [NONE, 0, 0, 0]),
         ];
         check_probes(Role::Init, &probes);

@@ -188,6 +188,26 @@ pub fn send_message(sock: BorrowedFd<'_>, bytes: &[u8], fd: Option<RawFd>) -> io
     Ok(())
 }
 
+/// Sends one message, optionally carrying a descriptor, without waiting for room in the
+/// socket's buffer (EAGAIN instead).
+pub fn send_message_nowait(
+    sock: BorrowedFd<'_>,
+    bytes: &[u8],
+    fd: Option<RawFd>,
+) -> io::Result<()> {
+    let iov = [io::IoSlice::new(bytes)];
+    let fds = fd.map(|f| [f]);
+    let cmsgs: Vec<ControlMessage> = fds.iter().map(|f| ControlMessage::ScmRights(f)).collect();
+    sendmsg::<()>(
+        sock.as_raw_fd(),
+        &iov,
+        &cmsgs,
+        MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+        None,
+    )?;
+    Ok(())
+}
+
 /// Receives one message of at most `buf.len()` bytes and the descriptor it carries, if any.
 /// `Ok((0, None))` means the peer closed the socket.
 pub fn recv_message(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {

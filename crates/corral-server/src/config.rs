@@ -75,6 +75,8 @@ pub struct Config {
     /// What sandboxes may reach beyond their loopback (a `[network]` table;
     /// docs/network.md): by default nothing.
     pub network: NetworkConfig,
+    /// The port proxy (a `[ports]` table; docs/api.md#ports).
+    pub ports: crate::ports::PortsConfig,
 }
 
 /// The operator's network settings: what any request may ask for, which names may resolve
@@ -145,6 +147,7 @@ impl Default for Config {
             code_policy: Default::default(),
             key_code_policy: Default::default(),
             network: Default::default(),
+            ports: Default::default(),
         }
     }
 }

@@ -86,6 +86,13 @@ CREATE TABLE IF NOT EXISTS executions (
     cpu_time_ms INTEGER NOT NULL,
     peak_memory_bytes INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS saved_sandboxes (
+    id TEXT PRIMARY KEY,
+    key_id TEXT NOT NULL,
+    paused_at INTEGER NOT NULL,
+    saved_at INTEGER NOT NULL,
+    spec TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS egress (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     key_id TEXT NOT NULL,
@@ -234,6 +241,49 @@ impl Db {
             params![std::process::id(), now()],
         )?;
         Ok(ids)
+    }
+
+    /// A session this server process takes up again (a paused sandbox saved across a
+    /// restart, resumed): open again, and this process's.
+    pub fn session_restored(&self, id: &str) -> Result<(), DbError> {
+        self.conn().execute(
+            "UPDATE sessions SET ended_at = NULL, end_reason = NULL, server_pid = ?2 WHERE id = ?1",
+            params![id, std::process::id()],
+        )?;
+        Ok(())
+    }
+
+    /// Records a paused sandbox saved at shutdown (crate::persist): its owner, since when it
+    /// is paused (unix seconds) and its settings (JSON).
+    pub fn save_sandbox(
+        &self,
+        id: &str,
+        key_id: &str,
+        paused_at: i64,
+        spec: &str,
+    ) -> Result<(), DbError> {
+        self.conn().execute(
+            "INSERT OR REPLACE INTO saved_sandboxes (id, key_id, paused_at, saved_at, spec) \
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![id, key_id, paused_at, now(), spec],
+        )?;
+        Ok(())
+    }
+
+    /// Every saved sandbox: (id, key id, paused at, spec).
+    pub fn saved_sandboxes(&self) -> Result<Vec<(String, String, i64, String)>, DbError> {
+        let conn = self.conn();
+        let mut stmt =
+            conn.prepare("SELECT id, key_id, paused_at, spec FROM saved_sandboxes ORDER BY id")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Forgets a saved sandbox (resumed, deleted or expired).
+    pub fn forget_saved_sandbox(&self, id: &str) -> Result<(), DbError> {
+        self.conn()
+            .execute("DELETE FROM saved_sandboxes WHERE id = ?1", params![id])?;
+        Ok(())
     }
 
     /// The end reason of session `id` (None while it is open or unknown).

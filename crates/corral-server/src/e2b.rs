@@ -537,13 +537,15 @@ fn image_of_template(template: &str) -> Option<String> {
     (!DEFAULT_IMAGE_TEMPLATES.contains(&template)).then(|| template.to_string())
 }
 
-fn sandbox_json(id: &str, template: &str, token: &str) -> Value {
+/// `domain`: where the SDK's `get_host(port)` points (`{port}-{id}.{domain}`, crate::ports).
+fn sandbox_json(id: &str, template: &str, token: &str, domain: Option<String>) -> Value {
     json!({
         "templateID": template,
         "sandboxID": id,
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": token,
+        "domain": domain,
     })
 }
 
@@ -591,7 +593,12 @@ async fn create_sandbox(
     let token = registry.register(&info.id, tenant, template.clone());
     Ok((
         StatusCode::CREATED,
-        Json(sandbox_json(&info.id, &template, &token)),
+        Json(sandbox_json(
+            &info.id,
+            &template,
+            &token,
+            crate::ports::domain_of(state.service.config()),
+        )),
     ))
 }
 
@@ -611,17 +618,30 @@ async fn connect_sandbox(
         let (owner, sandbox) = (tenant.clone(), id.clone());
         info = blocking(move || service.resume(&owner, &sandbox)).await?;
     }
-    Ok(Json(known_sandbox_json(&registry, tenant, &id, info.image)))
+    Ok(Json(known_sandbox_json(
+        &state, &registry, tenant, &id, info.image,
+    )))
 }
 
 /// The sandbox as E2B's create and connect answer it, registering it with this face the first
 /// time it is seen here.
-fn known_sandbox_json(registry: &Registry, tenant: Tenant, id: &str, image: String) -> Value {
+fn known_sandbox_json(
+    state: &AppState,
+    registry: &Registry,
+    tenant: Tenant,
+    id: &str,
+    image: String,
+) -> Value {
     let (token, template) = match registry.lookup(&tenant, id) {
         Some(known) => known,
         None => (registry.register(id, tenant, image.clone()), image),
     };
-    sandbox_json(id, &template, &token)
+    sandbox_json(
+        id,
+        &template,
+        &token,
+        crate::ports::domain_of(state.service.config()),
+    )
 }
 
 /// `Sandbox.pause()` (`beta_pause`): 204; 409 when it is already paused.
@@ -649,7 +669,9 @@ async fn resume_sandbox(
     let info = blocking(move || service.resume(&owner, &sandbox)).await?;
     Ok((
         StatusCode::CREATED,
-        Json(known_sandbox_json(&registry, tenant, &id, info.image)),
+        Json(known_sandbox_json(
+            &state, &registry, tenant, &id, info.image,
+        )),
     ))
 }
 
@@ -668,6 +690,8 @@ fn listed_sandbox(info: &SandboxInfo, template: Option<String>) -> Value {
         "diskSizeMB": limits.disk_mb.unwrap_or(0),
         "state": if info.state == "paused" { "paused" } else { "running" },
         "metadata": info.metadata,
+        // Corral's own: `not kept` once resumed on files saved across a restart.
+        "memory": info.memory,
     })
 }
 

@@ -26,7 +26,8 @@ pub struct ErrorDetail {
     /// `file_not_found`, `method_not_allowed`, `sandbox_dead`, `payload_too_large`,
     /// `insufficient_storage`, `unknown_image`, `unsupported_language`, `too_many_sandboxes`,
     /// `sandbox_error`, `zygote_restarting`, `memory_budget_committed`, `uploads_busy`,
-    /// `shutting_down`.
+    /// `shutting_down`, and of the port proxy `too_many_connections`, `port_closed`,
+    /// `port_error`, `port_timeout`.
     pub code: String,
     pub message: String,
 }

@@ -234,6 +234,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
 
 pub fn router(state: AppState) -> Router {
     let config = state.service.config().clone();
+    let ports = crate::ports::Proxy::new(&config);
     // An upload's body streams; `Upload` bounds it (max_body_bytes and the sandbox's disk).
     let files = Router::new().route(
         "/v1/sandboxes/{id}/files/{*path}",
@@ -263,6 +264,7 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::files_api::router())
         .layer(DefaultBodyLimit::max(config.max_json_bytes))
         .merge(files)
+        .merge(crate::ports::router(ports.clone()))
         .merge(crate::e2b::router(&config))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
@@ -276,6 +278,13 @@ pub fn router(state: AppState) -> Router {
                 "this route does not take that method (see GET /docs)",
             )
         })
+        .layer(axum::middleware::from_fn_with_state(
+            crate::ports::HostRouting {
+                app: state.clone(),
+                proxy: ports,
+            },
+            crate::ports::by_host,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             count_requests,

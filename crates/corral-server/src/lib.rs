@@ -13,6 +13,8 @@ pub mod error;
 pub mod files_api;
 pub mod http;
 pub mod metrics;
+pub mod persist;
+pub mod ports;
 pub mod service;
 pub mod watch;
 

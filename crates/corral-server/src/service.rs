@@ -513,6 +513,9 @@ pub struct SandboxInfo {
     /// What its egress proxy has done since the kernel started; `null` without a network
     /// policy.
     pub network: Option<NetworkReport>,
+    /// `kept`, or `not kept` for a sandbox paused across a server restart: it is resumed on
+    /// its saved files with a fresh kernel (crate::persist).
+    pub memory: String,
 }
 
 /// A checked command: what runs, with what, for how long.
@@ -541,6 +544,10 @@ struct Owned {
     policy: PolicyRequest,
     limits: Limits,
     metadata: BTreeMap<String, String>,
+    /// What it was created with, every field resolved: what a restart saves (crate::persist).
+    request: CreateSandboxRequest,
+    /// Resumed on files saved across a restart: its memory was not kept.
+    restored: bool,
 }
 
 pub struct Service {
@@ -569,6 +576,8 @@ pub struct Service {
     default_limits: Limits,
     /// The code policies of keys, which requests narrow (`code_policy`, `key_code_policy`).
     code_policies: CodePolicies,
+    /// Paused sandboxes saved across a restart.
+    saved: crate::persist::Saved,
 }
 
 /// Hears a sandbox's egress decisions: each is a line of the audit log (`egress` table) and
@@ -714,6 +723,14 @@ impl Service {
         let db = Arc::new(Db::open(&db_path)?);
         let (network_bound, network_default) = config.network.policies()?;
         let orphans = db.end_orphaned_sessions()?;
+        let saved = crate::persist::Saved::load(
+            &db,
+            db_path
+                .parent()
+                .unwrap_or(Path::new("."))
+                .join("saved-sandboxes"),
+            Duration::from_secs(config.max_paused_s),
+        )?;
         if !orphans.is_empty() {
             eprintln!(
                 "corral: {} session(s) of a previous server process were marked dead",
@@ -793,6 +810,7 @@ impl Service {
             result_shares: Mutex::new(HashMap::new()),
             default_limits,
             code_policies,
+            saved,
         });
         let weak = Arc::downgrade(&service);
         std::thread::Builder::new()
@@ -1024,13 +1042,21 @@ impl Service {
 
     /// The session `id` if `tenant` owns it; another tenant's session is "not found" too.
     fn owned(&self, tenant: &Tenant, id: &str) -> Result<Owned, ServiceError> {
-        self.sessions
+        let owned = self
+            .sessions
             .lock()
             .expect("lock")
             .get(id)
             .filter(|o| &o.tenant == tenant)
-            .cloned()
-            .ok_or_else(|| ServiceError::NotFound(format!("no sandbox {id}")))
+            .cloned();
+        match owned {
+            Some(owned) => Ok(owned),
+            // Saved across a restart: paused until resumed.
+            None if self.saved.get(&self.db, tenant, id).is_some() => {
+                Err(self.manager_error(id, ManagerError::Paused(id.to_string())))
+            }
+            None => Err(ServiceError::NotFound(format!("no sandbox {id}"))),
+        }
     }
 
     fn manager_error(&self, id: &str, e: ManagerError) -> ServiceError {
@@ -1114,6 +1140,16 @@ impl Service {
         tenant: &Tenant,
         req: &CreateSandboxRequest,
     ) -> Result<SandboxInfo, ServiceError> {
+        self.create_session_as(tenant, req, None)
+    }
+
+    /// [`Service::create_session`] under `id` when given (a saved sandbox resumed).
+    fn create_session_as(
+        &self,
+        tenant: &Tenant,
+        req: &CreateSandboxRequest,
+        id: Option<&str>,
+    ) -> Result<SandboxInfo, ServiceError> {
         self.check_running()?;
         let language = parse_language(req.language.as_deref())?;
         let image = self.image(req.image.as_deref())?;
@@ -1155,7 +1191,9 @@ impl Service {
         let policy = PolicyRequest::of(&code_policy);
         options.code_policy = code_policy;
         options.egress = egress;
-        let created = self.manager.create(&options, Duration::from_secs(idle));
+        let created = self
+            .manager
+            .create_as(&options, Duration::from_secs(idle), id);
         self.metrics
             .session_create_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -1176,19 +1214,33 @@ impl Service {
             default_timeout: limits.timeout,
             promised_bytes: promised,
             workspace_bytes: limits.disk_bytes,
+            request: CreateSandboxRequest {
+                image: Some(image.name.clone()),
+                language: Some(language.name().to_string()),
+                limits: Some(LimitsRequest::from(&limits)),
+                idle_timeout_s: Some(idle),
+                policy: Some(policy.clone()),
+                metadata: Some(metadata.clone()),
+                ..req.clone()
+            },
             policy,
             limits,
             metadata,
+            restored: false,
         };
         self.sessions
             .lock()
             .expect("lock")
             .insert(info.id.clone(), owned.clone());
         self.release_slot(tenant);
-        if let Err(e) = self
-            .db
-            .session_started(&info.id, &tenant.0, &image.name, language.name())
-        {
+        // A saved sandbox resumed under its id has its row already (crate::persist).
+        let recorded = match id {
+            None => self
+                .db
+                .session_started(&info.id, &tenant.0, &image.name, language.name()),
+            Some(_) => Ok(()),
+        };
+        if let Err(e) = recorded {
             eprintln!("corral: {e}");
         }
         Ok(Self::info(&info, &owned))
@@ -1217,10 +1269,106 @@ impl Service {
             metadata: owned.metadata.clone(),
             limits: LimitsRequest::from(&owned.limits),
             network: info.network.clone(),
+            memory: if owned.restored {
+                crate::persist::MEMORY_NOT_KEPT
+            } else {
+                crate::persist::MEMORY_KEPT
+            }
+            .to_string(),
         }
     }
 
+    /// A saved sandbox as the API shows it: paused, with its settings.
+    fn saved_info(&self, saved: &crate::persist::SavedSandbox) -> SandboxInfo {
+        let request = &saved.spec.request;
+        let limits = request
+            .limits
+            .clone()
+            .unwrap_or_default()
+            .to_limits(&self.default_limits)
+            .unwrap_or(self.default_limits);
+        let idle = Duration::from_secs(
+            request
+                .idle_timeout_s
+                .unwrap_or(self.config.default_idle_timeout_s),
+        );
+        let info = corral_kernel::SessionInfo {
+            id: saved.id.clone(),
+            language: parse_language(request.language.as_deref()).map_or("python", Language::name),
+            created_at: saved.created_at(),
+            last_used: saved.paused_at,
+            idle_timeout: idle,
+            executions: 0,
+            death: None,
+            warnings: Vec::new(),
+            paused_at: Some(saved.paused_at),
+            network: None,
+        };
+        let owned = Owned {
+            tenant: saved.tenant.clone(),
+            image: request.image.clone().unwrap_or_default(),
+            default_timeout: limits.timeout,
+            promised_bytes: 0,
+            workspace_bytes: 0,
+            policy: request.policy.clone().unwrap_or_default(),
+            limits,
+            metadata: request.metadata.clone().unwrap_or_default(),
+            request: request.clone(),
+            restored: true,
+        };
+        Self::info(&info, &owned)
+    }
+
+    /// Resumes a sandbox saved across a restart: a fresh session of its settings, under its
+    /// id, on its saved files (its memory was not kept).
+    fn resume_saved(
+        &self,
+        saved: crate::persist::SavedSandbox,
+    ) -> Result<SandboxInfo, ServiceError> {
+        let id = saved.id.clone();
+        let info = match self.create_session_as(&saved.tenant, &saved.spec.request, Some(&id)) {
+            Ok(info) => info,
+            Err(e) => {
+                self.saved.put_back(saved);
+                return Err(e);
+            }
+        };
+        let restored = self
+            .manager
+            .workspace(&id)
+            .map_err(|e| self.manager_error(&id, e))
+            .and_then(|workspace| {
+                self.saved
+                    .restore(&id, &workspace)
+                    .map_err(|e| ServiceError::Sandbox(e.to_string()))
+            });
+        if let Err(e) = restored {
+            // The saved files stay for another try; the fresh session goes.
+            let owned = self.sessions.lock().expect("lock").remove(&id);
+            let _ = self.manager.close(&id);
+            self.released(owned);
+            self.saved.put_back(saved);
+            return Err(e);
+        }
+        self.saved.finish(&self.db, &id);
+        if let Err(e) = self.db.session_restored(&id) {
+            eprintln!("corral: {e}");
+        }
+        let mut sessions = self.sessions.lock().expect("lock");
+        let Some(owned) = sessions.get_mut(&id) else {
+            return Ok(info);
+        };
+        owned.restored = true;
+        Ok(SandboxInfo {
+            memory: crate::persist::MEMORY_NOT_KEPT.to_string(),
+            ..info
+        })
+    }
+
     pub fn get(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ServiceError> {
+        if let Some(saved) = self.saved.get(&self.db, tenant, id) {
+            return Ok(self.saved_info(&saved));
+        }
         let owned = self.owned(tenant, id)?;
         let info = self
             .manager
@@ -1270,18 +1418,37 @@ impl Service {
                 .map_or(0, |d| d.as_nanos());
             format!("{nanos:020}-{}", info.id)
         };
-        let mut sessions: Vec<(String, corral_kernel::SessionInfo)> = self
+        let mut sessions: Vec<(String, SandboxInfo)> = self
             .manager
             .list()
             .into_iter()
             .filter(|info| owned.contains_key(&info.id))
-            .map(|info| (cursor(&info), info))
+            .map(|info| (cursor(&info), Self::info(&info, &owned[&info.id])))
             .collect();
+        // Sandboxes saved across a restart, paused.
+        sessions.extend(
+            self.saved
+                .of(&self.db, tenant)
+                .iter()
+                .map(|saved| {
+                    let nanos = saved
+                        .created_at()
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos());
+                    (format!("{nanos:020}-{}", saved.id), self.saved_info(saved))
+                })
+                .filter(|(_, info)| query.image.as_ref().is_none_or(|i| *i == info.image))
+                .filter(|(_, info)| {
+                    query
+                        .metadata
+                        .iter()
+                        .all(|(k, v)| info.metadata.get(k) == Some(v))
+                }),
+        );
         sessions.sort_by(|a, b| a.0.cmp(&b.0));
         let mut matching: Vec<(String, SandboxInfo)> = sessions
-            .iter()
+            .into_iter()
             .filter(|(at, _)| query.after.as_ref().is_none_or(|after| at > after))
-            .map(|(at, info)| (at.clone(), Self::info(info, &owned[&info.id])))
             .filter(|(_, info)| query.states.is_empty() || query.states.contains(&info.state))
             .take(limit + 1)
             .collect();
@@ -1347,6 +1514,10 @@ impl Service {
 
     /// Closes session `id`: its sandbox is torn down and nothing of it remains.
     pub fn kill(&self, tenant: &Tenant, id: &str) -> Result<(), ServiceError> {
+        if self.saved.remove(&self.db, tenant, id) {
+            let _ = self.db.session_ended(id, "deleted");
+            return Ok(());
+        }
         self.owned(tenant, id)?;
         let owned = self.sessions.lock().expect("lock").remove(id);
         let closed = self.manager.close(id);
@@ -1376,6 +1547,25 @@ impl Service {
         self.get(tenant, id)
     }
 
+    /// Opens connections to the listeners of session `id` (the port proxy, crate::ports);
+    /// refused while it is paused.
+    pub fn port_opener(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+    ) -> Result<corral_sandbox::ports::PortOpener, ServiceError> {
+        self.owned(tenant, id)?;
+        self.manager
+            .port_opener(id)
+            .map_err(|e| self.manager_error(id, e))
+    }
+
+    /// The tenant that owns session `id` (for host-routed ports an operator made public).
+    pub fn owner_of(&self, id: &str) -> Option<Tenant> {
+        let sessions = self.sessions.lock().expect("lock");
+        sessions.get(id).map(|o| o.tenant.clone())
+    }
+
     /// Pauses session `id`: every process of its sandbox is frozen, keeping its memory and
     /// files; its idle clock stops (docs/api.md, "Pause and resume").
     pub fn pause(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ServiceError> {
@@ -1390,6 +1580,11 @@ impl Service {
 
     /// Resumes session `id`, paused by [`Service::pause`].
     pub fn resume(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ServiceError> {
+        if let Some(saved) = self.saved.take(&self.db, tenant, id) {
+            let info = self.resume_saved(saved)?;
+            self.metrics.resumes.inc();
+            return Ok(info);
+        }
         let owned = self.owned(tenant, id)?;
         let info = self
             .manager
@@ -1817,6 +2012,38 @@ impl Service {
     }
 
     /// Refuses new work from now on.
+    /// Saves session `id` across the restart if it is paused (crate::persist).
+    fn save_if_paused(&self, id: &str, owned: &Owned) {
+        let Some(paused_at) = self.manager.get(id).ok().and_then(|info| info.paused_at) else {
+            return;
+        };
+        let Ok(workspace) = self.manager.workspace_to_save(id) else {
+            return;
+        };
+        let created_at = self
+            .manager
+            .get(id)
+            .ok()
+            .and_then(|i| i.created_at.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
+        let saved = crate::persist::SavedSandbox {
+            id: id.to_string(),
+            tenant: owned.tenant.clone(),
+            paused_at,
+            spec: crate::persist::SavedSpec {
+                request: owned.request.clone(),
+                created_at,
+            },
+        };
+        match self
+            .saved
+            .save(&self.db, saved, &workspace, owned.limits.disk_bytes)
+        {
+            Ok(()) => eprintln!("corral: paused sandbox {id} saved: resume it after the restart"),
+            Err(e) => eprintln!("corral: paused sandbox {id} could not be saved: {e}"),
+        }
+    }
+
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::Relaxed);
     }
@@ -1832,6 +2059,7 @@ impl Service {
     pub fn close_all(&self) {
         let sessions: Vec<(String, Owned)> = self.sessions.lock().expect("lock").drain().collect();
         for (id, owned) in sessions {
+            self.save_if_paused(&id, &owned);
             let _ = self.manager.close(&id);
             self.released(Some(owned));
             let _ = self.db.session_ended(&id, "server shut down");

@@ -3377,3 +3377,159 @@ fn the_cpu_weight_is_set_on_the_corral_parent_or_the_server_refuses_to_start() {
         assert!(stderr.contains("cpu_weight: "), "{stderr}");
     }
 }
+
+/// A paused sandbox survives a graceful restart (crate::persist of corral-server): after
+/// SIGTERM and a new server on the same database, it is listed as paused under its id, to its
+/// owner only; a resume gives a fresh kernel (`memory: not kept`) on its files with its
+/// settings; what was saved is gone once resumed, and a deleted saved sandbox leaves nothing.
+#[test]
+fn a_paused_sandbox_survives_a_restart_with_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let saved_dir = dir.path().join("saved-sandboxes");
+    let mut s = Server::start_in(dir, "shutdown_grace_s = 2");
+    let (key_a, key_b) = (s.key("A"), s.key("B"));
+    let body = r#"{"image":"host","env":{"KEPT_ENV":"yes"},"metadata":{"team":"x"},"limits":{"disk_mb":64}}"#;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (status, info) = s.call("POST", "/v1/sandboxes", Some(&key_a), Some(body));
+        assert_eq!(status, 201, "{info}");
+        ids.push(info["id"].as_str().unwrap().to_string());
+    }
+    let (kept, deleted) = (ids[0].clone(), ids[1].clone());
+    let (status, out) = s.execute(
+        &kept,
+        Some(&key_a),
+        "import os\nos.makedirs('deep/er', exist_ok=True)\n\
+         open('deep/er/data.txt', 'w').write('saved bytes')\nlost = 42",
+    );
+    assert_eq!(status, 200, "{out}");
+    for id in &ids {
+        let (status, info) = s.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/pause"),
+            Some(&key_a),
+            None,
+        );
+        assert_eq!(status, 200, "{info}");
+    }
+    let pid = s.pid();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(s.child.wait().unwrap().success());
+    assert_eq!(cgroups_of(pid), Vec::<PathBuf>::new());
+    assert!(saved_dir.join(&kept).join("deep/er/data.txt").is_file());
+
+    let dir = std::mem::replace(&mut s._dir, tempfile::tempdir().unwrap());
+    drop(s);
+    let s = Server::start_in(dir, "");
+    // Listed as paused, to its owner only.
+    let (status, info) = s.call("GET", &format!("/v1/sandboxes/{kept}"), Some(&key_a), None);
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["state"], "paused", "{info}");
+    assert_eq!(info["memory"], "not kept", "{info}");
+    assert_eq!(info["metadata"]["team"], "x", "{info}");
+    let (_, list) = s.call("GET", "/v1/sandboxes", Some(&key_a), None);
+    let listed: Vec<&str> = list["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["id"].as_str())
+        .collect();
+    assert!(
+        listed.contains(&kept.as_str()) && listed.contains(&deleted.as_str()),
+        "{list}"
+    );
+    for (method, path) in [
+        ("GET", format!("/v1/sandboxes/{kept}")),
+        ("POST", format!("/v1/sandboxes/{kept}/resume")),
+        ("DELETE", format!("/v1/sandboxes/{kept}")),
+    ] {
+        let (status, answer) = s.call(method, &path, Some(&key_b), None);
+        assert_eq!(status, 404, "B: {method} {path}: {answer}");
+    }
+    let (_, list_b) = s.call("GET", "/v1/sandboxes", Some(&key_b), None);
+    assert_eq!(list_b["sandboxes"], json!([]), "{list_b}");
+    // Paused until resumed: no execution.
+    let (status, answer) = s.execute(&kept, Some(&key_a), "1");
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(error_code(&answer), "sandbox_paused");
+
+    let (status, info) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{kept}/resume"),
+        Some(&key_a),
+        None,
+    );
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["id"], kept.as_str());
+    assert_eq!(info["state"], "running", "{info}");
+    assert_eq!(info["memory"], "not kept", "{info}");
+    assert_eq!(info["limits"]["disk_mb"], 64, "{info}");
+    let (status, out) = s.execute(
+        &kept,
+        Some(&key_a),
+        "import os\nprint(open('deep/er/data.txt').read(), os.environ.get('KEPT_ENV'), 'lost' in globals())",
+    );
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["stdout"], "saved bytes yes False\n", "{out}");
+    assert!(
+        !saved_dir.join(&kept).exists(),
+        "the saved files outlived the resume"
+    );
+    // A second resume: it runs.
+    let (status, _) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{kept}/resume"),
+        Some(&key_a),
+        None,
+    );
+    assert_eq!(status, 409);
+
+    // A saved sandbox deleted: its files go with it.
+    assert!(saved_dir.join(&deleted).exists());
+    let (status, _) = s.call(
+        "DELETE",
+        &format!("/v1/sandboxes/{deleted}"),
+        Some(&key_a),
+        None,
+    );
+    assert_eq!(status, 204);
+    assert!(!saved_dir.join(&deleted).exists());
+    let (status, _) = s.call(
+        "GET",
+        &format!("/v1/sandboxes/{deleted}"),
+        Some(&key_a),
+        None,
+    );
+    assert_eq!(status, 404);
+}
+
+/// A saved sandbox paused longer than `max_paused_s` is deleted at the next start, files and
+/// all.
+#[test]
+fn a_saved_sandbox_expires_across_the_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let saved_dir = dir.path().join("saved-sandboxes");
+    let mut s = Server::start_in(dir, "shutdown_grace_s = 2\nmax_paused_s = 1");
+    let id = s.create(None);
+    s.execute(&id, None, "open('f', 'w').write('x')");
+    let (status, _) = s.call("POST", &format!("/v1/sandboxes/{id}/pause"), None, None);
+    assert_eq!(status, 200);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(s.pid()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(s.child.wait().unwrap().success());
+    assert!(saved_dir.join(&id).exists());
+    std::thread::sleep(Duration::from_millis(2100));
+    let dir = std::mem::replace(&mut s._dir, tempfile::tempdir().unwrap());
+    drop(s);
+    let s = Server::start_in(dir, "max_paused_s = 1");
+    let (status, _) = s.call("GET", &format!("/v1/sandboxes/{id}"), None, None);
+    assert_eq!(status, 404);
+    assert!(!saved_dir.join(&id).exists());
+}

@@ -362,6 +362,9 @@ class SandboxInfo:
     #: What the session's egress proxy has done since its kernel started, as
     #: :attr:`RunResult.network`; ``None`` without a network policy.
     network: Optional[Dict[str, Any]] = None
+    #: ``kept``, or ``not kept`` for a sandbox paused across a server restart: resumed on its
+    #: saved files with a fresh interpreter.
+    memory: Optional[str] = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SandboxInfo":
@@ -382,6 +385,7 @@ class SandboxInfo:
             metadata={str(k): str(v) for k, v in (data.get("metadata") or {}).items()},
             limits=dict(data.get("limits") or {}),
             network=data.get("network"),
+            memory=data.get("memory"),
         )
 
 
