@@ -17,7 +17,7 @@ import pytest
 
 from e2b_code_interpreter import Sandbox
 
-from conftest import REPO, STOP_TIMEOUT_S, _free_port, _wait_until_healthy
+from e2b_server import REPO, STOP_TIMEOUT_S, _free_port, _wait_until_healthy
 
 SDK_ENV = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")
 

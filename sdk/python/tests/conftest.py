@@ -126,6 +126,12 @@ def serve(tmp: Path, config: str = "") -> Iterator[str]:
 
 
 @pytest.fixture
+def corral_bin() -> Path:
+    """The `corral` binary the servers of these tests run."""
+    return _corral_bin()
+
+
+@pytest.fixture
 def serve_with(tmp_path: Path) -> Callable[[str], "contextlib.AbstractContextManager[str]"]:
     """[`serve`] for one test: `with serve_with(config) as url:` runs a server of its own."""
     return lambda config: serve(tmp_path, config)

@@ -12,7 +12,6 @@ from typing import Iterator
 import httpx
 import pytest
 
-from conftest import _corral_bin
 from corral import (
     AsyncSandbox,
     EntryInfo,
@@ -183,8 +182,8 @@ async def test_the_async_client_has_the_same_calls(corral_url: str) -> None:
         assert not await sb.files.exists("c")
 
 
-def test_another_key_reaches_nothing(tmp_path: Path, serve_with) -> None:
-    binary = _corral_bin()
+def test_another_key_reaches_nothing(tmp_path: Path, serve_with, corral_bin: Path) -> None:
+    binary = corral_bin
     keys = []
     for name in ("owner", "intruder"):
         made = subprocess.run(
