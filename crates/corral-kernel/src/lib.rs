@@ -2,6 +2,7 @@
 //! JavaScript (Node) and bash running inside sandboxes, the framed protocol to them, and the
 //! one-shot runner that returns rich results.
 
+pub mod agent;
 pub mod bytecode;
 pub mod event;
 pub mod imports;

@@ -14,6 +14,7 @@ use corral_sandbox::cgroup::{MemoryUsage, Meter};
 use corral_sandbox::egress::EgressMonitor;
 use corral_sandbox::{ExecutionResult, NetworkReport, Workspace};
 
+use crate::agent::{AgentError, ProcessAgent};
 use crate::event::Event;
 use crate::pool::Pool;
 use crate::session::{Interrupter, KernelError, Session, SessionOptions, Stopper};
@@ -74,6 +75,9 @@ struct Entry {
     /// Reads the session's egress report without waiting for the session (a restart
     /// replaces it).
     network: Mutex<Option<EgressMonitor>>,
+    /// The session's process agent, reachable without waiting for the session (a restart
+    /// replaces it).
+    agent: Mutex<Option<Arc<ProcessAgent>>>,
 }
 
 impl Entry {
@@ -145,6 +149,8 @@ pub enum ManagerError {
     /// A pause while the session executes or runs a command.
     #[error("session {0} is busy: pause it between executions")]
     Busy(String),
+    #[error(transparent)]
+    Agent(#[from] AgentError),
 }
 
 /// All live sessions of a process.
@@ -239,7 +245,13 @@ impl SessionManager {
             paused_at: None,
             network: None,
         };
+        let agent = session.agent().ok();
+        if let Some(agent) = &agent {
+            // A pooled session's agent was started before its owner's environment was known.
+            agent.set_env(options.env.clone());
+        }
         let entry = Arc::new(Entry {
+            agent: Mutex::new(agent),
             network: Mutex::new(session.network_monitor()),
             interrupter: session.interrupter(),
             workspace: Mutex::new(session.workspace().clone()),
@@ -379,6 +391,7 @@ impl SessionManager {
         *entry.workspace.lock().expect("lock") = session.workspace().clone();
         *entry.meter.lock().expect("lock") = session.meter();
         *entry.network.lock().expect("lock") = session.network_monitor();
+        *entry.agent.lock().expect("lock") = session.agent().ok();
         {
             let mut info = entry.info.lock().expect("lock");
             info.death = None;
@@ -395,6 +408,15 @@ impl SessionManager {
         entry.check_running(id)?;
         let workspace = entry.workspace.lock().expect("lock").clone();
         Ok(workspace)
+    }
+
+    /// The process agent of session `id` (see [`crate::agent`]): programs it starts run
+    /// beside the session's executions, without its lock.
+    pub fn agent(&self, id: &str) -> Result<Arc<ProcessAgent>, ManagerError> {
+        let entry = self.entry(id)?;
+        entry.check_running(id)?;
+        let agent = entry.agent.lock().expect("lock").clone();
+        Ok(agent.ok_or(AgentError::Unavailable)?)
     }
 
     /// Closes session `id`: its sandbox is torn down and nothing of it remains.

@@ -359,6 +359,8 @@ pub struct Session {
     warnings: Vec<String>,
     /// Held while the session is paused (see [`Session::pause`]).
     thaw_guard: Option<corral_sandbox::cgroup::ThawGuard>,
+    /// The session's process agent (sessions forked from the zygote).
+    agent: Option<Arc<crate::agent::ProcessAgent>>,
     /// What the kernel needs kept as long as it lives: the sandbox of the zygote it was
     /// forked from, whose init is the ancestor of its pid namespace. Declared last, so it is
     /// dropped after the kernel.
@@ -433,6 +435,7 @@ impl Session {
             executions: 0,
             warnings,
             thaw_guard: None,
+            agent: None,
             keepalive: None,
         };
         session.await_ready()?;
@@ -550,6 +553,18 @@ impl Session {
     pub fn set_result_budget(&mut self, budget: Option<Arc<ResultBudget>>) {
         self.decoder.set_budget(budget.clone());
         self.options.result_budget = budget;
+    }
+
+    pub(crate) fn set_agent(&mut self, agent: Arc<crate::agent::ProcessAgent>) {
+        self.agent = Some(agent);
+    }
+
+    /// The session's process agent, which runs programs beside the interpreter without its
+    /// lock ([`crate::agent`]).
+    pub fn agent(&self) -> Result<Arc<crate::agent::ProcessAgent>, crate::agent::AgentError> {
+        self.agent
+            .clone()
+            .ok_or(crate::agent::AgentError::Unavailable)
     }
 
     /// Keeps `what` until this session's kernel is gone (a restart, which makes a kernel of
