@@ -15,10 +15,10 @@ use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use corral_sandbox::agent::{encode, FrameReader, Message, Request, OUTPUT_CHUNK};
 pub use corral_sandbox::agent::{
     AgentRefusal, OutputStream, PtySize, MAX_INPUT, MAX_PENDING_INPUT, MAX_PROCESSES,
 };
-use corral_sandbox::agent::{encode, FrameReader, Message, Request, OUTPUT_CHUNK};
 
 /// The most output one subscriber's queue holds.
 pub const SUBSCRIBER_BYTES: usize = 256 << 10;
@@ -32,7 +32,9 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum AgentError {
     #[error(transparent)]
     Refused(#[from] AgentRefusal),
-    #[error("this session has no process agent (only sessions forked from the Python zygote have one)")]
+    #[error(
+        "this session has no process agent (only sessions forked from the Python zygote have one)"
+    )]
     Unavailable,
     #[error("the session's process agent is gone")]
     Gone,
@@ -84,7 +86,9 @@ pub enum ProcessEvent {
         data: Vec<u8>,
     },
     /// Output this subscriber did not read in time and that was dropped.
-    Lost { bytes: u64 },
+    Lost {
+        bytes: u64,
+    },
     /// The program ended (`None`: the agent, or the session, went away first). Last.
     End(Option<ProcessExit>),
 }
@@ -336,7 +340,13 @@ impl ProcessAgent {
     }
 
     fn known(&self, pid: i32) -> Result<(), AgentError> {
-        match self.state.lock().expect("lock").processes.contains_key(&pid) {
+        match self
+            .state
+            .lock()
+            .expect("lock")
+            .processes
+            .contains_key(&pid)
+        {
             true => Ok(()),
             false => Err(AgentRefusal::NoSuchProcess(pid).into()),
         }
@@ -368,7 +378,9 @@ impl ProcessAgent {
     pub fn resize(&self, pid: i32, size: PtySize) -> Result<(), AgentError> {
         self.known(pid)?;
         if size.rows == 0 || size.cols == 0 {
-            return Err(AgentError::Invalid("a terminal of 0 rows or columns".into()));
+            return Err(AgentError::Invalid(
+                "a terminal of 0 rows or columns".into(),
+            ));
         }
         self.request(|req| Request::Resize { req, pid, size }, &[], None)
             .map(drop)
@@ -388,7 +400,11 @@ fn validate(spec: &ProcessSpec) -> Result<(), AgentError> {
     if strings.clone().any(|s| s.contains('\0')) {
         return invalid("a NUL byte in the command, its directory or its environment");
     }
-    if spec.env.iter().any(|(k, _)| k.is_empty() || k.contains('=')) {
+    if spec
+        .env
+        .iter()
+        .any(|(k, _)| k.is_empty() || k.contains('='))
+    {
         return invalid("an environment name that is empty or holds '='");
     }
     if let Some(size) = spec.pty {

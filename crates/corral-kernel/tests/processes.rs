@@ -82,7 +82,11 @@ fn programs_run_in_the_session_beside_its_executions() {
     let started = Instant::now();
     let handle = std::thread::spawn(move || {
         let sub = agent
-            .start(spec(&["/bin/sh", "-c", "sleep 0.2; echo from-$0; pwd; id -u"]))
+            .start(spec(&[
+                "/bin/sh",
+                "-c",
+                "sleep 0.2; echo from-$0; pwd; id -u",
+            ]))
             .expect("starts");
         collect(&sub, 10 * SECOND)
     });
@@ -127,7 +131,9 @@ fn stdin_is_sent_and_closed_and_exit_codes_and_signals_are_reported() {
     assert_eq!(out, b"hello world");
     assert_eq!(exit.unwrap().exit_code, Some(0));
 
-    let sub = agent.start(spec(&["sh", "-c", "echo err >&2; exit 7"])).unwrap();
+    let sub = agent
+        .start(spec(&["sh", "-c", "echo err >&2; exit 7"]))
+        .unwrap();
     let (_, err, exit) = collect(&sub, 10 * SECOND);
     assert_eq!(err, b"err\n");
     assert_eq!(exit.unwrap().exit_code, Some(7));
@@ -150,10 +156,7 @@ fn stdin_is_sent_and_closed_and_exit_codes_and_signals_are_reported() {
     agent.signal(sub.pid(), libc::SIGKILL).unwrap();
     assert_eq!(collect(&sub, 10 * SECOND).2.unwrap().signal, Some(9));
     let missing = agent.start(spec(&["no-such-program"])).err().unwrap();
-    assert!(
-        missing.to_string().contains("no-such-program"),
-        "{missing}"
-    );
+    assert!(missing.to_string().contains("no-such-program"), "{missing}");
 }
 
 #[test]
@@ -167,7 +170,13 @@ fn a_terminal_takes_input_resizes_and_is_killed() {
     let seen = read_until(&sub, "24 80", 10 * SECOND);
     assert!(seen.contains("/dev/pts/"), "{seen}");
     agent
-        .resize(sub.pid(), PtySize { rows: 40, cols: 100 })
+        .resize(
+            sub.pid(),
+            PtySize {
+                rows: 40,
+                cols: 100,
+            },
+        )
         .unwrap();
     agent.send_input(sub.pid(), b"stty size\n").unwrap();
     read_until(&sub, "40 100", 10 * SECOND);
@@ -184,7 +193,11 @@ fn a_terminal_takes_input_resizes_and_is_killed() {
 fn programs_are_listed_and_connected_to_from_now_on() {
     let session = session();
     let agent = session.agent().unwrap();
-    let mut ticker = spec(&["sh", "-c", "i=0; while true; do i=$((i+1)); echo t$i; sleep 0.1; done"]);
+    let mut ticker = spec(&[
+        "sh",
+        "-c",
+        "i=0; while true; do i=$((i+1)); echo t$i; sleep 0.1; done",
+    ]);
     ticker.tag = Some("ticker".into());
     ticker.env = vec![("CORRAL_TEST".into(), "1".into())];
     let first = agent.start(ticker.clone()).unwrap();

@@ -181,7 +181,9 @@ impl FrameReader {
             return Err(FrameError::TooLarge(len));
         }
         if len < 4 {
-            return Err(FrameError::Malformed("shorter than its header length".into()));
+            return Err(FrameError::Malformed(
+                "shorter than its header length".into(),
+            ));
         }
         if self.buf.len() < 4 + len {
             return Ok(None);
@@ -189,9 +191,12 @@ impl FrameReader {
         let frame: Vec<u8> = self.buf.drain(..4 + len).skip(4).collect();
         let json_len = u32::from_be_bytes(frame[..4].try_into().expect("4 bytes")) as usize;
         let Some(json) = frame.get(4..4 + json_len) else {
-            return Err(FrameError::Malformed("a header longer than its frame".into()));
+            return Err(FrameError::Malformed(
+                "a header longer than its frame".into(),
+            ));
         };
-        let header = serde_json::from_slice(json).map_err(|e| FrameError::Malformed(e.to_string()))?;
+        let header =
+            serde_json::from_slice(json).map_err(|e| FrameError::Malformed(e.to_string()))?;
         Ok(Some(Frame {
             header,
             payload: frame[4 + json_len..].to_vec(),
@@ -246,7 +251,8 @@ impl Agent {
         let mut sigchld = SigSet::empty();
         sigchld.add(Signal::SIGCHLD);
         sigchld.thread_block()?;
-        let children = SignalFd::with_flags(&sigchld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
+        let children =
+            SignalFd::with_flags(&sigchld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
         set_nonblocking(socket.as_fd())?;
         Ok(Agent {
             socket,
@@ -344,7 +350,11 @@ impl Agent {
         let bytes = encode(header, payload);
         let mut at = 0;
         while at < bytes.len() {
-            match send(self.socket.as_raw_fd(), &bytes[at..], MsgFlags::MSG_NOSIGNAL) {
+            match send(
+                self.socket.as_raw_fd(),
+                &bytes[at..],
+                MsgFlags::MSG_NOSIGNAL,
+            ) {
                 Ok(n) => at += n,
                 Err(Errno::EAGAIN) => {
                     let mut pfd = [PollFd::new(self.socket.as_fd(), PollFlags::POLLOUT)];
@@ -508,9 +518,9 @@ impl Agent {
                 Ok(())
             });
         }
-        let mut child = command.spawn().map_err(|e| {
-            AgentRefusal::Start(format!("{program}: {e}"))
-        })?;
+        let mut child = command
+            .spawn()
+            .map_err(|e| AgentRefusal::Start(format!("{program}: {e}")))?;
         let pid = child.id() as i32;
         let mut program = Program {
             input: None,
@@ -597,12 +607,7 @@ impl Agent {
         }
     }
 
-    fn forward_output(
-        &mut self,
-        pid: i32,
-        stream: OutputStream,
-        buf: &mut [u8],
-    ) -> io::Result<()> {
+    fn forward_output(&mut self, pid: i32, stream: OutputStream, buf: &mut [u8]) -> io::Result<()> {
         let Some(program) = self.programs.get_mut(&pid) else {
             return Ok(());
         };
@@ -686,8 +691,7 @@ impl Agent {
 }
 
 fn env_has(command: &Command, name: &str) -> bool {
-    command.get_envs().any(|(k, _)| k == name)
-        || std::env::var_os(name).is_some()
+    command.get_envs().any(|(k, _)| k == name) || std::env::var_os(name).is_some()
 }
 
 fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
@@ -727,15 +731,15 @@ mod tests {
 
     #[test]
     fn frames_round_trip_in_any_chunking() {
-        let a = encode(
-            &Request::Input { req: 7, pid: 12 },
-            b"hello\x00world",
-        );
+        let a = encode(&Request::Input { req: 7, pid: 12 }, b"hello\x00world");
         let b = encode(
             &Request::Resize {
                 req: 8,
                 pid: 12,
-                size: PtySize { rows: 40, cols: 100 },
+                size: PtySize {
+                    rows: 40,
+                    cols: 100,
+                },
             },
             &[],
         );

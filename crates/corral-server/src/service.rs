@@ -31,6 +31,8 @@ use crate::config::Config;
 use crate::db::{AuditEntry, Db, EgressEntry};
 use crate::metrics::{DirectionLabels, EgressLabels, Metrics};
 
+mod processes;
+
 /// The tenant a request acts for: an API key's id, or `local` for keyless loopback use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tenant(pub String);
@@ -92,6 +94,9 @@ pub enum ServiceError {
     /// code).
     #[error("{message}")]
     Conflict { state: Conflict, message: String },
+    /// A call to a program in a sandbox (or to its process agent) that failed.
+    #[error(transparent)]
+    Process(corral_kernel::agent::AgentError),
 }
 
 /// Why a call does not fit the sandbox's state.
@@ -1045,6 +1050,7 @@ impl Service {
                 state: Conflict::PauseUnsupported,
                 message: e.to_string(),
             },
+            ManagerError::Agent(e) => ServiceError::Process(e),
             ManagerError::Dead { reason, .. } => ServiceError::SandboxDead(format!(
                 "sandbox {id} is dead ({reason}): delete it and create another"
             )),
