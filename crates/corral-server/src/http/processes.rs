@@ -290,7 +290,10 @@ pub async fn signal(
             req.signal
         ))
     })?;
-    with_agent(&state, tenant, id, move |agent| Ok(agent.signal(pid, signal)?)).await?;
+    with_agent(&state, tenant, id, move |agent| {
+        Ok(agent.signal(pid, signal)?)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
