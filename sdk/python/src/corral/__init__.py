@@ -46,6 +46,7 @@ from ._models import (
     Violation,
     SandboxMetric,
 )
+from ._processes import ProcessExit, ProcessHandle, ProcessInfo, Processes, ProcessOutput
 from ._sync import Commands, Files, Sandbox, run
 
 __all__ = [
@@ -56,6 +57,11 @@ __all__ = [
     "Sandbox",
     "Files",
     "Commands",
+    "Processes",
+    "ProcessHandle",
+    "ProcessInfo",
+    "ProcessOutput",
+    "ProcessExit",
     "run",
     "AsyncSandbox",
     "AsyncFiles",

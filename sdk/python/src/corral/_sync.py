@@ -36,6 +36,7 @@ from ._common import (
     wrap_transport_errors,
 )
 from ._errors import CommandExitError, NotFoundError
+from ._processes import Processes
 from ._models import (
     CommandResult,
     Execution,
@@ -169,6 +170,7 @@ class Sandbox:
         self._conn = conn
         self.files = Files(self)
         self.commands = Commands(self)
+        self.processes = Processes(self)
 
     def _apply(self, info: SandboxInfo) -> None:
         self.info = info
