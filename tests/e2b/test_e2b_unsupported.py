@@ -36,7 +36,6 @@ UNSUPPORTED = {
     "run_code(context=)": lambda s: s.run_code(
         "1", context=Context(context_id="ctx", language="python", cwd="/home/user")
     ),
-    "run_code(envs=)": lambda s: s.run_code("1", envs={"A": "b"}),
     "run_code(language='javascript')": lambda s: s.run_code("1", language="javascript"),
     "run_code(language='r')": lambda s: s.run_code("1", language="r"),
     # the control plane

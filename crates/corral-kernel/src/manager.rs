@@ -277,18 +277,20 @@ impl SessionManager {
             .ok_or_else(|| ManagerError::NotFound(id.to_string()))
     }
 
-    /// Runs code in session `id`; executions in one session are serialized.
+    /// Runs code in session `id`, with `env` set for this execution only (see
+    /// [`Session::execute_with_env`]); executions in one session are serialized.
     pub fn execute(
         &self,
         id: &str,
         code: &str,
+        env: &[(String, String)],
         timeout: Duration,
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<ExecutionResult, ManagerError> {
         let entry = self.entry(id)?;
         let mut session = entry.session.lock().expect("session lock");
         entry.check_running(id)?;
-        let result = session.execute(code, timeout, on_event);
+        let result = session.execute_with_env(code, env, timeout, on_event)?;
         *entry.last_used.lock().expect("lock") = Instant::now();
         let mut info = entry.info.lock().expect("lock");
         info.last_used = SystemTime::now();

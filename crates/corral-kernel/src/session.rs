@@ -121,6 +121,10 @@ pub enum KernelError {
     },
     #[error("{0}")]
     Io(#[from] io::Error),
+    /// A per-execution environment that cannot be sent (see [`Session::execute_with_env`]);
+    /// nothing was run.
+    #[error("invalid environment: {0}")]
+    InvalidEnvironment(String),
     /// A command that cannot be sent (empty, a NUL byte, a malformed environment name, too
     /// large); nothing was run.
     #[error("invalid command: {0}")]
@@ -664,13 +668,47 @@ impl Session {
         timeout: Duration,
         on_event: &mut dyn FnMut(&Event),
     ) -> ExecutionResult {
+        self.execute_with_env(code, &[], timeout, on_event)
+            .expect("an execution without an environment is always sent")
+    }
+
+    /// [`Session::execute`] with `env` set for this execution only: the Python and
+    /// JavaScript kernels set the variables before the cell and put back what was there
+    /// after it. Refused without sending anything (`InvalidEnvironment`) for a bash session
+    /// (its shell's variables are its state) and for a name that is empty or holds `=` or a
+    /// NUL byte, or a value with a NUL byte.
+    pub fn execute_with_env(
+        &mut self,
+        code: &str,
+        env: &[(String, String)],
+        timeout: Duration,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<ExecutionResult, KernelError> {
+        if !env.is_empty() {
+            if self.options.language == Language::Bash {
+                return Err(KernelError::InvalidEnvironment(
+                    "a bash session takes no per-execution environment: export the variables \
+                     in the code"
+                        .into(),
+                ));
+            }
+            if let Some((name, _)) = env
+                .iter()
+                .find(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.contains('\0'))
+            {
+                return Err(KernelError::InvalidEnvironment(format!(
+                    "the variable {name:?} (a name must be non-empty, without `=`; no NUL bytes)"
+                )));
+            }
+        }
         let too_long = self.options.code_policy.length_violation(code.len());
         if let Some(error) = too_long.filter(|_| self.dead.is_none()) {
-            return self.refuse(error, on_event);
+            return Ok(self.refuse(error, on_event));
         }
         let id = self.next_id();
-        let frame = encode(&HostMessage::Execute { id: &id, code });
-        self.exchange(&id, &frame, Kind::Cell, timeout, None, on_event)
+        let env = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let frame = encode(&HostMessage::Execute { id: &id, code, env });
+        Ok(self.exchange(&id, &frame, Kind::Cell, timeout, None, on_event))
     }
 
     /// The result of an execution refused on the host by the code policy: nothing was sent.

@@ -156,11 +156,6 @@ enum Unsupported {
     )]
     CodeContexts,
     #[error(
-        "run_code(envs=...) is not supported by Corral: pass envs to Sandbox.create(), \
-         or set os.environ in the code"
-    )]
-    ExecutionEnvs,
-    #[error(
         "run_code(language={language:?}) is not supported by Corral: {reason}; a Corral \
          sandbox runs the one language of its image"
     )]
@@ -1018,7 +1013,8 @@ fn status_error_line(result: &ExecutionResult) -> Option<Value> {
     Some(json!({"type": "error", "name": name, "value": value, "traceback": ""}))
 }
 
-/// `run_code`'s request; `context_id` and `env_vars` must be empty (no code contexts here).
+/// `run_code`'s request; `context_id` must be empty (no code contexts here); `env_vars` are
+/// set for this execution only.
 #[derive(Debug, Deserialize)]
 struct RunCode {
     code: String,
@@ -1040,14 +1036,12 @@ async fn execute(
     if req.context_id.is_some() {
         return Err(Unsupported::CodeContexts.into());
     }
-    if req.env_vars.as_ref().is_some_and(|e| !e.is_empty()) {
-        return Err(Unsupported::ExecutionEnvs.into());
-    }
     let PlaneSandbox { id, tenant } = sandbox;
     let run = ExecuteRequest {
         code: req.code,
         language: req.language.clone(),
         timeout_s: None,
+        env: req.env_vars.filter(|e| !e.is_empty()),
     };
     let checked = {
         let (service, tenant, id) = (state.service.clone(), tenant.clone(), id.clone());
@@ -1628,7 +1622,6 @@ mod tests {
             Unsupported::Snapshots,
             Unsupported::Network,
             Unsupported::CodeContexts,
-            Unsupported::ExecutionEnvs,
             Unsupported::Language {
                 language: "r".into(),
                 reason: "sandbox s runs python, not r".into(),

@@ -473,6 +473,9 @@ pub struct ExecuteRequest {
     pub language: Option<String>,
     /// Default: the session's `limits.timeout_s`.
     pub timeout_s: Option<f64>,
+    /// Environment variables set for this execution only (Python and JavaScript sessions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
@@ -1051,6 +1054,9 @@ impl Service {
                 message: e.to_string(),
             },
             ManagerError::Agent(e) => ServiceError::Process(e),
+            ManagerError::Kernel(e @ KernelError::InvalidEnvironment(_)) => {
+                ServiceError::BadRequest(e.to_string())
+            }
             ManagerError::Dead { reason, .. } => ServiceError::SandboxDead(format!(
                 "sandbox {id} is dead ({reason}): delete it and create another"
             )),
@@ -1482,9 +1488,10 @@ impl Service {
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<ExecutionResult, ServiceError> {
         let timeout = self.prepare_execute(tenant, id, req)?;
+        let env = check_env(req.env.as_ref())?;
         let result = self
             .manager
-            .execute(id, &req.code, timeout, on_event)
+            .execute(id, &req.code, &env, timeout, on_event)
             .map_err(|e| self.manager_error(id, e))?;
         self.audit(tenant, Some(id), "execute", &req.code, &result);
         if let Some(why) = self.manager.get(id).ok().and_then(|i| i.death) {
