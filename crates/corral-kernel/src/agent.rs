@@ -15,7 +15,7 @@ use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use corral_sandbox::agent::{encode, FrameReader, Message, Request, OUTPUT_CHUNK};
+use corral_sandbox::agent::{encode, receive, FrameReader, Message, Request, OUTPUT_CHUNK};
 pub use corral_sandbox::agent::{
     AgentRefusal, OutputStream, PtySize, MAX_INPUT, MAX_PENDING_INPUT, MAX_PROCESSES,
 };
@@ -185,11 +185,36 @@ struct PendingStart {
     queue: Arc<Queue>,
 }
 
+/// What a request waiting for its reply becomes.
+enum Pending {
+    /// Nothing but the reply.
+    Reply,
+    /// A program's start (see [`PendingStart`]).
+    Start(PendingStart),
+    /// A kernel's start: where its descriptors go, and the write end of its exit pipe.
+    Kernel(Arc<Mutex<Vec<OwnedFd>>>, OwnedFd),
+}
+
 #[derive(Default)]
 struct State {
-    replies: HashMap<u64, (ReplySender, Option<PendingStart>)>,
+    replies: HashMap<u64, (ReplySender, Pending)>,
     processes: BTreeMap<i32, Entry>,
+    /// Kernels started for code contexts: the write end of each one's exit pipe.
+    kernels: HashMap<i32, OwnedFd>,
     gone: bool,
+}
+
+/// The host's side of an interpreter kernel the agent started ([`ProcessAgent::start_kernel`]).
+pub struct KernelChannel {
+    /// Its pid in the sandbox.
+    pub pid: i32,
+    /// The host's end of its fd 3.
+    pub socket: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+    /// Readable once it has exited: 4 bytes, its raw wait status (little-endian), or EOF when
+    /// the agent went away first.
+    pub exited: OwnedFd,
 }
 
 /// A session's process agent.
@@ -239,7 +264,7 @@ impl ProcessAgent {
         &self,
         make: impl FnOnce(u64) -> Request,
         payload: &[u8],
-        start: Option<PendingStart>,
+        pending: Pending,
     ) -> Result<Option<i32>, AgentError> {
         let req = self.next_req.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = sync_channel(1);
@@ -248,7 +273,7 @@ impl ProcessAgent {
             if state.gone {
                 return Err(AgentError::Gone);
             }
-            state.replies.insert(req, (tx, start));
+            state.replies.insert(req, (tx, pending));
         }
         let frame = encode(&make(req), payload);
         let written = {
@@ -294,10 +319,68 @@ impl ProcessAgent {
                 stdin: spec.stdin,
             },
             &[],
-            Some(pending),
+            Pending::Start(pending),
         )?;
         let pid = pid.ok_or(AgentError::Gone)?;
         Ok(Subscription { pid, queue })
+    }
+
+    /// Starts an interpreter kernel in the sandbox (a code context's): its pid and the
+    /// host's ends of its socket and output pipes. It is no program of [`ProcessAgent::list`].
+    pub fn start_kernel(
+        &self,
+        argv: Vec<String>,
+        cwd: Option<String>,
+        env: Vec<(String, String)>,
+    ) -> Result<KernelChannel, AgentError> {
+        let env: Vec<(String, String)> = self
+            .env
+            .lock()
+            .expect("lock")
+            .iter()
+            .cloned()
+            .chain(env)
+            .collect();
+        let (exited, exit_write) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+                .map_err(io::Error::from)?;
+        let fds = Arc::new(Mutex::new(Vec::new()));
+        let pid = self
+            .request(
+                |req| Request::StartKernel {
+                    req,
+                    argv,
+                    cwd,
+                    env,
+                },
+                &[],
+                Pending::Kernel(fds.clone(), exit_write),
+            )?
+            .ok_or(AgentError::Gone)?;
+        let mut fds = std::mem::take(&mut *fds.lock().expect("lock")).into_iter();
+        match (fds.next(), fds.next(), fds.next()) {
+            (Some(socket), Some(stdout), Some(stderr)) => Ok(KernelChannel {
+                pid,
+                socket,
+                stdout,
+                stderr,
+                exited,
+            }),
+            _ => Err(AgentError::Gone),
+        }
+    }
+
+    /// Sends `signal` to kernel `pid` (and its process group).
+    pub fn signal_kernel(&self, pid: i32, signal: i32) -> Result<(), AgentError> {
+        if !self.state.lock().expect("lock").kernels.contains_key(&pid) {
+            return Err(AgentRefusal::NoSuchProcess(pid).into());
+        }
+        self.request(
+            |req| Request::Signal { req, pid, signal },
+            &[],
+            Pending::Reply,
+        )
+        .map(drop)
     }
 
     /// The running programs, by pid.
@@ -357,22 +440,26 @@ impl ProcessAgent {
     pub fn send_input(&self, pid: i32, data: &[u8]) -> Result<(), AgentError> {
         self.known(pid)?;
         for chunk in data.chunks(MAX_INPUT) {
-            self.request(|req| Request::Input { req, pid }, chunk, None)?;
+            self.request(|req| Request::Input { req, pid }, chunk, Pending::Reply)?;
         }
         Ok(())
     }
 
     pub fn close_stdin(&self, pid: i32) -> Result<(), AgentError> {
         self.known(pid)?;
-        self.request(|req| Request::CloseStdin { req, pid }, &[], None)
+        self.request(|req| Request::CloseStdin { req, pid }, &[], Pending::Reply)
             .map(drop)
     }
 
     /// Sends `signal` to the program's process group.
     pub fn signal(&self, pid: i32, signal: i32) -> Result<(), AgentError> {
         self.known(pid)?;
-        self.request(|req| Request::Signal { req, pid, signal }, &[], None)
-            .map(drop)
+        self.request(
+            |req| Request::Signal { req, pid, signal },
+            &[],
+            Pending::Reply,
+        )
+        .map(drop)
     }
 
     pub fn resize(&self, pid: i32, size: PtySize) -> Result<(), AgentError> {
@@ -382,8 +469,12 @@ impl ProcessAgent {
                 "a terminal of 0 rows or columns".into(),
             ));
         }
-        self.request(|req| Request::Resize { req, pid, size }, &[], None)
-            .map(drop)
+        self.request(
+            |req| Request::Resize { req, pid, size },
+            &[],
+            Pending::Reply,
+        )
+        .map(drop)
     }
 }
 
@@ -434,8 +525,9 @@ fn write_all(fd: std::os::fd::BorrowedFd<'_>, mut bytes: &[u8]) -> io::Result<()
 fn read_agent(socket: OwnedFd, state: Arc<Mutex<State>>) {
     let mut reader = FrameReader::default();
     let mut buf = vec![0u8; OUTPUT_CHUNK + 4096];
+    let mut fds = VecDeque::new();
     'read: loop {
-        let n = match nix::unistd::read(socket.as_raw_fd(), &mut buf) {
+        let n = match receive(socket.as_fd(), &mut buf, &mut fds) {
             Ok(0) => break,
             Ok(n) => n,
             Err(nix::errno::Errno::EINTR) => continue,
@@ -444,7 +536,7 @@ fn read_agent(socket: OwnedFd, state: Arc<Mutex<State>>) {
         reader.push(&buf[..n]);
         loop {
             match reader.next::<Message>() {
-                Ok(Some(frame)) => dispatch(&state, frame.header, &frame.payload),
+                Ok(Some(frame)) => dispatch(&state, frame.header, &frame.payload, &mut fds),
                 Ok(None) => break,
                 // An agent that breaks the protocol is not listened to any more.
                 Err(_) => break 'read,
@@ -453,12 +545,14 @@ fn read_agent(socket: OwnedFd, state: Arc<Mutex<State>>) {
     }
     let mut state = state.lock().expect("lock");
     state.gone = true;
-    for (_, (reply, start)) in state.replies.drain() {
+    for (_, (reply, pending)) in state.replies.drain() {
         let _ = reply.try_send(Err(AgentError::Gone));
-        if let Some(start) = start {
+        if let Pending::Start(start) = pending {
             start.queue.end(None);
         }
     }
+    // Their exit pipes close: EOF, the agent is gone.
+    state.kernels.clear();
     for (_, mut entry) in std::mem::take(&mut state.processes) {
         for queue in entry.live_subscribers() {
             queue.end(None);
@@ -466,21 +560,28 @@ fn read_agent(socket: OwnedFd, state: Arc<Mutex<State>>) {
     }
 }
 
-fn dispatch(state: &Mutex<State>, message: Message, payload: &[u8]) {
+fn dispatch(state: &Mutex<State>, message: Message, payload: &[u8], fds: &mut VecDeque<OwnedFd>) {
     let mut state = state.lock().expect("lock");
     match message {
         Message::Reply { req, pid, error } => {
-            let Some((reply, start)) = state.replies.remove(&req) else {
+            let Some((reply, pending)) = state.replies.remove(&req) else {
                 return;
             };
-            if let (Some(start), Some(pid), None) = (start, pid, &error) {
-                state.processes.insert(
-                    pid,
-                    Entry {
-                        spec: start.spec,
-                        subscribers: vec![Arc::downgrade(&start.queue)],
-                    },
-                );
+            match (pending, pid, &error) {
+                (Pending::Start(start), Some(pid), None) => {
+                    state.processes.insert(
+                        pid,
+                        Entry {
+                            spec: start.spec,
+                            subscribers: vec![Arc::downgrade(&start.queue)],
+                        },
+                    );
+                }
+                (Pending::Kernel(slot, exit_write), Some(pid), None) => {
+                    *slot.lock().expect("lock") = fds.drain(..).collect();
+                    state.kernels.insert(pid, exit_write);
+                }
+                _ => {}
             }
             let _ = reply.try_send(match error {
                 Some(refusal) => Err(refusal.into()),
@@ -495,6 +596,9 @@ fn dispatch(state: &Mutex<State>, message: Message, payload: &[u8]) {
             }
         }
         Message::Exit { pid, status } => {
+            if let Some(exit_write) = state.kernels.remove(&pid) {
+                let _ = nix::unistd::write(&exit_write, &status.to_le_bytes());
+            }
             if let Some(mut entry) = state.processes.remove(&pid) {
                 let (exit_code, signal) = decode_status(status);
                 for queue in entry.live_subscribers() {

@@ -121,6 +121,9 @@ pub enum KernelError {
     },
     #[error("{0}")]
     Io(#[from] io::Error),
+    /// A call to the session's process agent failed (a code context's kernel).
+    #[error(transparent)]
+    Agent(#[from] crate::agent::AgentError),
     /// A per-execution environment that cannot be sent (see [`Session::execute_with_env`]);
     /// nothing was run.
     #[error("invalid environment: {0}")]
@@ -263,6 +266,8 @@ pub(crate) struct KernelProcess {
 pub(crate) enum KernelHost {
     Sandbox(Sandbox),
     Forked(crate::zygote::ForkedKernel),
+    /// A code context's kernel, started by a session's process agent.
+    Context(crate::context::ContextKernel),
 }
 
 impl KernelHost {
@@ -270,30 +275,35 @@ impl KernelHost {
         match self {
             KernelHost::Sandbox(s) => s.stdout_fd(),
             KernelHost::Forked(f) => f.stdout.as_fd(),
+            KernelHost::Context(c) => c.stdout.as_fd(),
         }
     }
     fn stderr_fd(&self) -> BorrowedFd<'_> {
         match self {
             KernelHost::Sandbox(s) => s.stderr_fd(),
             KernelHost::Forked(f) => f.stderr.as_fd(),
+            KernelHost::Context(c) => c.stderr.as_fd(),
         }
     }
     fn report_fd(&self) -> BorrowedFd<'_> {
         match self {
             KernelHost::Sandbox(s) => s.report_fd(),
             KernelHost::Forked(f) => f.control.as_fd(),
+            KernelHost::Context(c) => c.report_fd(),
         }
     }
     fn read_report(&mut self) -> Report {
         match self {
             KernelHost::Sandbox(s) => s.read_report(),
             KernelHost::Forked(f) => f.read_report(),
+            KernelHost::Context(c) => c.read_report(),
         }
     }
     fn interrupt(&self) {
         let _ = match self {
             KernelHost::Sandbox(s) => s.interrupt(),
             KernelHost::Forked(f) => f.interrupt(),
+            KernelHost::Context(c) => c.interrupt(),
         };
     }
     fn kill(&mut self) {
@@ -303,12 +313,15 @@ impl KernelHost {
                 s.finish();
             }
             KernelHost::Forked(f) => f.kill(),
+            KernelHost::Context(c) => c.kill(),
         }
     }
     fn cgroup(&self) -> Option<&corral_sandbox::cgroup::Cgroup> {
         match self {
             KernelHost::Sandbox(s) => s.cgroup(),
             KernelHost::Forked(f) => f.cgroup.as_ref(),
+            // The session's cgroup is its own kernel's: a context's usage is not told apart.
+            KernelHost::Context(_) => None,
         }
     }
     fn cpu_time(&self) -> Option<Duration> {
@@ -318,6 +331,7 @@ impl KernelHost {
         match self {
             KernelHost::Sandbox(s) => s.peak_memory(),
             KernelHost::Forked(f) => f.peak_memory(),
+            KernelHost::Context(_) => None,
         }
     }
     /// Whether memory is bounded by `RLIMIT_DATA` alone (no cgroup: the rlimit fallback).
@@ -325,6 +339,7 @@ impl KernelHost {
         match self {
             KernelHost::Sandbox(s) => s.memory_rlimited(),
             KernelHost::Forked(f) => f.cgroup.is_none(),
+            KernelHost::Context(_) => false,
         }
     }
     fn oom_killed(&self) -> bool {
@@ -334,18 +349,21 @@ impl KernelHost {
                 .cgroup
                 .as_ref()
                 .is_some_and(|c| c.oom_kills() > f.workspace.writer_oom_kills()),
+            KernelHost::Context(_) => false,
         }
     }
     fn workspace(&self) -> &Workspace {
         match self {
             KernelHost::Sandbox(s) => s.workspace(),
             KernelHost::Forked(f) => &f.workspace,
+            KernelHost::Context(c) => &c.workspace,
         }
     }
     fn network_monitor(&self) -> Option<EgressMonitor> {
         match self {
             KernelHost::Sandbox(s) => s.network_monitor(),
             KernelHost::Forked(f) => f.network_monitor(),
+            KernelHost::Context(_) => None,
         }
     }
 }
@@ -1238,6 +1256,19 @@ impl Session {
     /// Replaces the kernel with a fresh one (all interpreter state is lost); the workspace's
     /// files are carried over.
     pub fn restart(&mut self) -> Result<(), KernelError> {
+        if let KernelHost::Context(c) = &self.kernel.host {
+            // A code context starts again in its session's sandbox, on the same files.
+            let fresh = Session::start_context(
+                c.agent().clone(),
+                self.options.clone(),
+                c.workspace.clone(),
+                c.cwd.clone(),
+                self.warnings.clone(),
+            )?;
+            self.die(Status::Error, "restarted".into());
+            *self = fresh;
+            return Ok(());
+        }
         let fresh = Session::create(&self.options)?;
         copy_workspace(self.workspace(), fresh.workspace());
         self.die(Status::Error, "restarted".into());

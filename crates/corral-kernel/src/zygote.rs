@@ -101,7 +101,11 @@ impl Zygote {
     ) -> Result<Zygote, KernelError> {
         let mut argv = vec!["python3".into(), format!("/run/corral/{}", ZYGOTE.0)];
         let mut files = match kind {
-            ZygoteKind::Full => support_files(Language::Python),
+            // Its sessions' code contexts may be of any language (crate::context).
+            ZygoteKind::Full => [Language::Python, Language::Javascript, Language::Bash]
+                .into_iter()
+                .flat_map(support_files)
+                .collect(),
             ZygoteKind::Lean => {
                 argv.push("lean".into());
                 // The code policy's hook too: the runs it forks may have a policy.

@@ -260,3 +260,62 @@ fn process_count_and_unread_input_are_bounded() {
     agent.signal(sub.pid(), libc::SIGKILL).unwrap();
     collect(&sub, 10 * SECOND);
 }
+
+#[test]
+fn code_contexts_are_other_interpreters_on_the_same_files() {
+    let mut main = session();
+    let agent = main.agent().unwrap();
+    let context = |language| {
+        Session::start_context(
+            agent.clone(),
+            SessionOptions::new(language),
+            main.workspace().clone(),
+            None,
+            vec![],
+        )
+        .expect("a context starts")
+    };
+    let mut js = context(Language::Javascript);
+    let mut python = context(Language::Python);
+    let mut bash = context(Language::Bash);
+    let run = |s: &mut Session, code: &str| s.execute(code, 20 * SECOND, &mut |_| {});
+    assert!(run(
+        &mut main,
+        "x = 1; open('shared.txt', 'w').write('from main')"
+    )
+    .error
+    .is_none());
+    let r = run(
+        &mut js,
+        "require('fs').readFileSync('/workspace/shared.txt', 'utf8') + ' ' + (6 * 7)",
+    );
+    assert_eq!(
+        r.results[0].text.as_deref(),
+        Some("'from main 42'"),
+        "{r:?}"
+    );
+    // A separate interpreter: no `x` there, and its own state kept.
+    let r = run(&mut python, "x");
+    assert_eq!(r.error.map(|e| e.name).as_deref(), Some("NameError"));
+    run(&mut python, "y = 5");
+    assert_eq!(
+        run(&mut python, "y * 2").results[0].text.as_deref(),
+        Some("10")
+    );
+    assert_eq!(run(&mut bash, "cat shared.txt").stdout, "from main");
+    // A timeout interrupts the context and keeps it.
+    let r = python.execute("import time; time.sleep(60)", SECOND, &mut |_| {});
+    assert_eq!(r.status, corral_sandbox::Status::Timeout, "{r:?}");
+    assert_eq!(run(&mut python, "y").results[0].text.as_deref(), Some("5"));
+    // A restart loses the state, keeps the files; the contexts are no processes.
+    python.restart().unwrap();
+    assert_eq!(
+        run(&mut python, "y").error.map(|e| e.name).as_deref(),
+        Some("NameError")
+    );
+    assert!(agent.list().is_empty(), "{:?}", agent.list());
+    // A context that exits is dead, and its session goes on.
+    let r = run(&mut js, "process.exit(3)");
+    assert!(!js.is_alive(), "{r:?}");
+    assert_eq!(run(&mut main, "x").results[0].text.as_deref(), Some("1"));
+}

@@ -73,6 +73,16 @@ pub enum Request {
         pty: Option<PtySize>,
         stdin: bool,
     },
+    /// Start an interpreter kernel (`argv`, `cwd` and `env` as for a start) with stdin
+    /// `/dev/null`, stdout and stderr pipes and a socket at fd 3 ([`crate`]'s kernel
+    /// protocol). The reply carries, with `SCM_RIGHTS`, the host's ends: the socket, stdout
+    /// and stderr, in that order. Its exit is reported as a program's; it has no output here.
+    StartKernel {
+        req: u64,
+        argv: Vec<String>,
+        cwd: Option<String>,
+        env: Vec<(String, String)>,
+    },
     /// The frame's payload to the program's stdin (or terminal).
     Input { req: u64, pid: i32 },
     /// Close the program's stdin (not a terminal's: send ^D to it instead).
@@ -388,6 +398,23 @@ impl Agent {
                 let started = self.start(argv, cwd, env, pty, stdin);
                 self.reply(req, started.map(Some))
             }
+            Request::StartKernel {
+                req,
+                argv,
+                cwd,
+                env,
+            } => match self.start_kernel(argv, cwd, env) {
+                Ok((pid, ends)) => {
+                    let fds: Vec<RawFd> = ends.iter().map(AsRawFd::as_raw_fd).collect();
+                    let reply = Message::Reply {
+                        req,
+                        pid: Some(pid),
+                        error: None,
+                    };
+                    self.send_with_fds(&reply, &fds)
+                }
+                Err(refusal) => self.reply(req, Err(refusal)),
+            },
             Request::Input { req, pid } => {
                 let outcome = self.queue_input(pid, frame.payload);
                 self.reply(req, outcome.map(|()| None))
@@ -466,12 +493,7 @@ impl Agent {
         };
         let mut command = Command::new(program);
         command.args(args).envs(self.env.iter().cloned()).envs(env);
-        let dir = match cwd.as_deref() {
-            None | Some("") => "/workspace".to_string(),
-            Some(dir) if dir.starts_with('/') => dir.to_string(),
-            Some(dir) => format!("/workspace/{dir}"),
-        };
-        command.current_dir(dir);
+        command.current_dir(workspace_dir(cwd.as_deref()));
         let terminal = match pty {
             Some(size) => {
                 let winsize = nix::pty::Winsize {
@@ -559,6 +581,111 @@ impl Agent {
         drop(child);
         self.programs.insert(pid, program);
         Ok(pid)
+    }
+
+    /// Starts a kernel: its pid and the host's ends of its socket, stdout and stderr.
+    fn start_kernel(
+        &mut self,
+        argv: Vec<String>,
+        cwd: Option<String>,
+        env: Vec<(String, String)>,
+    ) -> Result<(i32, [OwnedFd; 3]), AgentRefusal> {
+        if self.programs.len() >= MAX_PROCESSES {
+            return Err(AgentRefusal::TooManyProcesses);
+        }
+        let Some((program, args)) = argv.split_first() else {
+            return Err(AgentRefusal::Invalid("an empty argv".into()));
+        };
+        let failed = |e: io::Error| AgentRefusal::Start(format!("{program}: {e}"));
+        let (host_end, kernel_end) = socket_pair().map_err(failed)?;
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .envs(self.env.iter().cloned())
+            .envs(env)
+            .current_dir(workspace_dir(cwd.as_deref()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let socket = kernel_end.as_raw_fd();
+        // SAFETY: the closure runs in the forked child before exec and makes only
+        // async-signal-safe calls (sigprocmask, signal, setsid, dup2, fcntl).
+        unsafe {
+            command.pre_exec(move || {
+                SigSet::empty().thread_set_mask().map_err(io::Error::from)?;
+                crate::sys::reset_signal_dispositions();
+                nix::unistd::setsid().map_err(io::Error::from)?;
+                if socket == 3 {
+                    fcntl(3, FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))?;
+                } else {
+                    nix::unistd::dup2(socket, 3)?;
+                }
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().map_err(failed)?;
+        drop(kernel_end);
+        let pid = child.id() as i32;
+        let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+            return Err(AgentRefusal::Start("no pipes".into()));
+        };
+        self.programs.insert(
+            pid,
+            Program {
+                input: None,
+                pending: Vec::new(),
+                close_when_written: false,
+                outputs: Vec::new(),
+                terminal: None,
+                exited: None,
+            },
+        );
+        Ok((
+            pid,
+            [host_end, OwnedFd::from(stdout), OwnedFd::from(stderr)],
+        ))
+    }
+
+    /// Sends a frame whose first byte carries `fds` (`SCM_RIGHTS`).
+    fn send_with_fds(&self, header: &Message, fds: &[RawFd]) -> io::Result<()> {
+        use nix::sys::socket::{sendmsg, ControlMessage};
+        let bytes = encode(header, &[]);
+        let rights = [ControlMessage::ScmRights(fds)];
+        let sent = loop {
+            let iov = [io::IoSlice::new(&bytes)];
+            match sendmsg::<()>(
+                self.socket.as_raw_fd(),
+                &iov,
+                &rights,
+                MsgFlags::MSG_NOSIGNAL,
+                None,
+            ) {
+                Ok(n) => break n,
+                Err(Errno::EAGAIN) => {
+                    let mut pfd = [PollFd::new(self.socket.as_fd(), PollFlags::POLLOUT)];
+                    let _ = poll(&mut pfd, PollTimeout::NONE);
+                }
+                Err(Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let mut at = sent;
+        while at < bytes.len() {
+            match send(
+                self.socket.as_raw_fd(),
+                &bytes[at..],
+                MsgFlags::MSG_NOSIGNAL,
+            ) {
+                Ok(n) => at += n,
+                Err(Errno::EAGAIN) => {
+                    let mut pfd = [PollFd::new(self.socket.as_fd(), PollFlags::POLLOUT)];
+                    let _ = poll(&mut pfd, PollTimeout::NONE);
+                }
+                Err(Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     fn queue_input(&mut self, pid: i32, data: Vec<u8>) -> Result<(), AgentRefusal> {
@@ -690,6 +817,15 @@ impl Agent {
     }
 }
 
+/// A program's working directory: relative to `/workspace`, absolute paths as they are.
+fn workspace_dir(cwd: Option<&str>) -> String {
+    match cwd {
+        None | Some("") => "/workspace".to_string(),
+        Some(dir) if dir.starts_with('/') => dir.to_string(),
+        Some(dir) => format!("/workspace/{dir}"),
+    }
+}
+
 fn env_has(command: &Command, name: &str) -> bool {
     command.get_envs().any(|(k, _)| k == name) || std::env::var_os(name).is_some()
 }
@@ -712,6 +848,44 @@ fn set_size(master: RawFd, size: PtySize) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The most descriptors [`receive`] keeps waiting (a kernel's three); more are closed at
+/// once.
+pub const MAX_RECEIVED_FDS: usize = 3;
+
+/// Reads from an agent's socket (the host's side), keeping the descriptors that came with the
+/// bytes in `fds` (at most [`MAX_RECEIVED_FDS`] waiting; an agent cannot make the host hold
+/// more). 0 at EOF.
+pub fn receive(
+    socket: BorrowedFd<'_>,
+    buf: &mut [u8],
+    fds: &mut std::collections::VecDeque<OwnedFd>,
+) -> nix::Result<usize> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned};
+    use std::os::fd::FromRawFd;
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let mut space = nix::cmsg_space!([RawFd; MAX_RECEIVED_FDS]);
+    let msg = recvmsg::<()>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )?;
+    let n = msg.bytes;
+    for cmsg in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(received) = cmsg {
+            for fd in received {
+                // SAFETY: the kernel just installed this descriptor for us; nothing else owns
+                // it.
+                let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                if fds.len() < MAX_RECEIVED_FDS {
+                    fds.push_back(fd);
+                }
+            }
+        }
+    }
+    Ok(n)
 }
 
 /// Makes the socket pair between the host and an agent: (host's end, agent's end).
