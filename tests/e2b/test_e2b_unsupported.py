@@ -15,7 +15,7 @@ from e2b import (
     NotFoundException,
     SandboxException,
 )
-from e2b_code_interpreter import Context, Sandbox
+from e2b_code_interpreter import Sandbox
 
 
 @pytest.fixture(scope="module")
@@ -29,14 +29,6 @@ UNSUPPORTED = {
     # process.Process/StreamInput (Connect, client streaming)
     "commands.stream_input": lambda s: s.commands.stream_input(1000, ["input"]),
     # the Jupyter plane
-    "create_code_context": lambda s: s.create_code_context(),
-    "list_code_contexts": lambda s: s.list_code_contexts(),
-    "remove_code_context": lambda s: s.remove_code_context("ctx"),
-    "restart_code_context": lambda s: s.restart_code_context("ctx"),
-    "run_code(context=)": lambda s: s.run_code(
-        "1", context=Context(context_id="ctx", language="python", cwd="/home/user")
-    ),
-    "run_code(language='javascript')": lambda s: s.run_code("1", language="javascript"),
     "run_code(language='r')": lambda s: s.run_code("1", language="r"),
     # the control plane
     "fork": lambda s: s.fork(),

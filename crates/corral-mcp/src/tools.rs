@@ -642,6 +642,7 @@ impl CorralMcp {
             language: Some(language.name().into()),
             timeout_s: None,
             env: None,
+            context: None,
         };
         flatten(
             self.on_session(&ext, p.session_id, language, move |b, c, id| {

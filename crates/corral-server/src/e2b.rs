@@ -41,6 +41,7 @@ use futures_util::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+mod contexts;
 mod process;
 
 use crate::config::Config;
@@ -67,6 +68,8 @@ const E2B_HOME: &str = "/home/user";
 const WORKSPACE: &str = "/workspace";
 const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 const ACCESS_TOKEN_HEADER: &str = "x-access-token";
+/// The sandbox's token on the code interpreter's `/contexts…` requests.
+const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 const CONNECT_JSON: &str = "application/connect+json";
 const PROCESS_SERVICE: &str = "process.Process";
 const FILESYSTEM_SERVICE: &str = "filesystem.Filesystem";
@@ -150,14 +153,8 @@ enum Unsupported {
     )]
     Network,
     #[error(
-        "code contexts (create_code_context, list_code_contexts, remove_code_context, \
-         restart_code_context, run_code(context=...)) are not supported by Corral: run_code \
-         runs in the sandbox's one interpreter; create another sandbox for separate state"
-    )]
-    CodeContexts,
-    #[error(
         "run_code(language={language:?}) is not supported by Corral: {reason}; a Corral \
-         sandbox runs the one language of its image"
+         sandbox runs the languages of its image (python, javascript, bash)"
     )]
     Language { language: String, reason: String },
     #[error("{}", rpc_message(.service, .method))]
@@ -308,6 +305,7 @@ impl Registry {
             })?;
         let presented = headers
             .get(ACCESS_TOKEN_HEADER)
+            .or_else(|| headers.get(TRAFFIC_TOKEN_HEADER))
             .map_or(&b""[..], HeaderValue::as_bytes);
         let sandboxes = self.sandboxes.lock().expect("lock");
         match sandboxes.get(id) {
@@ -371,9 +369,9 @@ pub fn router(config: &Config) -> Router<AppState> {
             put(|s, h, b| refuse(s, h, b, Unsupported::Network)),
         )
         .route("/execute", post(execute))
-        .route("/contexts", get(code_contexts).post(code_contexts))
-        .route("/contexts/{id}", delete(code_contexts))
-        .route("/contexts/{id}/restart", post(code_contexts))
+        .route("/contexts", get(contexts::list).post(contexts::create))
+        .route("/contexts/{id}", delete(contexts::remove))
+        .route("/contexts/{id}/restart", post(contexts::restart))
         .route("/health", get(health))
         .route("/process.Process/Start", post(process::start))
         .route("/process.Process/Connect", post(process::connect))
@@ -461,6 +459,9 @@ fn sandbox_json(id: &str, template: &str, token: &str) -> Value {
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": token,
+        // The SDK sends this one (as `E2B-Traffic-Access-Token`) on the code interpreter's
+        // requests that carry no `X-Access-Token` (`/contexts…`).
+        "trafficAccessToken": token,
     })
 }
 
@@ -601,6 +602,7 @@ async fn sandbox_info(
     let mut detail = listed_sandbox(&info, known.as_ref().map(|(_, t)| t.clone()));
     if let Some((token, _)) = known {
         detail["envdAccessToken"] = json!(token);
+        detail["trafficAccessToken"] = json!(token);
     }
     Ok(Json(detail))
 }
@@ -1013,8 +1015,8 @@ fn status_error_line(result: &ExecutionResult) -> Option<Value> {
     Some(json!({"type": "error", "name": name, "value": value, "traceback": ""}))
 }
 
-/// `run_code`'s request; `context_id` must be empty (no code contexts here); `env_vars` are
-/// set for this execution only.
+/// `run_code`'s request: in context `context_id`, else in `language`'s default context;
+/// `env_vars` are set for this execution only.
 #[derive(Debug, Deserialize)]
 struct RunCode {
     code: String,
@@ -1033,15 +1035,13 @@ async fn execute(
     // end is closed, and the client's next request on it cut off.
     let sandbox = sandbox?;
     let req: RunCode = parse_json(&body).map_err(E2bError::bad_request)?;
-    if req.context_id.is_some() {
-        return Err(Unsupported::CodeContexts.into());
-    }
     let PlaneSandbox { id, tenant } = sandbox;
     let run = ExecuteRequest {
         code: req.code,
         language: req.language.clone(),
         timeout_s: None,
         env: req.env_vars.filter(|e| !e.is_empty()),
+        context: req.context_id.clone(),
     };
     let checked = {
         let (service, tenant, id) = (state.service.clone(), tenant.clone(), id.clone());
@@ -1481,12 +1481,6 @@ fn filesystem_call(
     }
 }
 
-/// The Jupyter server's code contexts (`/contexts…`): not served, whatever the sandbox (the
-/// SDK sends these without the sandbox's token).
-async fn code_contexts(_body: Bytes) -> E2bError {
-    Unsupported::CodeContexts.into()
-}
-
 /// A control-plane call Corral does not serve: 501 once the key is checked.
 async fn refuse(
     State(state): State<AppState>,
@@ -1621,7 +1615,6 @@ mod tests {
             Unsupported::Fork,
             Unsupported::Snapshots,
             Unsupported::Network,
-            Unsupported::CodeContexts,
             Unsupported::Language {
                 language: "r".into(),
                 reason: "sandbox s runs python, not r".into(),

@@ -31,6 +31,7 @@ use crate::config::Config;
 use crate::db::{AuditEntry, Db, EgressEntry};
 use crate::metrics::{DirectionLabels, EgressLabels, Metrics};
 
+mod contexts;
 mod processes;
 
 /// The tenant a request acts for: an API key's id, or `local` for keyless loopback use.
@@ -476,6 +477,10 @@ pub struct ExecuteRequest {
     /// Environment variables set for this execution only (Python and JavaScript sessions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<BTreeMap<String, String>>,
+    /// The code context to run in (`GET …/contexts`); without it, `language`'s default
+    /// context (the session's own kernel for its language).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
@@ -1057,6 +1062,11 @@ impl Service {
             ManagerError::Kernel(e @ KernelError::InvalidEnvironment(_)) => {
                 ServiceError::BadRequest(e.to_string())
             }
+            ManagerError::Kernel(KernelError::Agent(e)) => ServiceError::Process(e),
+            e @ ManagerError::NoContext { .. } => ServiceError::NotFound(e.to_string()),
+            e @ (ManagerError::TooManyContexts(_) | ManagerError::MainContext(_)) => {
+                ServiceError::BadRequest(e.to_string())
+            }
             ManagerError::Dead { reason, .. } => ServiceError::SandboxDead(format!(
                 "sandbox {id} is dead ({reason}): delete it and create another"
             )),
@@ -1469,10 +1479,8 @@ impl Service {
             .map_err(|e| self.manager_error(id, e))?;
         if let Some(lang) = &req.language {
             if Language::parse(lang).map(Language::name) != Some(info.language) {
-                return Err(ServiceError::UnsupportedLanguage(format!(
-                    "sandbox {id} runs {}, not {lang}",
-                    info.language
-                )));
+                // Another language runs in its default code context, if the image has it.
+                self.context_language(id, lang)?;
             }
         }
         self.check_session(tenant, id)?;
@@ -1489,10 +1497,15 @@ impl Service {
     ) -> Result<ExecutionResult, ServiceError> {
         let timeout = self.prepare_execute(tenant, id, req)?;
         let env = check_env(req.env.as_ref())?;
-        let result = self
-            .manager
-            .execute(id, &req.code, &env, timeout, on_event)
-            .map_err(|e| self.manager_error(id, e))?;
+        let context =
+            self.execution_context(id, req.context.as_deref(), req.language.as_deref())?;
+        let result = match context {
+            None => self.manager.execute(id, &req.code, &env, timeout, on_event),
+            Some(context) => self
+                .manager
+                .execute_in_context(id, &context, &req.code, &env, timeout, on_event),
+        }
+        .map_err(|e| self.manager_error(id, e))?;
         self.audit(tenant, Some(id), "execute", &req.code, &result);
         if let Some(why) = self.manager.get(id).ok().and_then(|i| i.death) {
             self.release_dead(id);
