@@ -5,6 +5,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod contexts;
 mod processes;
 
 use axum::body::{Body, Bytes};
@@ -250,6 +251,18 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/resume", post(resume_sandbox))
         .route("/v1/sandboxes/{id}/execute", post(execute))
         .route("/v1/sandboxes/{id}/commands", post(commands))
+        .route(
+            "/v1/sandboxes/{id}/contexts",
+            post(contexts::create).get(contexts::list),
+        )
+        .route(
+            "/v1/sandboxes/{id}/contexts/{context}",
+            axum::routing::delete(contexts::remove),
+        )
+        .route(
+            "/v1/sandboxes/{id}/contexts/{context}/restart",
+            post(contexts::restart),
+        )
         .route(
             "/v1/sandboxes/{id}/processes",
             post(processes::start).get(processes::list),

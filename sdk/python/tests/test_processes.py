@@ -75,3 +75,22 @@ def test_a_terminal_and_its_input_bound(sb: Sandbox) -> None:
         for _ in range(100):
             raw.send_stdin(b"x" * 16384)
     assert raw.kill() is True
+
+
+def test_contexts_and_per_execution_env(sb: Sandbox) -> None:
+    sb.run_code("open('shared.txt', 'w').write('hi')")
+    js = sb.run_code("require('fs').readFileSync('shared.txt', 'utf8')", language="javascript")
+    assert js.text == "'hi'", js
+    ctx = sb.create_context("python", cwd="/workspace")
+    assert sb.run_code("v = 7", context=ctx.id).error is None
+    assert sb.run_code("v", context=ctx.id).text == "7"
+    assert sb.run_code("'v' in globals()").text == "False"
+    ids = [c.id for c in sb.list_contexts()]
+    assert ids[0] == "default-python" and ctx.id in ids and "default-javascript" in ids
+    sb.restart_context(ctx.id)
+    assert sb.run_code("v", context=ctx.id).error.name == "NameError"
+    sb.remove_context(ctx.id)
+    assert ctx.id not in [c.id for c in sb.list_contexts()]
+    r = sb.run_code("import os; os.environ.get('ONE')", env={"ONE": "1"})
+    assert r.text == "'1'"
+    assert sb.run_code("import os; os.environ.get('ONE')").text is None

@@ -46,7 +46,14 @@ from ._models import (
     Violation,
     SandboxMetric,
 )
-from ._processes import ProcessExit, ProcessHandle, ProcessInfo, Processes, ProcessOutput
+from ._processes import (
+    CodeContext,
+    ProcessExit,
+    ProcessHandle,
+    ProcessInfo,
+    Processes,
+    ProcessOutput,
+)
 from ._sync import Commands, Files, Sandbox, run
 
 __all__ = [
@@ -58,6 +65,7 @@ __all__ = [
     "Files",
     "Commands",
     "Processes",
+    "CodeContext",
     "ProcessHandle",
     "ProcessInfo",
     "ProcessOutput",

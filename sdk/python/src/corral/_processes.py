@@ -1,5 +1,6 @@
 """Processes in a sandbox beside its interpreter (``sandbox.processes``): started with pipes or
-a terminal, listed, connected to, fed input, resized and signalled (docs/api.md, "Processes")."""
+a terminal, listed, connected to, fed input, resized and signalled (docs/api.md, "Processes");
+and the code contexts it can run besides (:class:`CodeContext`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,27 @@ from ._errors import NotFoundError
 if TYPE_CHECKING:
     from ._sync import Sandbox
 
-__all__ = ["Processes", "ProcessHandle", "ProcessInfo", "ProcessOutput", "ProcessExit"]
+__all__ = [
+    "CodeContext",
+    "Processes",
+    "ProcessHandle",
+    "ProcessInfo",
+    "ProcessOutput",
+    "ProcessExit",
+]
+
+
+@dataclass(frozen=True)
+class CodeContext:
+    """An interpreter of the sandbox besides its own kernel (``Sandbox.create_context``)."""
+
+    id: str
+    language: str
+    cwd: Optional[str]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "CodeContext":
+        return cls(id=str(d["id"]), language=str(d["language"]), cwd=d.get("cwd"))
 
 
 @dataclass(frozen=True)
