@@ -1746,8 +1746,9 @@ impl Server {
     }
 }
 
-/// A tenant cannot list, read, feed, resize or signal another tenant's processes, through
-/// the API or from inside its own sandbox; the attacked process runs on, unchanged.
+/// A tenant cannot list, read, feed, resize or signal another tenant's processes, nor list,
+/// create, restart, remove or run code in its code contexts, through the API or from inside
+/// its own sandbox; the attacked process and context run on, unchanged.
 #[test]
 fn processes_do_not_cross_tenants() {
     let _g = shared();
@@ -1783,6 +1784,31 @@ fn processes_do_not_cross_tenants() {
             Some(json!({"rows": 1, "cols": 1})),
         ),
     ];
+    let (status, ctx) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{a}/contexts"),
+        &key_a,
+        Some(&json!({"language": "python"})),
+    );
+    assert_eq!(status, 201, "{ctx}");
+    let ctx = ctx["id"].as_str().unwrap().to_string();
+    let contexts = format!("/v1/sandboxes/{a}/contexts");
+    let mut attempts = attempts;
+    attempts.extend([
+        ("GET", contexts.clone(), None),
+        (
+            "POST",
+            contexts.clone(),
+            Some(json!({"language": "python"})),
+        ),
+        ("POST", format!("{contexts}/{ctx}/restart"), Some(json!({}))),
+        ("DELETE", format!("{contexts}/{ctx}"), None),
+        (
+            "POST",
+            format!("/v1/sandboxes/{a}/execute"),
+            Some(json!({"code": "1", "context": ctx})),
+        ),
+    ]);
     for (method, path, body) in &attempts {
         let (status, answer) = s.call(method, path, &key_b, body.as_ref());
         assert_eq!(status, 404, "B: {method} {path}: {answer}");
@@ -1812,6 +1838,24 @@ fn processes_do_not_cross_tenants() {
         o.stdout()
     );
     assert_eq!(s.processes(&key_a, &a), vec![pid], "A's process is gone");
+    // B's own sandbox has no such context; A's still runs.
+    let (status, _) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{b}/execute"),
+        &key_b,
+        Some(&json!({"code": "1", "context": ctx})),
+    );
+    assert_eq!(status, 404);
+    let (status, listed) = s.call("GET", &contexts, &key_a, None);
+    assert_eq!(status, 200);
+    assert!(
+        listed["contexts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["id"] == ctx.as_str()),
+        "{listed}"
+    );
     let (status, answer) = s.call(
         "POST",
         &format!("{base}/{pid}/signal"),
