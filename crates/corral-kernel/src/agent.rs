@@ -535,7 +535,7 @@ fn read_agent(socket: OwnedFd, state: Arc<Mutex<State>>) {
         };
         reader.push(&buf[..n]);
         loop {
-            match reader.next::<Message>() {
+            match reader.next_frame::<Message>() {
                 Ok(Some(frame)) => dispatch(&state, frame.header, &frame.payload, &mut fds),
                 Ok(None) => break,
                 // An agent that breaks the protocol is not listened to any more.

@@ -182,7 +182,9 @@ impl FrameReader {
     }
 
     /// The next complete frame, if there is one.
-    pub fn next<T: for<'de> Deserialize<'de>>(&mut self) -> Result<Option<Frame<T>>, FrameError> {
+    pub fn next_frame<T: for<'de> Deserialize<'de>>(
+        &mut self,
+    ) -> Result<Option<Frame<T>>, FrameError> {
         let Some(len) = self.buf.get(..4) else {
             return Ok(None);
         };
@@ -211,11 +213,6 @@ impl FrameReader {
             header,
             payload: frame[4 + json_len..].to_vec(),
         }))
-    }
-
-    /// Bytes held that are not yet a frame.
-    pub fn pending(&self) -> usize {
-        self.buf.len()
     }
 }
 
@@ -340,7 +337,7 @@ impl Agent {
                     Err(_) => return 0,
                 }
                 loop {
-                    match self.reader.next::<Request>() {
+                    match self.reader.next_frame::<Request>() {
                         Ok(Some(frame)) => {
                             if self.handle(frame).is_err() {
                                 return 0;
@@ -923,7 +920,7 @@ mod tests {
             let mut got = Vec::new();
             for part in [&all[..split], &all[split..]] {
                 reader.push(part);
-                while let Some(frame) = reader.next::<Request>().unwrap() {
+                while let Some(frame) = reader.next_frame::<Request>().unwrap() {
                     got.push(frame);
                 }
             }
@@ -939,19 +936,19 @@ mod tests {
         let mut reader = FrameReader::default();
         reader.push(&((MAX_FRAME + 1) as u32).to_be_bytes());
         assert!(matches!(
-            reader.next::<Request>(),
+            reader.next_frame::<Request>(),
             Err(FrameError::TooLarge(_))
         ));
         let mut reader = FrameReader::default();
         reader.push(&[0, 0, 0, 8, 0, 0, 0, 9, b'{', b'}', 0, 0]);
         assert!(matches!(
-            reader.next::<Request>(),
+            reader.next_frame::<Request>(),
             Err(FrameError::Malformed(_))
         ));
         let mut reader = FrameReader::default();
         reader.push(&[0, 0, 0, 2, 0, 0]);
         assert!(matches!(
-            reader.next::<Request>(),
+            reader.next_frame::<Request>(),
             Err(FrameError::Malformed(_))
         ));
     }

@@ -559,3 +559,55 @@ pub(super) async fn update(
 pub(super) async fn other(Path(method): Path<String>, _body: Bytes) -> Response {
     unimplemented_rpc(PROCESS_SERVICE, method)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_requests_parse_as_the_sdk_sends_them() {
+        let pty: StartRequest = serde_json::from_value(json!({
+            "process": {"cmd": "/bin/bash", "args": ["-i", "-l"], "envs": {"TERM": "xterm"}},
+            "pty": {"size": {"cols": 100, "rows": 40}},
+            "tag": "t",
+        }))
+        .unwrap();
+        assert_eq!(
+            pty.pty.as_ref().map(PtyJson::size),
+            Some(PtySize {
+                rows: 40,
+                cols: 100
+            })
+        );
+        assert_eq!(pty.process.envs["TERM"], "xterm");
+        assert_eq!(pty.stdin, None);
+        let plain: StartRequest =
+            serde_json::from_value(json!({"process": {"cmd": "ls"}, "stdin": true})).unwrap();
+        assert!(plain.pty.is_none() && plain.process.args.is_empty());
+        assert_eq!(plain.stdin, Some(true));
+    }
+
+    #[test]
+    fn signals_are_envds_two() {
+        assert_eq!(signal_of(&json!("SIGNAL_SIGKILL")), Some(9));
+        assert_eq!(signal_of(&json!("SIGNAL_SIGTERM")), Some(15));
+        assert_eq!(signal_of(&json!(15)), Some(15));
+        assert_eq!(signal_of(&json!("SIGNAL_UNSPECIFIED")), None);
+        assert_eq!(signal_of(&json!(2)), None);
+    }
+
+    #[test]
+    fn ends_are_envds() {
+        let end = |exit_code, signal| end_event(Some(ProcessExit { exit_code, signal })).unwrap();
+        assert_eq!(
+            end(Some(0), None),
+            json!({"event": {"end": {"exitCode": 0, "exited": true, "status": "exit status 0"}}})
+        );
+        assert_eq!(end(Some(3), None)["event"]["end"]["error"], "exit status 3");
+        assert_eq!(
+            end(None, Some(9))["event"]["end"],
+            json!({"exitCode": -1, "exited": false, "status": "signal: killed", "error": "signal: killed"})
+        );
+        assert_eq!(end_event(None).unwrap_err()["code"], "internal");
+    }
+}
