@@ -116,10 +116,11 @@ def _read_terminal(handle, output):
 
 
 def test_a_flooded_pty_refuses_input_and_the_sandbox_goes_on(sandbox):
-    # A terminal whose program never reads: the agent holds at most 64 KiB of its input and
+    # A terminal in raw mode whose program never reads (in canonical mode the terminal itself
+    # drops what does not fit its line): the agent holds at most 64 KiB of its input and
     # refuses the rest with a clear error; the sandbox and its other calls are unaffected.
     terminal = sandbox.pty.create(PtySize(rows=24, cols=80))
-    sandbox.pty.send_stdin(terminal.pid, b"stty -echo; exec sleep 600\n")
+    sandbox.pty.send_stdin(terminal.pid, b"stty raw -echo; exec sleep 600\n")
     time.sleep(0.5)
     refused = None
     for _ in range(200):
