@@ -432,11 +432,15 @@ impl SessionManager {
     }
 
     /// The process agent of session `id` (see [`crate::agent`]): programs it starts run
-    /// beside the session's executions, without its lock.
+    /// beside the session's executions, without its lock. Asking for it counts as a use of
+    /// the session (its idle clock starts again).
     pub fn agent(&self, id: &str) -> Result<Arc<ProcessAgent>, ManagerError> {
         let entry = self.entry(id)?;
         entry.check_running(id)?;
         let agent = entry.agent.lock().expect("lock").clone();
+        // Working with its processes is using the session: its idle clock starts again.
+        *entry.last_used.lock().expect("lock") = Instant::now();
+        entry.info.lock().expect("lock").last_used = SystemTime::now();
         Ok(agent.ok_or(AgentError::Unavailable)?)
     }
 
