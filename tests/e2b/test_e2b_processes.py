@@ -83,6 +83,13 @@ def test_stdin_is_sent_and_closed(sandbox):
     assert result.exit_code == 0
 
 
+def test_stdin_is_streamed_in_order(sandbox):
+    handle = sandbox.commands.run("cat", background=True, stdin=True)
+    sandbox.commands.stream_input(handle.pid, ["one ", b"two ", "three"])
+    handle.close_stdin()
+    assert handle.wait().stdout == "one two three"
+
+
 def test_a_pty_takes_input_resizes_and_is_killed(sandbox):
     output = bytearray()
     terminal = sandbox.pty.create(PtySize(rows=24, cols=80), envs={"PS1": "$ "})

@@ -26,8 +26,6 @@ def sandbox():
 
 
 UNSUPPORTED = {
-    # process.Process/StreamInput (Connect, client streaming)
-    "commands.stream_input": lambda s: s.commands.stream_input(1000, ["input"]),
     # the Jupyter plane
     "run_code(language='r')": lambda s: s.run_code("1", language="r"),
     # the control plane

@@ -218,7 +218,7 @@ def test_refusals_leave_the_connection_usable(corral_server, sbx):
     connect = {"Content-Type": "application/connect+json"}
     unknown = {"E2b-Sandbox-Id": "sbx-unknown", "X-Access-Token": "x"}
     refused = [
-        ("POST", "/process.Process/StreamInput", {"content": chunks, "headers": connect}, 501),
+        ("POST", "/process.Process/Nope", {"content": chunks, "headers": connect}, 501),
         ("POST", "/process.Process/Connect", {"content": chunks, "headers": {**connect, **unknown}}, 502),
         ("POST", "/filesystem.Filesystem/WatchDir", {"content": chunks, "headers": connect}, 501),
         ("POST", "/contexts", {"json": {"language": "python"}, "headers": unknown}, 502),

@@ -167,10 +167,6 @@ enum Unsupported {
 fn rpc_message(service: &str, method: &str) -> String {
     let rpc = format!("{service}/{method}");
     match (service, method) {
-        (PROCESS_SERVICE, "StreamInput") => format!(
-            "the streaming stdin of commands.stream_input and pty.stream_input ({rpc}) is \
-                 not supported by Corral: send_stdin, which sends each piece in one call, is"
-        ),
         (FILESYSTEM_SERVICE, "WatchDir") => format!(
             "the streaming files.watch_dir of the async SDK ({rpc}) is not supported by \
                  Corral: the sync SDK's files.watch_dir, whose handle polls \
@@ -379,6 +375,7 @@ pub fn router(config: &Config) -> Router<AppState> {
         .route("/process.Process/CloseStdin", post(process::close_stdin))
         .route("/process.Process/SendSignal", post(process::send_signal))
         .route("/process.Process/Update", post(process::update))
+        .route("/process.Process/StreamInput", post(process::stream_input))
         .route("/process.Process/{method}", post(process::other))
         .route("/filesystem.Filesystem/{method}", post(filesystem_rpc))
         .layer(DefaultBodyLimit::max(config.max_json_bytes))
@@ -1626,7 +1623,6 @@ mod tests {
             assert!(e.to_string().contains("not supported by Corral"), "{e}");
         }
         for (service, method) in [
-            (PROCESS_SERVICE, "StreamInput"),
             (PROCESS_SERVICE, "Nope"),
             (FILESYSTEM_SERVICE, "WatchDir"),
             (FILESYSTEM_SERVICE, "Nope"),

@@ -553,9 +553,127 @@ pub(super) async fn update(
     .await)
 }
 
-/// The other RPCs of envd's `process.Process` service (`StreamInput`): not served (Connect
-/// `unimplemented`). The body is read first: a connection whose request was not read to its
-/// end is closed, and the SDK would find its next request cut off.
+/// One message of `StreamInput`: `start` (the process), `data` (input), or `keepalive`.
+#[derive(Debug, Deserialize)]
+struct StreamInputMessage {
+    start: Option<SelectorRequest>,
+    data: Option<StreamInputData>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamInputData {
+    input: InputJson,
+}
+
+/// `commands.stream_input` and `pty.stream_input` (Connect client streaming): a `start`
+/// message naming the process, then its input in order, each piece passed on as it arrives
+/// (the agent's bound applies: input the process does not read ends the call with
+/// `resource_exhausted`). The host holds one message at a time; the body is read to its end
+/// whatever happens, so the connection stays usable.
+pub(super) async fn stream_input(
+    State(state): State<AppState>,
+    sandbox: Result<PlaneSandbox, E2bError>,
+    body: Body,
+) -> Result<Response, E2bError> {
+    let mut decoder = crate::connect::Decoder::new(state.service.config().max_json_bytes);
+    let mut chunks = body.into_data_stream();
+    let mut error: Option<Value> = None;
+    let mut target: Option<(Arc<ProcessAgent>, i32)> = None;
+    let plane = sandbox
+        .as_ref()
+        .ok()
+        .map(|s| (s.id.clone(), s.tenant.clone()));
+    let invalid = |m: String| connect_error(Code::InvalidArgument, m);
+    while let Some(chunk) = futures_util::StreamExt::next(&mut chunks).await {
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                error.get_or_insert(invalid(format!("reading the request body: {e}")));
+                break;
+            }
+        };
+        if error.is_some() {
+            continue; // read to the end, nothing more done
+        }
+        let mut messages = Vec::new();
+        if let Err(e) = decoder.push(&chunk, &mut messages) {
+            error = Some(invalid(e.to_string()));
+            continue;
+        }
+        for message in messages {
+            let parsed: Result<StreamInputMessage, Value> = parse_json(&message.payload)
+                .map_err(|e| invalid(format!("StreamInputRequest: {e}")));
+            let step = match (parsed, &target, &plane) {
+                (Err(e), _, _) => Err(e),
+                (_, _, None) => break,
+                (
+                    Ok(StreamInputMessage {
+                        start: Some(start), ..
+                    }),
+                    None,
+                    Some((id, tenant)),
+                ) => {
+                    let (service, id, tenant) = (state.service.clone(), id.clone(), tenant.clone());
+                    let found = tokio::task::spawn_blocking(move || {
+                        let agent = service
+                            .process_agent(&tenant, &id)
+                            .map_err(|e| error_of(&e))?;
+                        let pid = resolve(&agent, &start.process.selector()?)?;
+                        Ok::<_, Value>((agent, pid))
+                    })
+                    .await
+                    .unwrap_or_else(|e| Err(connect_error(Code::Internal, e.to_string())));
+                    found.map(|t| target = Some(t))
+                }
+                (
+                    Ok(StreamInputMessage {
+                        data: Some(data), ..
+                    }),
+                    Some((agent, pid)),
+                    _,
+                ) => {
+                    let (agent, pid) = (agent.clone(), *pid);
+                    let bytes = data.input.stdin.or(data.input.pty).unwrap_or_default();
+                    tokio::task::spawn_blocking(move || {
+                        let bytes = base64::engine::general_purpose::STANDARD
+                            .decode(bytes)
+                            .map_err(|e| {
+                                connect_error(Code::InvalidArgument, format!("input: {e}"))
+                            })?;
+                        agent.send_input(pid, &bytes).map_err(agent_error)
+                    })
+                    .await
+                    .unwrap_or_else(|e| Err(connect_error(Code::Internal, e.to_string())))
+                }
+                (Ok(StreamInputMessage { data: Some(_), .. }), None, _) => {
+                    Err(invalid("StreamInput: data before the start message".into()))
+                }
+                // keepalive, or a second start
+                (Ok(_), _, _) => Ok(()),
+            };
+            if let Err(e) = step {
+                error = Some(e);
+                break;
+            }
+        }
+    }
+    let _ = sandbox?; // an unknown sandbox: answered as every plane call, body read
+    if error.is_none() {
+        if let Err(e) = decoder.finish() {
+            error = Some(invalid(e.to_string()));
+        }
+    }
+    let mut body = Vec::new();
+    if error.is_none() {
+        body.extend_from_slice(&connect_message(&json!({})));
+    }
+    body.extend_from_slice(&connect_end_of_stream(error));
+    Ok(([(axum::http::header::CONTENT_TYPE, CONNECT_JSON)], body).into_response())
+}
+
+/// Any other RPC of envd's `process.Process` service: not served (Connect `unimplemented`).
+/// The body is read first: a connection whose request was not read to its end is closed,
+/// and the SDK would find its next request cut off.
 pub(super) async fn other(Path(method): Path<String>, _body: Bytes) -> Response {
     unimplemented_rpc(PROCESS_SERVICE, method)
 }
