@@ -319,3 +319,28 @@ fn code_contexts_are_other_interpreters_on_the_same_files() {
     assert!(!js.is_alive(), "{r:?}");
     assert_eq!(run(&mut main, "x").results[0].text.as_deref(), Some("1"));
 }
+
+#[test]
+fn the_sessions_code_cannot_reach_into_the_agent() {
+    let mut session = session();
+    let agent = session.agent().unwrap();
+    let sub = agent
+        .start(spec(&[
+            "sh",
+            "-c",
+            "echo $PPID; ls -l /proc/self/fd/ | grep -c zygote; sleep 30",
+        ]))
+        .unwrap();
+    let seen = read_until(&sub, "\n", 10 * SECOND);
+    let agent_pid: i32 = seen.lines().next().unwrap().trim().parse().unwrap();
+    let code = format!(
+        "import os\ntry:\n    open('/proc/{agent_pid}/mem', 'rb').read(1)\n    print('READ')\n\
+         except OSError as e:\n    print(type(e).__name__)\n\
+         print(sorted(os.listdir('/proc/{agent_pid}/fd')) if os.access('/proc/{agent_pid}/fd', os.R_OK) else 'no fds')"
+    );
+    let r = session.execute(&code, 20 * SECOND, &mut |_| {});
+    assert!(!r.stdout.contains("READ"), "{r:?}");
+    assert!(r.stdout.contains("PermissionError"), "{r:?}");
+    assert!(r.stdout.contains("no fds"), "{r:?}");
+    agent.signal(sub.pid(), libc::SIGKILL).unwrap();
+}

@@ -324,12 +324,17 @@ fn start_agent(fds: &SessionFds, plan: &SessionPlan) {
         Err(e) => fds.fail("starting the process agent", e),
         Ok(ForkResult::Child) => {
             drop(host);
-            // As the kernel: dumpable, so that its programs may read their /proc/self.
-            // SAFETY: prctl with integer arguments only.
-            unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
+            // Not dumpable (init's setting, kept): the session's code runs as the same uid
+            // and must not reach into the agent through /proc/<pid>/mem. Its programs are
+            // dumpable again once they exec, as any program is.
             let _ = nix::unistd::setsid();
             sys::close_all_except(&[agent.as_raw_fd()]);
-            sys::ensure_stdio_open();
+            // init's 0, 1 and 2 are the zygote's (shared by its sessions): never the agent's.
+            if stdio_to_dev_null().is_err() {
+                // The host sees the agent's socket close.
+                // SAFETY: see `SessionFds::fail`.
+                unsafe { libc::_exit(126) }
+            }
             if workload_lockdown(plan).apply().is_err() {
                 // The host sees the agent's socket close.
                 // SAFETY: see `SessionFds::fail` (the control socket is closed here).
@@ -343,6 +348,24 @@ fn start_agent(fds: &SessionFds, plan: &SessionPlan) {
     if let Err(e) = sys::send_message(fds.control(), &[MSG_AGENT], Some(host.as_raw_fd())) {
         fds.fail("handing over the process agent", e);
     }
+}
+
+/// Points descriptors 0, 1 and 2 at `/dev/null`.
+fn stdio_to_dev_null() -> io::Result<()> {
+    let null = nix::fcntl::open(
+        "/dev/null",
+        nix::fcntl::OFlag::O_RDWR,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    for fd in 0..3 {
+        if fd != null {
+            nix::unistd::dup2(null, fd)?;
+        }
+    }
+    if null > 2 {
+        let _ = nix::unistd::close(null);
+    }
+    Ok(())
 }
 
 /// The lockdown of the session's kernel and of its process agent.
