@@ -218,8 +218,9 @@ def test_refusals_leave_the_connection_usable(corral_server, sbx):
     connect = {"Content-Type": "application/connect+json"}
     unknown = {"E2b-Sandbox-Id": "sbx-unknown", "X-Access-Token": "x"}
     refused = [
-        ("POST", "/process.Process/Connect", {"content": chunks, "headers": connect}, 501),
-        ("POST", "/contexts", {"json": {"language": "python", "cwd": "/home/user"}}, 501),
+        ("POST", "/process.Process/Nope", {"content": chunks, "headers": connect}, 501),
+        ("POST", "/process.Process/Connect", {"content": chunks, "headers": {**connect, **unknown}}, 502),
+        ("POST", "/contexts", {"json": {"language": "python"}, "headers": unknown}, 502),
         ("POST", "/sandboxes/x/fork", {}, 501),
         ("GET", "/sandboxes/x/metrics", {}, 404),
         ("POST", "/execute", {"json": {"code": "1"}, "headers": unknown}, 502),

@@ -1884,3 +1884,259 @@ fn mount_tables_name_no_host_path() {
         &host,
     );
 }
+
+// ---- processes and terminals (issue 22) ------------------------------------------------------
+
+/// The resident memory of a process now, in KiB.
+fn rss_kib(pid: i32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+impl Server {
+    /// Starts a program in session `id` of `key` (`POST …/processes`): its pid, from the
+    /// stream's `start` line, and the stream, which the caller may read or leave unread.
+    fn start_process(
+        &self,
+        key: &str,
+        id: &str,
+        body: &Value,
+    ) -> (
+        i64,
+        std::io::BufReader<Box<dyn Read + Send + Sync + 'static>>,
+    ) {
+        let response = self
+            .agent
+            .post(&format!("{}/v1/sandboxes/{id}/processes", self.url))
+            .set("Authorization", &format!("Bearer {key}"))
+            .set("Content-Type", "application/json")
+            .send_string(&body.to_string())
+            .unwrap_or_else(|e| panic!("starting {body}: {e}\n{}", self.log_text()));
+        let mut reader = std::io::BufReader::new(response.into_reader());
+        let mut first = String::new();
+        std::io::BufRead::read_line(&mut reader, &mut first).unwrap();
+        let start: Value = serde_json::from_str(&first).unwrap();
+        assert_eq!(start["type"], "start", "{first}");
+        // The rest of the stream stays with the caller, unread.
+        (start["pid"].as_i64().unwrap(), reader)
+    }
+
+    fn processes(&self, key: &str, id: &str) -> Vec<i64> {
+        let (status, list) = self.call("GET", &format!("/v1/sandboxes/{id}/processes"), key, None);
+        assert_eq!(status, 200, "{list}");
+        list["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["pid"].as_i64().unwrap())
+            .collect()
+    }
+}
+
+/// A tenant cannot list, read, feed, resize or signal another tenant's processes, nor list,
+/// create, restart, remove or run code in its code contexts, through the API or from inside
+/// its own sandbox; the attacked process and context run on, unchanged.
+#[test]
+fn processes_do_not_cross_tenants() {
+    let _g = shared();
+    let s = Server::start(2);
+    s.wait_pool(2);
+    let (key_a, key_b) = (s.key("A"), s.key("B"));
+    let a = s.session(&key_a, &json!({}));
+    let b = s.session(&key_b, &json!({}));
+    let (pid, _stream) = s.start_process(
+        &key_a,
+        &a,
+        &json!({"cmd": "sleep", "args": ["300"], "stdin": true, "tag": "victim"}),
+    );
+    let base = format!("/v1/sandboxes/{a}/processes");
+    let attempts: Vec<(&str, String, Option<Value>)> = vec![
+        ("GET", base.clone(), None),
+        ("POST", base.clone(), Some(json!({"cmd": "true"}))),
+        ("GET", format!("{base}/{pid}/output"), None),
+        (
+            "POST",
+            format!("{base}/{pid}/input"),
+            Some(json!({"data": "x"})),
+        ),
+        ("POST", format!("{base}/{pid}/close-stdin"), Some(json!({}))),
+        (
+            "POST",
+            format!("{base}/{pid}/signal"),
+            Some(json!({"signal": "SIGKILL"})),
+        ),
+        (
+            "POST",
+            format!("{base}/{pid}/resize"),
+            Some(json!({"rows": 1, "cols": 1})),
+        ),
+    ];
+    let (status, ctx) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{a}/contexts"),
+        &key_a,
+        Some(&json!({"language": "python"})),
+    );
+    assert_eq!(status, 201, "{ctx}");
+    let ctx = ctx["id"].as_str().unwrap().to_string();
+    let contexts = format!("/v1/sandboxes/{a}/contexts");
+    let mut attempts = attempts;
+    attempts.extend([
+        ("GET", contexts.clone(), None),
+        (
+            "POST",
+            contexts.clone(),
+            Some(json!({"language": "python"})),
+        ),
+        ("POST", format!("{contexts}/{ctx}/restart"), Some(json!({}))),
+        ("DELETE", format!("{contexts}/{ctx}"), None),
+        (
+            "POST",
+            format!("/v1/sandboxes/{a}/execute"),
+            Some(json!({"code": "1", "context": ctx})),
+        ),
+    ]);
+    for (method, path, body) in &attempts {
+        let (status, answer) = s.call(method, path, &key_b, body.as_ref());
+        assert_eq!(status, 404, "B: {method} {path}: {answer}");
+        assert_eq!(answer["error"]["code"], "not_found", "{answer}");
+    }
+    // B's own sandbox knows no such process (pids are per sandbox), and B's code cannot
+    // reach it either: another pid namespace.
+    let (status, answer) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{b}/processes/{pid}/signal"),
+        &key_b,
+        Some(&json!({"signal": "SIGKILL"})),
+    );
+    assert_eq!(
+        (status, answer["error"]["code"].clone()),
+        (404, json!("process_not_found"))
+    );
+    let o = s.exec(
+        &key_b,
+        &b,
+        "import os, signal\nfor p in range(1, 4096):\n    try: os.kill(p, 0)\n    except OSError: continue\n    \
+         print('SEES', p, open(f'/proc/{p}/cmdline','rb').read().replace(b'\\0', b' ').decode().strip())",
+    );
+    assert!(
+        !o.stdout().contains("sleep 300"),
+        "B sees A's process:\n{}",
+        o.stdout()
+    );
+    assert_eq!(s.processes(&key_a, &a), vec![pid], "A's process is gone");
+    // B's own sandbox has no such context; A's still runs.
+    let (status, _) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{b}/execute"),
+        &key_b,
+        Some(&json!({"code": "1", "context": ctx})),
+    );
+    assert_eq!(status, 404);
+    let (status, listed) = s.call("GET", &contexts, &key_a, None);
+    assert_eq!(status, 200);
+    assert!(
+        listed["contexts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["id"] == ctx.as_str()),
+        "{listed}"
+    );
+    let (status, answer) = s.call(
+        "POST",
+        &format!("{base}/{pid}/signal"),
+        &key_a,
+        Some(&json!({"signal": 9})),
+    );
+    assert_eq!(status, 204, "{answer}");
+    assert!(wait_until(Duration::from_secs(10), || s
+        .processes(&key_a, &a)
+        .is_empty()));
+    let left = s.stop();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// PTY input from a client that floods it: a terminal whose program never reads takes at
+/// most 64 KiB of input, and the rest is refused (429 `process_input_full`) without the server
+/// growing; output a client does not read is not buffered without a bound either; the other
+/// tenant's sandbox works meanwhile.
+#[test]
+fn pty_input_flood_and_unread_output_leave_the_host_bounded() {
+    let _g = shared();
+    let s = Server::start(2);
+    s.wait_pool(2);
+    let (key_a, key_b) = (s.key("A"), s.key("B"));
+    let a = s.session(&key_a, &json!({}));
+    let b = s.session(&key_b, &json!({}));
+    let server_pid = s.pid();
+    let (pid, _terminal) = s.start_process(
+        &key_a,
+        &a,
+        // Raw mode: the terminal keeps what it is sent (in canonical mode the kernel drops
+        // input past its line buffer).
+        &json!({"cmd": "sh", "args": ["-c", "stty raw -echo; exec sleep 600"],
+                "pty": {"rows": 24, "cols": 80}}),
+    );
+    // A program that writes as fast as it can, whose stream nobody reads.
+    let (writer, _unread) =
+        s.start_process(&key_a, &a, &json!({"cmd": "cat", "args": ["/dev/zero"]}));
+    thread::sleep(Duration::from_secs(1));
+    let before = rss_kib(server_pid);
+
+    let chunk = base64::engine::general_purpose::STANDARD.encode(vec![b'x'; 48 << 10]);
+    let input = json!({ "data_base64": chunk });
+    let path = format!("/v1/sandboxes/{a}/processes/{pid}/input");
+    let (mut accepted, mut refused) = (0usize, 0usize);
+    // 600 x 48 KiB: 28 MiB sent at a program that reads none of it.
+    for _ in 0..600 {
+        let (status, answer) = s.call("POST", &path, &key_a, Some(&input));
+        match status {
+            204 => accepted += 48 << 10,
+            429 => {
+                assert_eq!(answer["error"]["code"], "process_input_full", "{answer}");
+                refused += 1;
+            }
+            _ => panic!("input: {status} {answer}\n{}", s.log_text()),
+        }
+    }
+    // What the agent holds plus what the terminal's buffers took.
+    assert!(
+        accepted <= (64 << 10) + (1 << 20),
+        "{accepted} bytes accepted"
+    );
+    assert!(refused >= 550, "only {refused} refused");
+    // B's sandbox is unaffected.
+    let o = s.exec(&key_b, &b, "print(6 * 7)");
+    assert_eq!(o.stdout().trim(), "42", "{}", o.dump());
+    let after = rss_kib(server_pid);
+    assert!(
+        after < before + 64 * 1024,
+        "the server grew from {before} KiB to {after} KiB"
+    );
+    // Both programs still run, and die when told to.
+    assert_eq!(
+        s.processes(&key_a, &a).len(),
+        2,
+        "{:?}",
+        s.processes(&key_a, &a)
+    );
+    for p in [pid, writer] {
+        let (status, answer) = s.call(
+            "POST",
+            &format!("/v1/sandboxes/{a}/processes/{p}/signal"),
+            &key_a,
+            Some(&json!({"signal": "SIGKILL"})),
+        );
+        assert_eq!(status, 204, "{answer}");
+    }
+    assert!(wait_until(Duration::from_secs(10), || s
+        .processes(&key_a, &a)
+        .is_empty()));
+    let left = s.stop();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -158,7 +158,23 @@ function drained(stream) {
   return new Promise((resolve) => stream.once('drain', resolve));
 }
 
-async function execute(id, code) {
+// Runs the cell `code`; with `env`, those variables are set in `process.env` for this
+// execution only (its child processes see them too) and put back as they were after.
+async function execute(id, code, env) {
+  if (env === undefined || env === null) return executeCell(id, code);
+  const saved = new Map(Object.keys(env).map((name) => [name, process.env[name]]));
+  Object.assign(process.env, env);
+  try {
+    return await executeCell(id, code);
+  } finally {
+    for (const [name, value] of saved) {
+      if (value === undefined) delete process.env[name];
+      else process.env[name] = value;
+    }
+  }
+}
+
+async function executeCell(id, code) {
   const refused = codePolicy === null ? null : codePolicy.refusal(policyRules, code);
   if (refused !== null) {
     const text = `PolicyViolation: ${refused.message}`;
@@ -264,11 +280,14 @@ function handleFrame(payload) {
   }
   const kind = message !== null && typeof message === 'object' ? message.type : undefined;
   if (kind === 'execute') {
-    if (typeof message.id !== 'string' || typeof message.code !== 'string') {
-      log('ignoring an execute frame without a string id and code');
+    const env = message.env;
+    const envOk = env === undefined || env === null
+      || (typeof env === 'object' && !Array.isArray(env) && Object.values(env).every((v) => typeof v === 'string'));
+    if (typeof message.id !== 'string' || typeof message.code !== 'string' || !envOk) {
+      log('ignoring an execute frame without a string id and code (and env of strings)');
       return;
     }
-    queue = queue.then(() => execute(message.id, message.code));
+    queue = queue.then(() => execute(message.id, message.code, env));
   } else if (kind === 'command') {
     if (!isCommand(message)) {
       log('ignoring a command frame without a string id, argv, cwd and env');

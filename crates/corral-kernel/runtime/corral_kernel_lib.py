@@ -232,7 +232,23 @@ class _Kernel:
         violations = self.precheck(self.policy, source, "<cell>")
         return self.refusal(self.policy, violations) if violations else None
 
-    def execute(self, exec_id, code):
+    def execute(self, exec_id, code, env=None):
+        """Runs the cell `code`; with `env`, those variables are set for this execution only
+        (in `os.environ`, so its subprocesses see them too) and put back as they were after."""
+        if not env:
+            return self._execute(exec_id, code)
+        saved = {name: os.environ.get(name) for name in env}
+        _set_environment(env)
+        try:
+            return self._execute(exec_id, code)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+    def _execute(self, exec_id, code):
         self.exec_id, self.failed = exec_id, False
         refusal = None if self.policy is None else self.refused(code)
         if refusal is not None:
@@ -325,7 +341,7 @@ class _Kernel:
             if message["type"] == "warm_up":
                 self.warm_up(message["id"], message["code"])
                 continue
-            self.execute(message["id"], message["code"])
+            self.execute(message["id"], message["code"], message.get("env"))
             if self.shell.exit_now:
                 return
 
@@ -365,9 +381,14 @@ def _decode_host_frame(payload):
         return None
     kind = message.get("type") if isinstance(message, dict) else type(message).__name__
     if kind in ("execute", "warm_up"):
-        if isinstance(message.get("id"), str) and isinstance(message.get("code"), str):
+        env = message.get("env")
+        if (
+            isinstance(message.get("id"), str)
+            and isinstance(message.get("code"), str)
+            and (env is None or isinstance(env, dict) and all(isinstance(v, str) for v in env.values()))
+        ):
             return message
-        _log(f"ignoring a frame of type {kind!r} without a string id and code")
+        _log(f"ignoring a frame of type {kind!r} without a string id and code (and env of strings)")
     elif kind == "command":
         if _is_command(message):
             return message

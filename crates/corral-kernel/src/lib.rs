@@ -2,7 +2,9 @@
 //! JavaScript (Node) and bash running inside sandboxes, the framed protocol to them, and the
 //! one-shot runner that returns rich results.
 
+pub mod agent;
 pub mod bytecode;
+pub mod context;
 pub mod event;
 pub mod imports;
 pub mod manager;
@@ -15,7 +17,9 @@ pub mod session;
 pub mod zygote;
 
 pub use event::Event;
-pub use manager::{ManagerError, MetricSample, SessionInfo, SessionManager};
+pub use manager::{
+    default_context_id, ContextInfo, ManagerError, MetricSample, SessionInfo, SessionManager,
+};
 pub use policy::{CodePolicy, PolicyError, Widening};
 pub use pool::{Pool, ZygoteStatus};
 pub use session::{Death, Interrupter, KernelError, Language, Session, SessionOptions, Stopper};

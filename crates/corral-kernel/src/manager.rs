@@ -15,8 +15,11 @@ use corral_sandbox::egress::EgressMonitor;
 use corral_sandbox::ports::PortOpener;
 use corral_sandbox::{ExecutionResult, NetworkReport, Workspace};
 
+use crate::agent::{AgentError, ProcessAgent};
+use crate::context::MAX_CONTEXTS;
 use crate::event::Event;
 use crate::pool::Pool;
+use crate::session::Language;
 use crate::session::{Interrupter, KernelError, Session, SessionOptions, Stopper};
 
 /// What a caller may see of a session.
@@ -78,6 +81,14 @@ struct Entry {
     /// Opens connections to the session's listeners without waiting for the session (a
     /// restart replaces it).
     ports: Mutex<Option<PortOpener>>,
+    /// The session's process agent, reachable without waiting for the session (a restart
+    /// replaces it).
+    agent: Mutex<Option<Arc<ProcessAgent>>>,
+    /// What the session was made from (a code context takes its limits, policy and code
+    /// policy, in another language).
+    options: SessionOptions,
+    /// The session's code contexts besides its own kernel, by id (see [`crate::context`]).
+    contexts: Mutex<std::collections::BTreeMap<String, Arc<Context>>>,
 }
 
 impl Entry {
@@ -152,6 +163,16 @@ pub enum ManagerError {
     /// A creation under the id of a live session.
     #[error("a session {0} exists already")]
     Exists(String),
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    #[error("session {0} has {MAX_CONTEXTS} code contexts already, the most it may have")]
+    TooManyContexts(String),
+    #[error("session {id} has no code context {context}")]
+    NoContext { id: String, context: String },
+    #[error(
+        "the default context of session {0} is its own kernel: restart it, or close the session"
+    )]
+    MainContext(String),
 }
 
 /// All live sessions of a process.
@@ -265,7 +286,15 @@ impl SessionManager {
             paused_at: None,
             network: None,
         };
+        let agent = session.agent().ok();
+        if let Some(agent) = &agent {
+            // A pooled session's agent was started before its owner's environment was known.
+            agent.set_env(options.env.clone());
+        }
         let entry = Arc::new(Entry {
+            agent: Mutex::new(agent),
+            options: options.clone(),
+            contexts: Mutex::new(Default::default()),
             network: Mutex::new(session.network_monitor()),
             ports: Mutex::new(session.port_opener()),
             interrupter: session.interrupter(),
@@ -292,18 +321,20 @@ impl SessionManager {
             .ok_or_else(|| ManagerError::NotFound(id.to_string()))
     }
 
-    /// Runs code in session `id`; executions in one session are serialized.
+    /// Runs code in session `id`, with `env` set for this execution only (see
+    /// [`Session::execute_with_env`]); executions in one session are serialized.
     pub fn execute(
         &self,
         id: &str,
         code: &str,
+        env: &[(String, String)],
         timeout: Duration,
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<ExecutionResult, ManagerError> {
         let entry = self.entry(id)?;
         let mut session = entry.session.lock().expect("session lock");
         entry.check_running(id)?;
-        let result = session.execute(code, timeout, on_event);
+        let result = session.execute_with_env(code, env, timeout, on_event)?;
         *entry.last_used.lock().expect("lock") = Instant::now();
         let mut info = entry.info.lock().expect("lock");
         info.last_used = SystemTime::now();
@@ -407,6 +438,9 @@ impl SessionManager {
         *entry.meter.lock().expect("lock") = session.meter();
         *entry.network.lock().expect("lock") = session.network_monitor();
         *entry.ports.lock().expect("lock") = session.port_opener();
+        *entry.agent.lock().expect("lock") = session.agent().ok();
+        // The contexts were kernels of the old sandbox, which is gone.
+        entry.contexts.lock().expect("lock").clear();
         {
             let mut info = entry.info.lock().expect("lock");
             info.death = None;
@@ -447,6 +481,19 @@ impl SessionManager {
         entry.check_running(id)?;
         let workspace = entry.workspace.lock().expect("lock").clone();
         Ok(workspace)
+    }
+
+    /// The process agent of session `id` (see [`crate::agent`]): programs it starts run
+    /// beside the session's executions, without its lock. Asking for it counts as a use of
+    /// the session (its idle clock starts again).
+    pub fn agent(&self, id: &str) -> Result<Arc<ProcessAgent>, ManagerError> {
+        let entry = self.entry(id)?;
+        entry.check_running(id)?;
+        let agent = entry.agent.lock().expect("lock").clone();
+        // Working with its processes is using the session: its idle clock starts again.
+        *entry.last_used.lock().expect("lock") = Instant::now();
+        entry.info.lock().expect("lock").last_used = SystemTime::now();
+        Ok(agent.ok_or(AgentError::Unavailable)?)
     }
 
     /// Closes session `id`: its sandbox is torn down and nothing of it remains.
@@ -530,6 +577,198 @@ impl SessionManager {
             let _ = self.close(id);
         }
         expired.len()
+    }
+}
+
+/// A code context of a session, as listed: the session's own kernel is the default context
+/// of its language, `default-<language>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContextInfo {
+    pub id: String,
+    pub language: Language,
+    /// Its working directory, relative to `/workspace` (none: `/workspace`).
+    pub cwd: Option<String>,
+}
+
+/// The id of `language`'s default context.
+pub fn default_context_id(language: Language) -> String {
+    format!("default-{}", language.name())
+}
+
+/// A code context besides the session's own kernel.
+struct Context {
+    info: ContextInfo,
+    session: Mutex<Session>,
+}
+
+impl SessionManager {
+    fn main_language(entry: &Entry) -> Language {
+        entry.options.language
+    }
+
+    /// Starts a code context of `language` in session `id` (a kernel of that language in the
+    /// session's sandbox, with its limits and code policy, in `cwd`): at most
+    /// [`MAX_CONTEXTS`] besides the session's own kernel.
+    pub fn create_context(
+        &self,
+        id: &str,
+        language: Language,
+        cwd: Option<String>,
+    ) -> Result<ContextInfo, ManagerError> {
+        let context_id = format!("ctx-{:x}", self.next.fetch_add(1, Ordering::Relaxed));
+        self.start_context(id, context_id, language, cwd)
+    }
+
+    fn start_context(
+        &self,
+        id: &str,
+        context_id: String,
+        language: Language,
+        cwd: Option<String>,
+    ) -> Result<ContextInfo, ManagerError> {
+        let entry = self.entry(id)?;
+        entry.check_running(id)?;
+        let agent = entry
+            .agent
+            .lock()
+            .expect("lock")
+            .clone()
+            .ok_or(AgentError::Unavailable)?;
+        if entry.contexts.lock().expect("lock").len() >= MAX_CONTEXTS {
+            return Err(ManagerError::TooManyContexts(id.to_string()));
+        }
+        let mut options = entry.options.clone();
+        options.language = language;
+        let workspace = entry.workspace.lock().expect("lock").clone();
+        let warnings = entry.info.lock().expect("lock").warnings.clone();
+        let session = Session::start_context(agent, options, workspace, cwd.clone(), warnings)?;
+        let info = ContextInfo {
+            id: context_id.clone(),
+            language,
+            cwd,
+        };
+        let mut contexts = entry.contexts.lock().expect("lock");
+        if let Some(existing) = contexts.get(&info.id) {
+            // Started at once by another request (a language's default context).
+            return Ok(existing.info.clone());
+        }
+        if contexts.len() >= MAX_CONTEXTS {
+            return Err(ManagerError::TooManyContexts(id.to_string()));
+        }
+        contexts.insert(
+            context_id,
+            Arc::new(Context {
+                info: info.clone(),
+                session: Mutex::new(session),
+            }),
+        );
+        Ok(info)
+    }
+
+    /// Session `id`'s contexts: its own kernel's (the default of its language) first.
+    pub fn list_contexts(&self, id: &str) -> Result<Vec<ContextInfo>, ManagerError> {
+        let entry = self.entry(id)?;
+        let language = Self::main_language(&entry);
+        let main = ContextInfo {
+            id: default_context_id(language),
+            language,
+            cwd: None,
+        };
+        let others = entry.contexts.lock().expect("lock");
+        Ok(std::iter::once(main)
+            .chain(others.values().map(|c| c.info.clone()))
+            .collect())
+    }
+
+    /// The context that runs `language` by default in session `id`: the session's own kernel
+    /// for its language, else `default-<language>`, started now if it is not there yet.
+    pub fn default_context(&self, id: &str, language: Language) -> Result<String, ManagerError> {
+        let entry = self.entry(id)?;
+        let context_id = default_context_id(language);
+        if language == Self::main_language(&entry)
+            || entry
+                .contexts
+                .lock()
+                .expect("lock")
+                .contains_key(&context_id)
+        {
+            return Ok(context_id);
+        }
+        self.start_context(id, context_id.clone(), language, None)?;
+        Ok(context_id)
+    }
+
+    fn context(
+        &self,
+        entry: &Entry,
+        id: &str,
+        context_id: &str,
+    ) -> Result<Arc<Context>, ManagerError> {
+        entry
+            .contexts
+            .lock()
+            .expect("lock")
+            .get(context_id)
+            .cloned()
+            .ok_or_else(|| ManagerError::NoContext {
+                id: id.to_string(),
+                context: context_id.to_string(),
+            })
+    }
+
+    /// Runs code in context `context_id` of session `id` (its own kernel's id runs there, as
+    /// [`SessionManager::execute`]); executions in one context are serialized, contexts run
+    /// at once.
+    pub fn execute_in_context(
+        &self,
+        id: &str,
+        context_id: &str,
+        code: &str,
+        env: &[(String, String)],
+        timeout: Duration,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<ExecutionResult, ManagerError> {
+        let entry = self.entry(id)?;
+        if context_id == default_context_id(Self::main_language(&entry)) {
+            return self.execute(id, code, env, timeout, on_event);
+        }
+        let context = self.context(&entry, id, context_id)?;
+        let mut session = context.session.lock().expect("session lock");
+        entry.check_running(id)?;
+        let result = session.execute_with_env(code, env, timeout, on_event)?;
+        *entry.last_used.lock().expect("lock") = Instant::now();
+        entry.info.lock().expect("lock").last_used = SystemTime::now();
+        Ok(result)
+    }
+
+    /// Restarts context `context_id` of session `id` (its own kernel's: the session's
+    /// restart).
+    pub fn restart_context(&self, id: &str, context_id: &str) -> Result<(), ManagerError> {
+        let entry = self.entry(id)?;
+        if context_id == default_context_id(Self::main_language(&entry)) {
+            return self.restart(id).map(drop);
+        }
+        let context = self.context(&entry, id, context_id)?;
+        let mut session = context.session.lock().expect("session lock");
+        entry.check_running(id)?;
+        Ok(session.restart()?)
+    }
+
+    /// Removes context `context_id` of session `id`; its kernel is killed. The session's own
+    /// kernel is not removed (close the session).
+    pub fn remove_context(&self, id: &str, context_id: &str) -> Result<(), ManagerError> {
+        let entry = self.entry(id)?;
+        if context_id == default_context_id(Self::main_language(&entry)) {
+            return Err(ManagerError::MainContext(id.to_string()));
+        }
+        let removed = entry.contexts.lock().expect("lock").remove(context_id);
+        match removed {
+            Some(_) => Ok(()),
+            None => Err(ManagerError::NoContext {
+                id: id.to_string(),
+                context: context_id.to_string(),
+            }),
+        }
     }
 }
 

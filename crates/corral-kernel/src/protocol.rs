@@ -65,17 +65,17 @@ pub enum DoneStatus {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum HostMessage<'a> {
+    /// Run `code` as a cell; `env`, when not empty, is set for this execution only.
     Execute {
         id: &'a str,
         code: &'a str,
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        env: BTreeMap<&'a str, &'a str>,
     },
     /// Execute `code` as a cell, then leave no trace of it (the history and the execution
     /// count put back): a pooled session's warm-up, so that it has paid the copy-on-write
     /// faults of a first execution before it is handed out.
-    WarmUp {
-        id: &'a str,
-        code: &'a str,
-    },
+    WarmUp { id: &'a str, code: &'a str },
     /// Run a program beside the interpreter (`cwd` relative to the workspace, `None` for the
     /// workspace itself; `env` on top of the kernel's environment).
     Command {
@@ -86,9 +86,7 @@ pub enum HostMessage<'a> {
     },
     /// Set these variables in the kernel's environment (no answer): a session taken from the
     /// warm pool gets its client's `env` this way, before its first execution.
-    Environment {
-        env: BTreeMap<&'a str, &'a str>,
-    },
+    Environment { env: BTreeMap<&'a str, &'a str> },
     /// Check every execution against these module rules from now on (docs/code-policy.md);
     /// no answer. Sent once, before the first execution, when the session has a code policy.
     Policy(ModuleRules<'a>),
@@ -880,6 +878,7 @@ mod tests {
         let f = encode(&HostMessage::Execute {
             id: "a",
             code: "print('é')",
+            env: BTreeMap::new(),
         });
         let len = u32::from_be_bytes(f[..4].try_into().unwrap()) as usize;
         assert_eq!(len, f.len() - 4);

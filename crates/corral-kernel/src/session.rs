@@ -122,6 +122,13 @@ pub enum KernelError {
     },
     #[error("{0}")]
     Io(#[from] io::Error),
+    /// A call to the session's process agent failed (a code context's kernel).
+    #[error(transparent)]
+    Agent(#[from] crate::agent::AgentError),
+    /// A per-execution environment that cannot be sent (see [`Session::execute_with_env`]);
+    /// nothing was run.
+    #[error("invalid environment: {0}")]
+    InvalidEnvironment(String),
     /// A command that cannot be sent (empty, a NUL byte, a malformed environment name, too
     /// large); nothing was run.
     #[error("invalid command: {0}")]
@@ -260,6 +267,8 @@ pub(crate) struct KernelProcess {
 pub(crate) enum KernelHost {
     Sandbox(Sandbox),
     Forked(crate::zygote::ForkedKernel),
+    /// A code context's kernel, started by a session's process agent.
+    Context(crate::context::ContextKernel),
 }
 
 impl KernelHost {
@@ -267,30 +276,35 @@ impl KernelHost {
         match self {
             KernelHost::Sandbox(s) => s.stdout_fd(),
             KernelHost::Forked(f) => f.stdout.as_fd(),
+            KernelHost::Context(c) => c.stdout.as_fd(),
         }
     }
     fn stderr_fd(&self) -> BorrowedFd<'_> {
         match self {
             KernelHost::Sandbox(s) => s.stderr_fd(),
             KernelHost::Forked(f) => f.stderr.as_fd(),
+            KernelHost::Context(c) => c.stderr.as_fd(),
         }
     }
     fn report_fd(&self) -> BorrowedFd<'_> {
         match self {
             KernelHost::Sandbox(s) => s.report_fd(),
             KernelHost::Forked(f) => f.control.as_fd(),
+            KernelHost::Context(c) => c.report_fd(),
         }
     }
     fn read_report(&mut self) -> Report {
         match self {
             KernelHost::Sandbox(s) => s.read_report(),
             KernelHost::Forked(f) => f.read_report(),
+            KernelHost::Context(c) => c.read_report(),
         }
     }
     fn interrupt(&self) {
         let _ = match self {
             KernelHost::Sandbox(s) => s.interrupt(),
             KernelHost::Forked(f) => f.interrupt(),
+            KernelHost::Context(c) => c.interrupt(),
         };
     }
     fn kill(&mut self) {
@@ -300,12 +314,15 @@ impl KernelHost {
                 s.finish();
             }
             KernelHost::Forked(f) => f.kill(),
+            KernelHost::Context(c) => c.kill(),
         }
     }
     fn cgroup(&self) -> Option<&corral_sandbox::cgroup::Cgroup> {
         match self {
             KernelHost::Sandbox(s) => s.cgroup(),
             KernelHost::Forked(f) => f.cgroup.as_ref(),
+            // The session's cgroup is its own kernel's: a context's usage is not told apart.
+            KernelHost::Context(_) => None,
         }
     }
     fn cpu_time(&self) -> Option<Duration> {
@@ -315,6 +332,7 @@ impl KernelHost {
         match self {
             KernelHost::Sandbox(s) => s.peak_memory(),
             KernelHost::Forked(f) => f.peak_memory(),
+            KernelHost::Context(_) => None,
         }
     }
     /// Whether memory is bounded by `RLIMIT_DATA` alone (no cgroup: the rlimit fallback).
@@ -322,6 +340,7 @@ impl KernelHost {
         match self {
             KernelHost::Sandbox(s) => s.memory_rlimited(),
             KernelHost::Forked(f) => f.cgroup.is_none(),
+            KernelHost::Context(_) => false,
         }
     }
     fn oom_killed(&self) -> bool {
@@ -331,24 +350,29 @@ impl KernelHost {
                 .cgroup
                 .as_ref()
                 .is_some_and(|c| c.oom_kills() > f.workspace.writer_oom_kills()),
+            KernelHost::Context(_) => false,
         }
     }
     fn workspace(&self) -> &Workspace {
         match self {
             KernelHost::Sandbox(s) => s.workspace(),
             KernelHost::Forked(f) => &f.workspace,
+            KernelHost::Context(c) => &c.workspace,
         }
     }
     fn network_monitor(&self) -> Option<EgressMonitor> {
         match self {
             KernelHost::Sandbox(s) => s.network_monitor(),
             KernelHost::Forked(f) => f.network_monitor(),
+            KernelHost::Context(_) => None,
         }
     }
     fn port_opener(&self) -> Option<PortOpener> {
         match self {
             KernelHost::Sandbox(s) => s.port_opener(),
             KernelHost::Forked(f) => Some(f.port_opener()),
+            // A context's ports are its session's: reached through the session's own kernel.
+            KernelHost::Context(_) => None,
         }
     }
 }
@@ -366,6 +390,8 @@ pub struct Session {
     warnings: Vec<String>,
     /// Held while the session is paused (see [`Session::pause`]).
     thaw_guard: Option<corral_sandbox::cgroup::ThawGuard>,
+    /// The session's process agent (sessions forked from the zygote).
+    agent: Option<Arc<crate::agent::ProcessAgent>>,
     /// What the kernel needs kept as long as it lives: the sandbox of the zygote it was
     /// forked from, whose init is the ancestor of its pid namespace. Declared last, so it is
     /// dropped after the kernel.
@@ -440,6 +466,7 @@ impl Session {
             executions: 0,
             warnings,
             thaw_guard: None,
+            agent: None,
             keepalive: None,
         };
         session.await_ready()?;
@@ -559,6 +586,18 @@ impl Session {
         self.options.result_budget = budget;
     }
 
+    pub(crate) fn set_agent(&mut self, agent: Arc<crate::agent::ProcessAgent>) {
+        self.agent = Some(agent);
+    }
+
+    /// The session's process agent, which runs programs beside the interpreter without its
+    /// lock ([`crate::agent`]).
+    pub fn agent(&self) -> Result<Arc<crate::agent::ProcessAgent>, crate::agent::AgentError> {
+        self.agent
+            .clone()
+            .ok_or(crate::agent::AgentError::Unavailable)
+    }
+
     /// Keeps `what` until this session's kernel is gone (a restart, which makes a kernel of
     /// its own sandbox, lets go of it).
     pub(crate) fn keep_alive(&mut self, what: Arc<dyn std::any::Any + Send + Sync>) {
@@ -662,13 +701,47 @@ impl Session {
         timeout: Duration,
         on_event: &mut dyn FnMut(&Event),
     ) -> ExecutionResult {
+        self.execute_with_env(code, &[], timeout, on_event)
+            .expect("an execution without an environment is always sent")
+    }
+
+    /// [`Session::execute`] with `env` set for this execution only: the Python and
+    /// JavaScript kernels set the variables before the cell and put back what was there
+    /// after it. Refused without sending anything (`InvalidEnvironment`) for a bash session
+    /// (its shell's variables are its state) and for a name that is empty or holds `=` or a
+    /// NUL byte, or a value with a NUL byte.
+    pub fn execute_with_env(
+        &mut self,
+        code: &str,
+        env: &[(String, String)],
+        timeout: Duration,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<ExecutionResult, KernelError> {
+        if !env.is_empty() {
+            if self.options.language == Language::Bash {
+                return Err(KernelError::InvalidEnvironment(
+                    "a bash session takes no per-execution environment: export the variables \
+                     in the code"
+                        .into(),
+                ));
+            }
+            if let Some((name, _)) = env
+                .iter()
+                .find(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.contains('\0'))
+            {
+                return Err(KernelError::InvalidEnvironment(format!(
+                    "the variable {name:?} (a name must be non-empty, without `=`; no NUL bytes)"
+                )));
+            }
+        }
         let too_long = self.options.code_policy.length_violation(code.len());
         if let Some(error) = too_long.filter(|_| self.dead.is_none()) {
-            return self.refuse(error, on_event);
+            return Ok(self.refuse(error, on_event));
         }
         let id = self.next_id();
-        let frame = encode(&HostMessage::Execute { id: &id, code });
-        self.exchange(&id, &frame, Kind::Cell, timeout, None, on_event)
+        let env = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let frame = encode(&HostMessage::Execute { id: &id, code, env });
+        Ok(self.exchange(&id, &frame, Kind::Cell, timeout, None, on_event))
     }
 
     /// The result of an execution refused on the host by the code policy: nothing was sent.
@@ -1198,6 +1271,19 @@ impl Session {
     /// Replaces the kernel with a fresh one (all interpreter state is lost); the workspace's
     /// files are carried over.
     pub fn restart(&mut self) -> Result<(), KernelError> {
+        if let KernelHost::Context(c) = &self.kernel.host {
+            // A code context starts again in its session's sandbox, on the same files.
+            let fresh = Session::start_context(
+                c.agent().clone(),
+                self.options.clone(),
+                c.workspace.clone(),
+                c.cwd.clone(),
+                self.warnings.clone(),
+            )?;
+            self.die(Status::Error, "restarted".into());
+            *self = fresh;
+            return Ok(());
+        }
         let fresh = Session::create(&self.options)?;
         copy_workspace(self.workspace(), fresh.workspace());
         self.die(Status::Error, "restarted".into());

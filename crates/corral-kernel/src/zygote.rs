@@ -20,7 +20,7 @@ use corral_sandbox::cgroup::Cgroup;
 use corral_sandbox::egress::{proxy_environment, EgressMonitor, EgressProxy};
 use corral_sandbox::ids::{HostIds, IdLease};
 use corral_sandbox::session::{
-    SessionPlan, MAX_PLAN_BYTES, MSG_ERROR, MSG_EXIT, MSG_KERNEL, MSG_PROXY, MSG_READY,
+    SessionPlan, MAX_PLAN_BYTES, MSG_AGENT, MSG_ERROR, MSG_EXIT, MSG_KERNEL, MSG_PROXY, MSG_READY,
 };
 use corral_sandbox::{
     children_peak_memory, landlock_warning, recv_with_credentials, sandbox_cgroup, send_fds,
@@ -101,7 +101,11 @@ impl Zygote {
     ) -> Result<Zygote, KernelError> {
         let mut argv = vec!["python3".into(), format!("/run/corral/{}", ZYGOTE.0)];
         let mut files = match kind {
-            ZygoteKind::Full => support_files(Language::Python),
+            // Its sessions' code contexts may be of any language (crate::context).
+            ZygoteKind::Full => [Language::Python, Language::Javascript, Language::Bash]
+                .into_iter()
+                .flat_map(support_files)
+                .collect(),
             ZygoteKind::Lean => {
                 argv.push("lean".into());
                 // The code policy's hook too: the runs it forks may have a policy.
@@ -252,7 +256,7 @@ impl Zygote {
             &options.env,
             None,
         )?;
-        let session = Session::from_kernel(
+        let mut session = Session::from_kernel(
             KernelProcess {
                 host: KernelHost::Forked(forked.kernel),
                 socket: forked.protocol,
@@ -260,6 +264,9 @@ impl Zygote {
             options.clone(),
             forked.warnings,
         )?;
+        if let Some(agent) = forked.agent {
+            session.set_agent(crate::agent::ProcessAgent::new(agent)?);
+        }
         verify_isolation(forked.kernel_pid)
             .map_err(|e| fork_failed(format!("isolation check failed: {e}")))?;
         Ok(session)
@@ -383,6 +390,8 @@ impl Zygote {
             _ => Owner::Caller,
         };
         let proxy_endpoint = !egress.policy.is_none();
+        // Sessions have a process agent; one-shot runs do not.
+        let want_agent = program.is_none();
         // The proxy's variables first, so that the session's own override them.
         let env: Vec<(String, String)> = match proxy_endpoint {
             true => proxy_environment()
@@ -405,6 +414,7 @@ impl Zygote {
             env,
             program: program.map(|(name, _)| name.to_string()),
             proxy_endpoint,
+            agent: want_agent,
         };
         let plan = serde_json::to_vec(&plan).expect("a plan serializes");
         if plan.len() > MAX_PLAN_BYTES {
@@ -445,9 +455,14 @@ impl Zygote {
         let mut init_pid = None;
         let mut kernel_pid = None;
         let mut proxy = None;
+        let mut agent = None;
         let deadline = Instant::now() + FORK_TIMEOUT;
         let mut buf = [0u8; 4096];
-        while workspace.is_none() || kernel_pid.is_none() || (proxy_endpoint && proxy.is_none()) {
+        while workspace.is_none()
+            || kernel_pid.is_none()
+            || (proxy_endpoint && proxy.is_none())
+            || (want_agent && agent.is_none())
+        {
             let left = deadline.saturating_duration_since(Instant::now());
             let mut pfd = [PollFd::new(control_host.as_fd(), PollFlags::POLLIN)];
             if left.is_zero()
@@ -472,6 +487,9 @@ impl Zygote {
                             .map_err(|e| fork_failed(format!("starting the egress proxy: {e}")))?,
                     );
                 }
+                (Some([MSG_AGENT]), Some(fd), _) if want_agent && agent.is_none() => {
+                    agent = Some(fd);
+                }
                 (Some([MSG_ERROR, msg @ ..]), _, _) => {
                     return Err(fork_failed(String::from_utf8_lossy(msg).into_owned()))
                 }
@@ -492,6 +510,7 @@ impl Zygote {
             },
             protocol: proto_host,
             kernel_pid: kernel_pid.expect("loop ends with it"),
+            agent,
             warnings,
         })
     }
@@ -504,6 +523,8 @@ struct Forked {
     protocol: OwnedFd,
     /// The kernel's pid in our namespace.
     kernel_pid: i32,
+    /// The host's end of the session's process agent's socket (a session's fork only).
+    agent: Option<OwnedFd>,
     warnings: Vec<String>,
 }
 

@@ -5,7 +5,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use corral_kernel::{Event, Language, Session, SessionOptions, Stopper, Zygote, ZygoteKind};
+use corral_kernel::{
+    Event, KernelError, Language, Session, SessionOptions, Stopper, Zygote, ZygoteKind,
+};
 use corral_sandbox::{ExecutionResult, Rootfs, Status};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -451,12 +453,12 @@ fn manager_lists_closes_and_expires_idle_sessions() {
         .unwrap();
     assert_eq!(manager.list().len(), 2);
     let r = manager
-        .execute(&kept.id, "echo hi", 10 * SECOND, &mut |_| {})
+        .execute(&kept.id, "echo hi", &[], 10 * SECOND, &mut |_| {})
         .unwrap();
     assert_eq!(r.stdout, "hi\n");
     assert_eq!(manager.get(&kept.id).unwrap().executions, 1);
     assert!(matches!(
-        manager.execute("sbx-nope", "true", SECOND, &mut |_| {}),
+        manager.execute("sbx-nope", "true", &[], SECOND, &mut |_| {}),
         Err(ManagerError::NotFound(_))
     ));
     // The idle reaper runs every second.
@@ -729,7 +731,7 @@ fn manager_runs_commands_beside_executions() {
         )
         .unwrap();
     manager
-        .execute(&info.id, "x = 5", 10 * SECOND, &mut |_| {})
+        .execute(&info.id, "x = 5", &[], 10 * SECOND, &mut |_| {})
         .unwrap();
     let r = manager
         .run_command(
@@ -1001,4 +1003,67 @@ fn sessions_with_a_network_policy_reach_their_allowed_names_only() {
     let r = run(&mut s, "import os; print(os.environ.get('HTTPS_PROXY'))");
     assert_eq!(r.stdout, "None\n", "{r:?}");
     assert_eq!(r.network, None);
+}
+
+#[test]
+fn a_per_execution_environment_is_set_for_that_execution_only() {
+    let env = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let with = env(&[("CORRAL_ONE", "1"), ("HOME", "/elsewhere")]);
+    let cases: Vec<(&str, Session, &str)> = python_sessions()
+        .into_iter()
+        .map(|(how, s)| {
+            (
+                how,
+                s,
+                "import os, subprocess\nprint(os.environ.get('CORRAL_ONE'), os.environ.get('HOME'), \
+                 subprocess.run(['sh','-c','echo $CORRAL_ONE'], capture_output=True, text=True).stdout.strip())",
+            )
+        })
+        .chain(std::iter::once((
+            "javascript",
+            Session::create(&SessionOptions::new(Language::Javascript)).unwrap(),
+            "console.log(process.env.CORRAL_ONE, process.env.HOME, \
+             require('child_process').execSync('echo $CORRAL_ONE').toString().trim())",
+        )))
+        .collect();
+    for (how, mut s, code) in cases {
+        let before = run(&mut s, code).stdout;
+        let r = s
+            .execute_with_env(code, &with, 20 * SECOND, &mut |_| {})
+            .unwrap();
+        assert_eq!(r.stdout.trim(), "1 /elsewhere 1", "{how}: {r:?}");
+        // Put back as it was: an unset variable unset, a set one restored.
+        assert_eq!(run(&mut s, code).stdout, before, "{how}");
+        assert!(!before.contains("elsewhere"), "{how}: {before}");
+    }
+    let mut bash = Session::create(&SessionOptions::new(Language::Bash)).unwrap();
+    let refused = bash
+        .execute_with_env("echo $CORRAL_ONE", &with, 20 * SECOND, &mut |_| {})
+        .unwrap_err();
+    assert!(
+        matches!(refused, KernelError::InvalidEnvironment(_)),
+        "{refused}"
+    );
+    let mut python = zygote()
+        .fork_session(&SessionOptions::new(Language::Python))
+        .unwrap();
+    for bad in [
+        env(&[("", "x")]),
+        env(&[("A=B", "x")]),
+        env(&[("A", "x\0y")]),
+    ] {
+        let refused = python
+            .execute_with_env("1", &bad, 20 * SECOND, &mut |_| {})
+            .unwrap_err();
+        assert!(
+            matches!(refused, KernelError::InvalidEnvironment(_)),
+            "{refused}"
+        );
+    }
+    assert_eq!(python.executions(), 0, "nothing was sent");
 }

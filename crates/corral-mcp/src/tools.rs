@@ -641,6 +641,8 @@ impl CorralMcp {
             code: p.code,
             language: Some(language.name().into()),
             timeout_s: None,
+            env: None,
+            context: None,
         };
         flatten(
             self.on_session(&ext, p.session_id, language, move |b, c, id| {

@@ -7,6 +7,7 @@
 //! seccomp allow-list. [`Sandbox::wait`] runs it under a wall-clock limit; dropping the
 //! sandbox leaves nothing behind. This crate is synchronous and holds all of Corral's `unsafe`.
 
+pub mod agent;
 pub mod budget;
 pub mod cgroup;
 mod charge;

@@ -51,6 +51,9 @@ pub const MSG_EXIT: u8 = b'X';
 /// The egress proxy's listening socket, made in the session's network namespace before the
 /// kernel exists, when the plan asks for it; init keeps no copy.
 pub const MSG_PROXY: u8 = b'N';
+/// The host's end of the session's process agent's socket ([`crate::agent`]), when the plan
+/// asks for an agent; init keeps no copy.
+pub const MSG_AGENT: u8 = b'A';
 
 /// The largest plan the child reads; a plan carries the session's environment. (One
 /// SEQPACKET message, which must fit the socket's default send buffer.)
@@ -82,6 +85,10 @@ pub struct SessionPlan {
     pub program: Option<String>,
     /// Listen for the egress proxy in the session's network namespace ([`MSG_PROXY`]).
     pub proxy_endpoint: bool,
+    /// Start the session's process agent ([`MSG_AGENT`]): sessions have one, one-shot runs
+    /// do not.
+    #[serde(default)]
+    pub agent: bool,
 }
 
 /// Where a one-shot run's program is, as in a one-shot sandbox.
@@ -261,6 +268,10 @@ fn init(fds: &SessionFds, plan: SessionPlan, program: Option<(String, OwnedFd)>)
         }
     }
 
+    if plan.agent {
+        start_agent(fds, &plan);
+    }
+
     // SIGCHLD through a signalfd, as the one-shot init takes it; the kernel unblocks it.
     let mut sigchld = nix::sys::signal::SigSet::empty();
     sigchld.add(nix::sys::signal::Signal::SIGCHLD);
@@ -301,6 +312,78 @@ fn init(fds: &SessionFds, plan: SessionPlan, program: Option<(String, OwnedFd)>)
     unsafe { libc::_exit(0) }
 }
 
+/// Forks the session's process agent, locked down as the kernel is, and hands the host its
+/// socket.
+fn start_agent(fds: &SessionFds, plan: &SessionPlan) {
+    let (host, agent) = match crate::agent::socket_pair() {
+        Ok(pair) => pair,
+        Err(e) => fds.fail("creating the process agent's socket", e),
+    };
+    // SAFETY: init is single-threaded.
+    match unsafe { nix::unistd::fork() } {
+        Err(e) => fds.fail("starting the process agent", e),
+        Ok(ForkResult::Child) => {
+            drop(host);
+            // Not dumpable (init's setting, kept): the session's code runs as the same uid
+            // and must not reach into the agent through /proc/<pid>/mem. Its programs are
+            // dumpable again once they exec, as any program is.
+            let _ = nix::unistd::setsid();
+            sys::close_all_except(&[agent.as_raw_fd()]);
+            // init's 0, 1 and 2 are the zygote's (shared by its sessions): never the agent's.
+            if stdio_to_dev_null().is_err() {
+                // The host sees the agent's socket close.
+                // SAFETY: see `SessionFds::fail`.
+                unsafe { libc::_exit(126) }
+            }
+            if workload_lockdown(plan).apply().is_err() {
+                // The host sees the agent's socket close.
+                // SAFETY: see `SessionFds::fail` (the control socket is closed here).
+                unsafe { libc::_exit(126) }
+            }
+            crate::agent::serve(agent, plan.env.clone())
+        }
+        Ok(ForkResult::Parent { .. }) => {}
+    }
+    drop(agent);
+    if let Err(e) = sys::send_message(fds.control(), &[MSG_AGENT], Some(host.as_raw_fd())) {
+        fds.fail("handing over the process agent", e);
+    }
+}
+
+/// Points descriptors 0, 1 and 2 at `/dev/null`.
+fn stdio_to_dev_null() -> io::Result<()> {
+    let null = nix::fcntl::open(
+        "/dev/null",
+        nix::fcntl::OFlag::O_RDWR,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    for fd in 0..3 {
+        if fd != null {
+            nix::unistd::dup2(null, fd)?;
+        }
+    }
+    if null > 2 {
+        let _ = nix::unistd::close(null);
+    }
+    Ok(())
+}
+
+/// The lockdown of the session's kernel and of its process agent.
+fn workload_lockdown(plan: &SessionPlan) -> lockdown::Lockdown {
+    let limits = Limits {
+        disk_bytes: plan.disk_bytes,
+        memory_bytes: plan.memory_bytes,
+        pids: plan.pids,
+        ..Limits::default()
+    };
+    lockdown::Lockdown {
+        filters: seccomp::filters(seccomp::Role::Workload),
+        rlimits: workload_rlimits(&limits, plan.in_cgroup),
+        landlock: Some(plan.landlock_required),
+        keep_capabilities: &[],
+    }
+}
+
 /// The kernel process: standard streams and the protocol socket in place, then the lockdown.
 fn kernel(fds: &SessionFds, plan: SessionPlan) -> Entered {
     // init is not dumpable; the kernel is, as any program is, so that it may read its own
@@ -315,19 +398,7 @@ fn kernel(fds: &SessionFds, plan: SessionPlan) -> Entered {
         fds.fail("setting up standard streams", e);
     }
     sys::close_all_except(&[3]);
-    let limits = Limits {
-        disk_bytes: plan.disk_bytes,
-        memory_bytes: plan.memory_bytes,
-        pids: plan.pids,
-        ..Limits::default()
-    };
-    let lockdown = lockdown::Lockdown {
-        filters: seccomp::filters(seccomp::Role::Workload),
-        rlimits: workload_rlimits(&limits, plan.in_cgroup),
-        landlock: Some(plan.landlock_required),
-        keep_capabilities: &[],
-    };
-    if let Err(e) = lockdown.apply() {
+    if let Err(e) = workload_lockdown(&plan).apply() {
         // The control socket is closed here: stderr reaches the host.
         eprintln!("corral: locking the session down failed: {e}");
         // SAFETY: see `SessionFds::fail`.

@@ -23,7 +23,6 @@
 //! REST routes, the Connect code `unimplemented` on the RPCs.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -35,21 +34,23 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Extension, Json, Router};
-use base64::Engine as _;
-use corral_kernel::{Event, Stopper};
+use corral_kernel::Event;
 use corral_sandbox::workspace::{EntryInfo, EntryKind, MAX_DEPTH};
 use corral_sandbox::{ExecutionResult, Reservation, Status};
 use futures_util::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+mod contexts;
+mod process;
+
 use crate::config::Config;
 use crate::connect::{self, Code, Decoder, FLAG_END_STREAM};
 use crate::error::ApiError;
 use crate::http::{authenticate, blocking, parse_json, stream_frames, stream_upload, AppState};
 use crate::service::{
-    CommandRequest, CreateSandboxRequest, ExecuteRequest, ListQuery, SandboxInfo, Service,
-    ServiceError, Tenant, LIST_LIMIT,
+    CreateSandboxRequest, ExecuteRequest, ListQuery, SandboxInfo, Service, ServiceError, Tenant,
+    LIST_LIMIT,
 };
 use crate::watch::{Snapshot, MAX_WATCHERS};
 
@@ -58,8 +59,9 @@ use watch_dir::{create_watcher, event_json, poll_watcher, Watcher};
 
 /// What `clientID` says in sandbox descriptions.
 const CLIENT_ID: &str = "corral";
-/// In `[0.4.0, 0.5.7)`: the SDK sends no user header and uploads files only as multipart.
-const ENVD_VERSION: &str = "0.4.0";
+/// In `[0.4.0, 0.5.7)`: the SDK sends no user header and uploads files only as multipart;
+/// from 0.5.2 it sends `close_stdin`.
+const ENVD_VERSION: &str = "0.5.2";
 /// The template a create request without `templateID` gets.
 const DEFAULT_TEMPLATE: &str = "code-interpreter-v1";
 /// E2B's own template names, served by Corral's default image; other names are image names.
@@ -69,11 +71,11 @@ const E2B_HOME: &str = "/home/user";
 const WORKSPACE: &str = "/workspace";
 const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 const ACCESS_TOKEN_HEADER: &str = "x-access-token";
+/// The sandbox's token on the code interpreter's `/contexts…` requests.
+const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 const CONNECT_JSON: &str = "application/connect+json";
 const PROCESS_SERVICE: &str = "process.Process";
 const FILESYSTEM_SERVICE: &str = "filesystem.Filesystem";
-/// Pids shown to the SDK (`start{pid}`) are counted from here; nothing else uses them.
-const FIRST_PID: u32 = 1000;
 
 /// An error in E2B's shape: `{"code": <HTTP status>, "message": "..."}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,57 +155,15 @@ enum Unsupported {
     )]
     Network,
     #[error(
-        "code contexts (create_code_context, list_code_contexts, remove_code_context, \
-         restart_code_context, run_code(context=...)) are not supported by Corral: run_code \
-         runs in the sandbox's one interpreter; create another sandbox for separate state"
-    )]
-    CodeContexts,
-    #[error(
-        "run_code(envs=...) is not supported by Corral: pass envs to Sandbox.create(), \
-         or set os.environ in the code"
-    )]
-    ExecutionEnvs,
-    #[error(
         "run_code(language={language:?}) is not supported by Corral: {reason}; a Corral \
-         sandbox runs the one language of its image"
+         sandbox runs the languages of its image (python, javascript, bash)"
     )]
     Language { language: String, reason: String },
-    #[error("PTYs (pty.create) are not supported by Corral: commands.run runs without a terminal")]
-    Pty,
-    #[error(
-        "sending {signal} is not supported by Corral: commands.kill and handle.kill (SIGKILL) are"
-    )]
-    Signal { signal: String },
-    #[error("{}", rpc_message(.service, .method))]
+    #[error("{service}/{method} is not supported by Corral")]
     Rpc {
         service: &'static str,
         method: String,
     },
-}
-
-/// The message of [`Unsupported::Rpc`]: the SDK calls that use `service/method`.
-fn rpc_message(service: &str, method: &str) -> String {
-    let rpc = format!("{service}/{method}");
-    match (service, method) {
-        (PROCESS_SERVICE, "Connect") => format!(
-            "commands.connect and pty.connect ({rpc}) are not supported by Corral: a \
-                 command's output goes to the call that started it; keep the handle that \
-                 commands.run(..., background=True) returns"
-        ),
-        (PROCESS_SERVICE, "List") => format!(
-            "commands.list ({rpc}) is not supported by Corral: keep the handles (and pids) \
-                 that commands.run(..., background=True) returns"
-        ),
-        (PROCESS_SERVICE, "SendInput" | "StreamInput" | "CloseStdin") => format!(
-            "writing to a command's stdin (send_stdin, stream_input, close_stdin: {rpc}) is \
-                 not supported by Corral: commands read stdin from /dev/null; write the input \
-                 to a file with files.write and redirect it (cmd < file)"
-        ),
-        (PROCESS_SERVICE, "Update") => {
-            format!("pty.resize ({rpc}) is not supported by Corral: it has no PTYs")
-        }
-        _ => format!("{rpc} is not supported by Corral"),
-    }
 }
 
 impl From<Unsupported> for E2bError {
@@ -221,37 +181,12 @@ struct Registered {
 }
 
 /// The sandboxes of the E2B face, by id. A sandbox closed elsewhere (native API, idle
-/// expiry) is forgotten when next seen gone, and on every creation. Also the commands
-/// started by `process.Process/Start`, by pid, from their start until their end.
+/// expiry) is forgotten when next seen gone, and on every creation.
 #[derive(Default)]
 struct Registry {
     sandboxes: Mutex<HashMap<String, Registered>>,
-    processes: Mutex<HashMap<u32, Process>>,
-    next_pid: AtomicU32,
     /// The directory watchers of `files.watch_dir`, by id; dropped with their sandbox.
     watchers: Mutex<HashMap<String, Arc<Watcher>>>,
-}
-
-/// A command of `process.Process/Start`: its sandbox, and what stops it.
-struct Process {
-    sandbox: String,
-    stop: Stopper,
-}
-
-/// A command's entry in the [`Registry`], removed when this is dropped (its command ended).
-struct ProcessEntry {
-    registry: Arc<Registry>,
-    pid: u32,
-}
-
-impl Drop for ProcessEntry {
-    fn drop(&mut self) {
-        self.registry
-            .processes
-            .lock()
-            .expect("lock")
-            .remove(&self.pid);
-    }
 }
 
 impl Registry {
@@ -355,6 +290,7 @@ impl Registry {
             })?;
         let presented = headers
             .get(ACCESS_TOKEN_HEADER)
+            .or_else(|| headers.get(TRAFFIC_TOKEN_HEADER))
             .map_or(&b""[..], HeaderValue::as_bytes);
         let sandboxes = self.sandboxes.lock().expect("lock");
         match sandboxes.get(id) {
@@ -363,43 +299,6 @@ impl Registry {
             }
             _ => Err(E2bError::not_running(id)),
         }
-    }
-
-    fn next_pid(&self) -> u32 {
-        FIRST_PID.wrapping_add(self.next_pid.fetch_add(1, Ordering::Relaxed))
-    }
-
-    /// A new command of sandbox `id`: its pid (as the SDK sees it), what stops it, and its
-    /// entry, which lasts until the command has ended.
-    fn start_process(self: &Arc<Self>, id: &str) -> (u32, Stopper, ProcessEntry) {
-        let stop = Stopper::default();
-        let mut processes = self.processes.lock().expect("lock");
-        let pid = loop {
-            let pid = self.next_pid();
-            if !processes.contains_key(&pid) {
-                break pid;
-            }
-        };
-        let process = Process {
-            sandbox: id.to_string(),
-            stop: stop.clone(),
-        };
-        processes.insert(pid, process);
-        let entry = ProcessEntry {
-            registry: self.clone(),
-            pid,
-        };
-        (pid, stop, entry)
-    }
-
-    /// What stops sandbox `id`'s command `pid`, if it has not ended.
-    fn process(&self, id: &str, pid: u32) -> Option<Stopper> {
-        self.processes
-            .lock()
-            .expect("lock")
-            .get(&pid)
-            .filter(|p| p.sandbox == id)
-            .map(|p| p.stop.clone())
     }
 }
 
@@ -455,13 +354,19 @@ pub fn router(config: &Config) -> Router<AppState> {
             put(|s, h, b| refuse(s, h, b, Unsupported::Network)),
         )
         .route("/execute", post(execute))
-        .route("/contexts", get(code_contexts).post(code_contexts))
-        .route("/contexts/{id}", delete(code_contexts))
-        .route("/contexts/{id}/restart", post(code_contexts))
+        .route("/contexts", get(contexts::list).post(contexts::create))
+        .route("/contexts/{id}", delete(contexts::remove))
+        .route("/contexts/{id}/restart", post(contexts::restart))
         .route("/health", get(health))
-        .route("/process.Process/Start", post(process_start))
-        .route("/process.Process/SendSignal", post(send_signal))
-        .route("/process.Process/{method}", post(process_rpc))
+        .route("/process.Process/Start", post(process::start))
+        .route("/process.Process/Connect", post(process::connect))
+        .route("/process.Process/List", post(process::list))
+        .route("/process.Process/SendInput", post(process::send_input))
+        .route("/process.Process/CloseStdin", post(process::close_stdin))
+        .route("/process.Process/SendSignal", post(process::send_signal))
+        .route("/process.Process/Update", post(process::update))
+        .route("/process.Process/StreamInput", post(process::stream_input))
+        .route("/process.Process/{method}", post(process::other))
         .route(
             "/filesystem.Filesystem/WatchDir",
             post(watch_dir::watch_dir),
@@ -546,6 +451,9 @@ fn sandbox_json(id: &str, template: &str, token: &str, domain: Option<String>) -
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": token,
         "domain": domain,
+        // The SDK sends this one (as `E2B-Traffic-Access-Token`) on the code interpreter's
+        // requests that carry no `X-Access-Token` (`/contexts…`).
+        "trafficAccessToken": token,
     })
 }
 
@@ -708,6 +616,7 @@ async fn sandbox_info(
     let mut detail = listed_sandbox(&info, known.as_ref().map(|(_, t)| t.clone()));
     if let Some((token, _)) = known {
         detail["envdAccessToken"] = json!(token);
+        detail["trafficAccessToken"] = json!(token);
     }
     Ok(Json(detail))
 }
@@ -1120,7 +1029,8 @@ fn status_error_line(result: &ExecutionResult) -> Option<Value> {
     Some(json!({"type": "error", "name": name, "value": value, "traceback": ""}))
 }
 
-/// `run_code`'s request; `context_id` and `env_vars` must be empty (no code contexts here).
+/// `run_code`'s request: in context `context_id`, else in `language`'s default context;
+/// `env_vars` are set for this execution only.
 #[derive(Debug, Deserialize)]
 struct RunCode {
     code: String,
@@ -1139,17 +1049,13 @@ async fn execute(
     // end is closed, and the client's next request on it cut off.
     let sandbox = sandbox?;
     let req: RunCode = parse_json(&body).map_err(E2bError::bad_request)?;
-    if req.context_id.is_some() {
-        return Err(Unsupported::CodeContexts.into());
-    }
-    if req.env_vars.as_ref().is_some_and(|e| !e.is_empty()) {
-        return Err(Unsupported::ExecutionEnvs.into());
-    }
     let PlaneSandbox { id, tenant } = sandbox;
     let run = ExecuteRequest {
         code: req.code,
         language: req.language.clone(),
         timeout_s: None,
+        env: req.env_vars.filter(|e| !e.is_empty()),
+        context: req.context_id.clone(),
     };
     let checked = {
         let (service, tenant, id) = (state.service.clone(), tenant.clone(), id.clone());
@@ -1237,6 +1143,7 @@ fn connect_code_of(e: &ServiceError) -> Code {
         ServiceError::Unavailable { .. } | ServiceError::ShuttingDown => Code::Unavailable,
         // Only a creation asks for a network, and that is no RPC.
         ServiceError::NetworkNotAllowed(_) => Code::InvalidArgument,
+        ServiceError::Process(e) => process::connect_code(e),
     }
 }
 
@@ -1283,55 +1190,6 @@ fn signal_name(signal: i32) -> String {
     name.to_string()
 }
 
-/// The `end` event of a finished command, or the Connect error it ended with instead.
-fn process_end(result: &ExecutionResult) -> Result<Value, Value> {
-    let message = |fallback: &str| {
-        result
-            .error_message
-            .clone()
-            .unwrap_or_else(|| fallback.to_string())
-    };
-    match result.status {
-        Status::Timeout => {
-            return Err(connect_error(
-                Code::DeadlineExceeded,
-                message("the command timed out"),
-            ))
-        }
-        Status::SandboxError => {
-            return Err(connect_error(Code::Internal, message("the sandbox failed")))
-        }
-        Status::Success | Status::Error | Status::MemoryLimit => {}
-    }
-    let (exit_code, exited, status) = match (result.exit_code, result.signal) {
-        (Some(code), _) => (code, true, format!("exit status {code}")),
-        (None, Some(signal)) => (-1, false, format!("signal: {}", signal_name(signal))),
-        (None, None) => (-1, false, "unknown".to_string()),
-    };
-    let mut end = json!({"exitCode": exit_code, "exited": exited, "status": status});
-    if result.status == Status::MemoryLimit {
-        end["error"] = json!(message("the memory limit was reached"));
-    } else if exit_code != 0 {
-        end["error"] = json!(status);
-    }
-    Ok(json!({"event": {"end": end}}))
-}
-
-/// `process.Process/Start`'s request, in protobuf-JSON (camelCase or snake_case names).
-#[derive(Debug, Deserialize)]
-struct StartRequest {
-    process: ProcessConfig,
-    pty: Option<Value>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ProcessConfig {
-    cmd: String,
-    args: Option<Vec<String>>,
-    envs: Option<BTreeMap<String, String>>,
-    cwd: Option<String>,
-}
-
 /// The command timeout a Connect client asks for (`connect-timeout-ms`), in seconds.
 fn connect_timeout_s(headers: &HeaderMap) -> Option<f64> {
     let ms: u64 = headers
@@ -1365,170 +1223,6 @@ async fn read_request_message(body: Body, max_len: usize) -> Result<Vec<u8>, Val
         Some(_) => Err(invalid("the request message has unexpected flags".into())),
         None => Err(invalid("the request has no message".into())),
     }
-}
-
-/// `commands.run`: the Connect server-streaming RPC, JSON codec. Envelopes: `start`, `data`
-/// per output chunk, `end`, then the end-of-stream message.
-async fn process_start(
-    State(state): State<AppState>,
-    Extension(registry): Extension<Arc<Registry>>,
-    sandbox: Result<PlaneSandbox, E2bError>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, E2bError> {
-    let payload = read_request_message(body, state.service.config().max_json_bytes).await;
-    // Refused only now that the body is read (as `execute` is), before anything of it counts.
-    let sandbox = sandbox?;
-    let payload = match payload {
-        Ok(payload) => payload,
-        Err(error) => return Ok(connect_failure(error)),
-    };
-    let start: StartRequest = match parse_json(&payload) {
-        Ok(start) => start,
-        Err(e) => {
-            return Ok(connect_failure(connect_error(
-                Code::InvalidArgument,
-                format!("StartRequest: {e}"),
-            )))
-        }
-    };
-    if start.pty.as_ref().is_some_and(|p| !p.is_null()) {
-        return Ok(connect_failure(connect_error(
-            Code::Unimplemented,
-            Unsupported::Pty.to_string(),
-        )));
-    }
-    let process = start.process;
-    let command = CommandRequest {
-        cmd: process.cmd,
-        args: Some(process.args.unwrap_or_default()),
-        cwd: process.cwd.as_deref().map(sandbox_cwd),
-        env: process.envs.filter(|e| !e.is_empty()),
-        timeout_s: connect_timeout_s(&headers),
-    };
-    let PlaneSandbox { id, tenant } = sandbox;
-    {
-        let (service, tenant, id) = (state.service.clone(), tenant.clone(), id.clone());
-        blocking(move || service.check_session(&tenant, &id)).await?;
-    }
-    let (pid, stop, entry) = registry.start_process(&id);
-    let gone = stop.clone();
-    let service = state.service.clone();
-    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text.as_bytes());
-    Ok(stream_frames(
-        CONNECT_JSON,
-        move |emit| {
-            emit(connect_message(&json!({"event": {"start": {"pid": pid}}})));
-            let outcome = service.run_command(&tenant, &id, &command, &stop, &mut |event| {
-                let data = match event {
-                    Event::Stdout { text } => json!({"stdout": b64(text)}),
-                    Event::Stderr { text } => json!({"stderr": b64(text)}),
-                    _ => return,
-                };
-                emit(connect_message(&json!({"event": {"data": data}})));
-            });
-            // Ended: from now on the pid is not found, as envd forgets an exited process
-            // before the client sees its end.
-            drop(entry);
-            let error = match outcome.as_ref().map(process_end) {
-                Ok(Ok(end)) => {
-                    emit(connect_message(&end));
-                    None
-                }
-                Ok(Err(error)) => Some(error),
-                Err(e) => Some(connect_error_of(e)),
-            };
-            emit(connect_end_of_stream(error));
-            // A command's output is in the stream; nothing of its results is.
-            Reservation::default()
-        },
-        // A client that goes away stops its command (and no other run of the sandbox).
-        move || {
-            gone.stop();
-        },
-    ))
-}
-
-/// `process.Process/SendSignal`'s request, in protobuf-JSON: the signal by its enum name or
-/// number.
-#[derive(Debug, Deserialize)]
-struct SendSignalRequest {
-    process: ProcessSelector,
-    #[serde(default)]
-    signal: Value,
-}
-
-#[derive(Debug, Deserialize)]
-struct ProcessSelector {
-    pid: Option<u32>,
-    tag: Option<String>,
-}
-
-/// `commands.kill(pid)` and a handle's `kill()` (Connect, unary): what envd answers, `{}`
-/// when the command is killed (running, or still waiting for the sandbox: it then never
-/// runs) and `not_found` once it has ended, which the SDK returns as `False`. Only SIGKILL,
-/// the signal the SDK sends, is served.
-async fn send_signal(
-    Extension(registry): Extension<Arc<Registry>>,
-    sandbox: Result<PlaneSandbox, E2bError>,
-    body: Bytes,
-) -> Result<Response, E2bError> {
-    let sandbox = sandbox?; // once the body is read (see `execute`)
-    let req: SendSignalRequest = match parse_json(&body) {
-        Ok(req) => req,
-        Err(e) => {
-            return Ok(connect_unary_error(
-                Code::InvalidArgument,
-                format!("SendSignalRequest: {e}"),
-            ))
-        }
-    };
-    let not_found = |what: String| {
-        Ok(connect_unary_error(
-            Code::NotFound,
-            format!("{what} not found"),
-        ))
-    };
-    let pid = match req.process {
-        ProcessSelector { pid: Some(pid), .. } => pid,
-        // Commands are started without tags here.
-        ProcessSelector { tag: Some(tag), .. } => {
-            return not_found(format!("process with tag {tag}"))
-        }
-        ProcessSelector { .. } => {
-            return Ok(connect_unary_error(
-                Code::InvalidArgument,
-                "the process selector is empty",
-            ))
-        }
-    };
-    // As envd: the process first, then the signal.
-    let Some(stop) = registry.process(&sandbox.id, pid) else {
-        return not_found(format!("process with pid {pid}"));
-    };
-    let kill = req.signal == json!("SIGNAL_SIGKILL") || req.signal == json!(9);
-    if !kill {
-        let signal = match &req.signal {
-            Value::String(name) => name.clone(),
-            other => other.to_string(),
-        };
-        return Ok(connect_unary_error(
-            Code::Unimplemented,
-            Unsupported::Signal { signal }.to_string(),
-        ));
-    }
-    if !stop.stop() {
-        return not_found(format!("process with pid {pid}"));
-    }
-    Ok(Json(json!({})).into_response())
-}
-
-/// The other RPCs of envd's `process.Process` service: not served (Connect
-/// `unimplemented`), whatever the sandbox, so the answer tells nothing of it.
-/// Every refusal here reads the request's body first (`_body`): a connection whose request
-/// was not read to its end is closed, and the SDK would find its next request cut off.
-async fn process_rpc(Path(method): Path<String>, _body: Bytes) -> Response {
-    unimplemented_rpc(PROCESS_SERVICE, method)
 }
 
 fn unimplemented_rpc(service: &'static str, method: String) -> Response {
@@ -1768,12 +1462,6 @@ fn filesystem_call(
     }
 }
 
-/// The Jupyter server's code contexts (`/contexts…`): not served, whatever the sandbox (the
-/// SDK sends these without the sandbox's token).
-async fn code_contexts(_body: Bytes) -> E2bError {
-    Unsupported::CodeContexts.into()
-}
-
 /// A control-plane call Corral does not serve: 501 once the key is checked.
 async fn refuse(
     State(state): State<AppState>,
@@ -1902,43 +1590,15 @@ mod tests {
         assert!(registry.lookup(&Tenant("k1".into()), "sbx-2").is_none());
     }
 
-    #[test]
-    fn commands_are_found_by_pid_in_their_own_sandbox_until_they_end() {
-        let registry = Arc::new(Registry::default());
-        let (pid, stop, entry) = registry.start_process("sbx-1");
-        let (other, _, other_entry) = registry.start_process("sbx-2");
-        assert_ne!(pid, other);
-        assert!(registry.process("sbx-1", pid).is_some());
-        assert!(
-            registry.process("sbx-2", pid).is_none(),
-            "another sandbox's pid"
-        );
-        assert!(registry.process("sbx-1", other).is_none());
-        // The registry's stopper is the command's.
-        assert!(registry.process("sbx-1", pid).unwrap().stop());
-        assert!(stop.stop());
-        drop(entry);
-        assert!(registry.process("sbx-1", pid).is_none(), "ended");
-        assert!(registry.process("sbx-2", other).is_some());
-        drop(other_entry);
-        assert!(registry.processes.lock().unwrap().is_empty());
-    }
-
     #[tokio::test]
     async fn unsupported_calls_are_501_or_unimplemented_and_say_so() {
         let every = [
             Unsupported::Fork,
             Unsupported::Snapshots,
             Unsupported::Network,
-            Unsupported::CodeContexts,
-            Unsupported::ExecutionEnvs,
             Unsupported::Language {
                 language: "r".into(),
                 reason: "sandbox s runs python, not r".into(),
-            },
-            Unsupported::Pty,
-            Unsupported::Signal {
-                signal: "SIGNAL_SIGTERM".into(),
             },
         ];
         for e in every {
@@ -1947,14 +1607,7 @@ mod tests {
             assert_eq!(body["code"], 501);
             assert!(e.to_string().contains("not supported by Corral"), "{e}");
         }
-        for (service, method) in [
-            (PROCESS_SERVICE, "Connect"),
-            (PROCESS_SERVICE, "List"),
-            (PROCESS_SERVICE, "SendInput"),
-            (PROCESS_SERVICE, "Update"),
-            (PROCESS_SERVICE, "Nope"),
-            (FILESYSTEM_SERVICE, "Nope"),
-        ] {
+        for (service, method) in [(PROCESS_SERVICE, "Nope"), (FILESYSTEM_SERVICE, "Nope")] {
             let response = unimplemented_rpc(service, method.into());
             assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
             let (status, body) = body_json(response).await;
@@ -1978,7 +1631,6 @@ mod tests {
             Some((token, "base".into()))
         );
         assert_eq!(registry.lookup(&Tenant("k2".into()), "sbx-1"), None);
-        assert_eq!(registry.next_pid() + 1, registry.next_pid());
     }
 
     async fn body_json(response: Response) -> (StatusCode, Value) {
@@ -2092,36 +1744,6 @@ mod tests {
     }
 
     #[test]
-    fn command_ends() {
-        let mut result = ExecutionResult::sandbox_error("");
-        result.error_message = None;
-        result.status = Status::Success;
-        result.exit_code = Some(0);
-        assert_eq!(
-            process_end(&result).unwrap(),
-            json!({"event": {"end": {"exitCode": 0, "exited": true, "status": "exit status 0"}}})
-        );
-        result.status = Status::Error;
-        result.exit_code = Some(3);
-        assert_eq!(
-            process_end(&result).unwrap()["event"]["end"],
-            json!({"exitCode": 3, "exited": true, "status": "exit status 3", "error": "exit status 3"})
-        );
-        result.exit_code = None;
-        result.signal = Some(9);
-        result.status = Status::MemoryLimit;
-        let end = process_end(&result).unwrap();
-        assert_eq!(end["event"]["end"]["exitCode"], -1);
-        assert_eq!(end["event"]["end"]["status"], "signal: killed");
-        assert!(end["event"]["end"]["error"].is_string());
-        result.status = Status::Timeout;
-        assert_eq!(
-            process_end(&result).unwrap_err()["code"],
-            "deadline_exceeded"
-        );
-    }
-
-    #[test]
     fn connect_timeouts_come_from_the_header() {
         assert_eq!(
             connect_timeout_s(&headers(&[("connect-timeout-ms", "60000")])),
@@ -2150,8 +1772,8 @@ mod tests {
         let body = Body::from_stream(futures_util::stream::iter(chunks));
         let read = read_request_message(body, 1024).await.unwrap();
         assert_eq!(read, payload);
-        let start: StartRequest = serde_json::from_slice(&read).unwrap();
-        assert_eq!(start.process.args.unwrap(), ["-l", "-c", "echo hi"]);
+        let start: Value = serde_json::from_slice(&read).unwrap();
+        assert_eq!(start["process"]["args"], json!(["-l", "-c", "echo hi"]));
 
         let err = read_request_message(Body::from(framed.clone()), 8)
             .await

@@ -5,6 +5,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::service::{Conflict, ServiceError, Unavailability};
+use corral_kernel::agent::{AgentError, AgentRefusal};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -63,6 +64,28 @@ impl ApiError {
     }
 }
 
+/// The status and code of a failed call to a program in a sandbox.
+pub fn process_status(e: &AgentError) -> (StatusCode, &'static str) {
+    match e {
+        AgentError::Refused(refusal) => match refusal {
+            AgentRefusal::TooManyProcesses => (StatusCode::TOO_MANY_REQUESTS, "too_many_processes"),
+            AgentRefusal::InputFull(_) => (StatusCode::TOO_MANY_REQUESTS, "process_input_full"),
+            AgentRefusal::NoSuchProcess(_) => (StatusCode::NOT_FOUND, "process_not_found"),
+            AgentRefusal::NoStdin(_) | AgentRefusal::NoTerminal(_) => {
+                (StatusCode::CONFLICT, "process_has_no_input")
+            }
+            AgentRefusal::Start(_) => (StatusCode::UNPROCESSABLE_ENTITY, "process_not_started"),
+            AgentRefusal::Invalid(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+        },
+        AgentError::Invalid(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+        AgentError::TooManySubscribers(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_streams"),
+        AgentError::Unavailable => (StatusCode::NOT_IMPLEMENTED, "processes_unsupported"),
+        AgentError::Gone | AgentError::NoAnswer(_) | AgentError::Io(_) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "sandbox_error")
+        }
+    }
+}
+
 impl From<ServiceError> for ApiError {
     fn from(e: ServiceError) -> Self {
         let message = e.to_string();
@@ -107,6 +130,7 @@ impl From<ServiceError> for ApiError {
                 },
             ),
             ServiceError::NetworkNotAllowed(_) => (StatusCode::FORBIDDEN, "network_not_allowed"),
+            ServiceError::Process(e) => process_status(e),
         };
         let retry_after_s = match e {
             ServiceError::TooManySandboxes { retry_after_s, .. }

@@ -5,6 +5,9 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod contexts;
+mod processes;
+
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
@@ -249,6 +252,42 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/resume", post(resume_sandbox))
         .route("/v1/sandboxes/{id}/execute", post(execute))
         .route("/v1/sandboxes/{id}/commands", post(commands))
+        .route(
+            "/v1/sandboxes/{id}/contexts",
+            post(contexts::create).get(contexts::list),
+        )
+        .route(
+            "/v1/sandboxes/{id}/contexts/{context}",
+            axum::routing::delete(contexts::remove),
+        )
+        .route(
+            "/v1/sandboxes/{id}/contexts/{context}/restart",
+            post(contexts::restart),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes",
+            post(processes::start).get(processes::list),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{pid}/output",
+            get(processes::output),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{pid}/input",
+            post(processes::input),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{pid}/close-stdin",
+            post(processes::close_stdin),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{pid}/signal",
+            post(processes::signal),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{pid}/resize",
+            post(processes::resize),
+        )
         .route("/v1/sandboxes/{id}/files", get(list_files))
         // `files/` with nothing after it names no file: a bad path, not an unknown route.
         .route(

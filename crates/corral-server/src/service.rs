@@ -31,6 +31,9 @@ use crate::config::Config;
 use crate::db::{AuditEntry, Db, EgressEntry};
 use crate::metrics::{DirectionLabels, EgressLabels, Metrics};
 
+mod contexts;
+mod processes;
+
 /// The tenant a request acts for: an API key's id, or `local` for keyless loopback use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tenant(pub String);
@@ -92,6 +95,9 @@ pub enum ServiceError {
     /// code).
     #[error("{message}")]
     Conflict { state: Conflict, message: String },
+    /// A call to a program in a sandbox (or to its process agent) that failed.
+    #[error(transparent)]
+    Process(corral_kernel::agent::AgentError),
 }
 
 /// Why a call does not fit the sandbox's state.
@@ -468,6 +474,13 @@ pub struct ExecuteRequest {
     pub language: Option<String>,
     /// Default: the session's `limits.timeout_s`.
     pub timeout_s: Option<f64>,
+    /// Environment variables set for this execution only (Python and JavaScript sessions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<BTreeMap<String, String>>,
+    /// The code context to run in (`GET …/contexts`); without it, `language`'s default
+    /// context (the session's own kernel for its language).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
@@ -1087,6 +1100,15 @@ impl Service {
                 state: Conflict::PauseUnsupported,
                 message: e.to_string(),
             },
+            ManagerError::Agent(e) => ServiceError::Process(e),
+            ManagerError::Kernel(e @ KernelError::InvalidEnvironment(_)) => {
+                ServiceError::BadRequest(e.to_string())
+            }
+            ManagerError::Kernel(KernelError::Agent(e)) => ServiceError::Process(e),
+            e @ ManagerError::NoContext { .. } => ServiceError::NotFound(e.to_string()),
+            e @ (ManagerError::TooManyContexts(_) | ManagerError::MainContext(_)) => {
+                ServiceError::BadRequest(e.to_string())
+            }
             ManagerError::Dead { reason, .. } => ServiceError::SandboxDead(format!(
                 "sandbox {id} is dead ({reason}): delete it and create another"
             )),
@@ -1668,10 +1690,8 @@ impl Service {
             .map_err(|e| self.manager_error(id, e))?;
         if let Some(lang) = &req.language {
             if Language::parse(lang).map(Language::name) != Some(info.language) {
-                return Err(ServiceError::UnsupportedLanguage(format!(
-                    "sandbox {id} runs {}, not {lang}",
-                    info.language
-                )));
+                // Another language runs in its default code context, if the image has it.
+                self.context_language(id, lang)?;
             }
         }
         self.check_session(tenant, id)?;
@@ -1687,10 +1707,16 @@ impl Service {
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<ExecutionResult, ServiceError> {
         let timeout = self.prepare_execute(tenant, id, req)?;
-        let result = self
-            .manager
-            .execute(id, &req.code, timeout, on_event)
-            .map_err(|e| self.manager_error(id, e))?;
+        let env = check_env(req.env.as_ref())?;
+        let context =
+            self.execution_context(id, req.context.as_deref(), req.language.as_deref())?;
+        let result = match context {
+            None => self.manager.execute(id, &req.code, &env, timeout, on_event),
+            Some(context) => self
+                .manager
+                .execute_in_context(id, &context, &req.code, &env, timeout, on_event),
+        }
+        .map_err(|e| self.manager_error(id, e))?;
         self.audit(tenant, Some(id), "execute", &req.code, &result);
         if let Some(why) = self.manager.get(id).ok().and_then(|i| i.death) {
             self.release_dead(id);

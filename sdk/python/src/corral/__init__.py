@@ -48,6 +48,14 @@ from ._models import (
     Violation,
     SandboxMetric,
 )
+from ._processes import (
+    CodeContext,
+    ProcessExit,
+    ProcessHandle,
+    ProcessInfo,
+    Processes,
+    ProcessOutput,
+)
 from ._sync import Commands, Files, Sandbox, run
 
 __all__ = [
@@ -58,6 +66,12 @@ __all__ = [
     "Sandbox",
     "Files",
     "Commands",
+    "Processes",
+    "CodeContext",
+    "ProcessHandle",
+    "ProcessInfo",
+    "ProcessOutput",
+    "ProcessExit",
     "run",
     "AsyncSandbox",
     "AsyncFiles",

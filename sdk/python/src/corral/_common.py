@@ -192,8 +192,22 @@ def list_params(
     return params
 
 
-def execute_body(code: str, language: Optional[str], timeout_s: Optional[float]) -> Dict[str, Any]:
-    return _drop_none({"code": code, "language": language, "timeout_s": timeout_s})
+def execute_body(
+    code: str,
+    language: Optional[str],
+    timeout_s: Optional[float],
+    context: Optional[str] = None,
+    env: Optional[Mapping[str, str]] = None,
+) -> Dict[str, Any]:
+    return _drop_none(
+        {
+            "code": code,
+            "language": language,
+            "timeout_s": timeout_s,
+            "context": context,
+            "env": dict(env) if env else None,
+        }
+    )
 
 
 def command_body(

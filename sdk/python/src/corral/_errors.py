@@ -131,7 +131,9 @@ class RetryLaterError(CorralError):
 
 
 class RateLimitError(RetryLaterError):
-    """429 ``too_many_sandboxes`` (session limits, or no run slot within the admission wait)."""
+    """429 ``too_many_sandboxes`` (session limits, or no run slot within the admission wait),
+    ``too_many_processes``, ``too_many_streams`` and ``process_input_full`` (a program that
+    does not read its input)."""
 
 
 class ServiceUnavailableError(RetryLaterError):
@@ -192,6 +194,12 @@ _BY_CODE: Mapping[str, Type[CorralError]] = {
     "zygote_restarting": ServiceUnavailableError,
     "memory_budget_committed": ServiceUnavailableError,
     "shutting_down": ServiceUnavailableError,
+    "process_not_found": NotFoundError,
+    "process_not_started": InvalidRequestError,
+    "process_has_no_input": InvalidRequestError,
+    "too_many_processes": RateLimitError,
+    "process_input_full": RateLimitError,
+    "too_many_streams": RateLimitError,
 }
 
 _BY_STATUS: Mapping[int, Type[CorralError]] = {

@@ -37,6 +37,7 @@ from ._common import (
     wrap_transport_errors,
 )
 from ._errors import CommandExitError, NotFoundError
+from ._processes import CodeContext, Processes
 from ._models import (
     CommandResult,
     EntryInfo,
@@ -171,6 +172,7 @@ class Sandbox:
         self._conn = conn
         self.files = Files(self)
         self.commands = Commands(self)
+        self.processes = Processes(self)
 
     def _apply(self, info: SandboxInfo) -> None:
         self.info = info
@@ -253,21 +255,47 @@ class Sandbox:
         on_stderr: Optional[StdCallback] = None,
         on_result: Optional[ResultCallback] = None,
         on_error: Optional[ErrorCallback] = None,
+        *,
+        context: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
     ) -> Execution:
         """Runs ``code`` in the session, calling the callbacks as events arrive.
 
         A program that fails does not raise: the :class:`Execution` says how it ended
         (``status``, ``error``). Errors of the request itself (unknown sandbox, dead kernel,
-        bad arguments) raise :class:`CorralError` subclasses. ``language``, when given, must be
-        the session's. ``timeout_s`` defaults to the session's ``limits.timeout_s``.
+        bad arguments) raise :class:`CorralError` subclasses. ``language`` other than the
+        session's runs in that language's default code context (started on first use);
+        ``context`` (an id from :meth:`create_context`) runs in that context. ``env`` is set
+        for this execution only. ``timeout_s`` defaults to the session's ``limits.timeout_s``.
         """
         folder = self._conn.stream(
             sandbox_url(self.id, "/execute"),
-            execute_body(code, language, timeout_s),
+            execute_body(code, language, timeout_s, context, env),
             timeout_s,
             callback_map(on_stdout, on_stderr, on_result, on_error),
         )
         return folder.execution()
+
+    # ---- code contexts --------------------------------------------------------------------
+
+    def create_context(self, language: str = "python", cwd: Optional[str] = None) -> CodeContext:
+        """A new interpreter of ``language`` in the sandbox, on its files (``cwd``: an absolute
+        path, default ``/workspace``); pass its ``id`` as ``run_code(context=)``."""
+        body: Dict[str, Any] = {"language": language}
+        if cwd is not None:
+            body["cwd"] = cwd
+        return CodeContext.from_dict(self._conn.json("POST", sandbox_url(self.id, "/contexts"), json=body))
+
+    def list_contexts(self) -> List[CodeContext]:
+        """The session's contexts: its own kernel's (``default-<language>``) first."""
+        payload = self._conn.json("GET", sandbox_url(self.id, "/contexts"))
+        return [CodeContext.from_dict(c) for c in payload["contexts"]]
+
+    def restart_context(self, context_id: str) -> None:
+        self._conn.request("POST", sandbox_url(self.id, f"/contexts/{context_id}/restart"))
+
+    def remove_context(self, context_id: str) -> None:
+        self._conn.request("DELETE", sandbox_url(self.id, f"/contexts/{context_id}"))
 
     # ---- lifetime -------------------------------------------------------------------------
 

@@ -1,0 +1,703 @@
+//! The host's side of a session's process agent ([`corral_sandbox::agent`]): programs that
+//! run inside the session's sandbox beside its interpreter, concurrently with its executions
+//! and with each other (docs/kernel-protocol.md, "Process agent").
+//!
+//! One reader thread per agent takes every frame the agent sends and hands it on, so the
+//! agent never waits for a client: a program's output goes to each of its subscribers'
+//! queues, which hold at most [`SUBSCRIBER_BYTES`] each (a subscriber that does not read
+//! loses output, counted, and never makes the host hold more).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use corral_sandbox::agent::{encode, receive, FrameReader, Message, Request, OUTPUT_CHUNK};
+pub use corral_sandbox::agent::{
+    AgentRefusal, OutputStream, PtySize, MAX_INPUT, MAX_PENDING_INPUT, MAX_PROCESSES,
+};
+
+/// The most output one subscriber's queue holds.
+pub const SUBSCRIBER_BYTES: usize = 256 << 10;
+/// The most subscribers (output streams) one program has at once.
+pub const MAX_SUBSCRIBERS: usize = 4;
+/// How long a request waits for the agent's answer (a paused session's agent answers none).
+const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a request to the agent can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Refused(#[from] AgentRefusal),
+    #[error(
+        "this session has no process agent (only sessions forked from the Python zygote have one)"
+    )]
+    Unavailable,
+    #[error("the session's process agent is gone")]
+    Gone,
+    #[error("the session's process agent did not answer within {0:?} (is the sandbox paused?)")]
+    NoAnswer(Duration),
+    #[error("process {0} has {MAX_SUBSCRIBERS} output streams already, the most it may have")]
+    TooManySubscribers(i32),
+    #[error("invalid process request: {0}")]
+    Invalid(String),
+    #[error("talking to the process agent: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// What starts a program.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ProcessSpec {
+    pub argv: Vec<String>,
+    /// Relative to `/workspace` (none: `/workspace`); an absolute path stays.
+    pub cwd: Option<String>,
+    pub env: Vec<(String, String)>,
+    /// A name the program can be found by, besides its pid.
+    pub tag: Option<String>,
+    /// A pseudo-terminal of this size as its standard streams.
+    pub pty: Option<PtySize>,
+    /// A pipe as stdin (else `/dev/null`); a terminal always takes input.
+    pub stdin: bool,
+}
+
+/// A running program, as listed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessInfo {
+    /// Its pid inside the sandbox.
+    pub pid: i32,
+    pub spec: ProcessSpec,
+}
+
+/// How a program ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessExit {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+/// What a subscriber receives.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProcessEvent {
+    Output {
+        stream: OutputStream,
+        data: Vec<u8>,
+    },
+    /// Output this subscriber did not read in time and that was dropped.
+    Lost {
+        bytes: u64,
+    },
+    /// The program ended (`None`: the agent, or the session, went away first). Last.
+    End(Option<ProcessExit>),
+}
+
+#[derive(Default)]
+struct QueueState {
+    items: VecDeque<(OutputStream, Vec<u8>)>,
+    bytes: usize,
+    lost: u64,
+    end: Option<Option<ProcessExit>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    state: Mutex<QueueState>,
+    ready: Condvar,
+}
+
+impl Queue {
+    fn push(&self, stream: OutputStream, data: &[u8]) {
+        let mut q = self.state.lock().expect("lock");
+        if q.bytes + data.len() > SUBSCRIBER_BYTES {
+            q.lost += data.len() as u64;
+        } else {
+            q.bytes += data.len();
+            q.items.push_back((stream, data.to_vec()));
+        }
+        self.ready.notify_all();
+    }
+
+    fn end(&self, exit: Option<ProcessExit>) {
+        let mut q = self.state.lock().expect("lock");
+        if q.end.is_none() {
+            q.end = Some(exit);
+        }
+        self.ready.notify_all();
+    }
+}
+
+/// One subscriber's stream of a program's output and end; dropping it unsubscribes.
+pub struct Subscription {
+    pid: i32,
+    queue: Arc<Queue>,
+}
+
+impl Subscription {
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The next event, waiting at most `timeout` (none: `None`). After [`ProcessEvent::End`]
+    /// it returns `End` again.
+    pub fn next(&self, timeout: Duration) -> Option<ProcessEvent> {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.queue.state.lock().expect("lock");
+        loop {
+            if q.lost > 0 {
+                let bytes = std::mem::take(&mut q.lost);
+                return Some(ProcessEvent::Lost { bytes });
+            }
+            if let Some((stream, data)) = q.items.pop_front() {
+                q.bytes -= data.len();
+                return Some(ProcessEvent::Output { stream, data });
+            }
+            if let Some(end) = q.end {
+                return Some(ProcessEvent::End(end));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            q = self.queue.ready.wait_timeout(q, left).expect("lock").0;
+        }
+    }
+}
+
+struct Entry {
+    spec: ProcessSpec,
+    subscribers: Vec<Weak<Queue>>,
+}
+
+impl Entry {
+    fn live_subscribers(&mut self) -> Vec<Arc<Queue>> {
+        self.subscribers.retain(|w| w.strong_count() > 0);
+        self.subscribers.iter().filter_map(Weak::upgrade).collect()
+    }
+}
+
+type ReplySender = SyncSender<Result<Option<i32>, AgentError>>;
+
+/// A start waiting for its pid: what becomes its entry, and its first subscriber.
+struct PendingStart {
+    spec: ProcessSpec,
+    queue: Arc<Queue>,
+}
+
+/// What a request waiting for its reply becomes.
+enum Pending {
+    /// Nothing but the reply.
+    Reply,
+    /// A program's start (see [`PendingStart`]).
+    Start(PendingStart),
+    /// A kernel's start: where its descriptors go, and the write end of its exit pipe.
+    Kernel(Arc<Mutex<Vec<OwnedFd>>>, OwnedFd),
+}
+
+#[derive(Default)]
+struct State {
+    replies: HashMap<u64, (ReplySender, Pending)>,
+    processes: BTreeMap<i32, Entry>,
+    /// Kernels started for code contexts: the write end of each one's exit pipe.
+    kernels: HashMap<i32, OwnedFd>,
+    gone: bool,
+}
+
+/// The host's side of an interpreter kernel the agent started ([`ProcessAgent::start_kernel`]).
+pub struct KernelChannel {
+    /// Its pid in the sandbox.
+    pub pid: i32,
+    /// The host's end of its fd 3.
+    pub socket: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+    /// Readable once it has exited: 4 bytes, its raw wait status (little-endian), or EOF when
+    /// the agent went away first.
+    pub exited: OwnedFd,
+}
+
+/// A session's process agent.
+pub struct ProcessAgent {
+    socket: Mutex<OwnedFd>,
+    /// The session's environment, below each program's own.
+    env: Mutex<Vec<(String, String)>>,
+    state: Arc<Mutex<State>>,
+    next_req: AtomicU64,
+}
+
+impl std::fmt::Debug for ProcessAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessAgent").finish_non_exhaustive()
+    }
+}
+
+impl ProcessAgent {
+    /// Takes the host's end of an agent's socket and starts reading it.
+    pub fn new(socket: OwnedFd) -> io::Result<Arc<ProcessAgent>> {
+        nix::sys::socket::setsockopt(
+            &socket,
+            nix::sys::socket::sockopt::SendTimeout,
+            &nix::sys::time::TimeVal::new(REPLY_TIMEOUT.as_secs() as i64, 0),
+        )
+        .map_err(io::Error::from)?;
+        let reader = socket.try_clone()?;
+        let state = Arc::new(Mutex::new(State::default()));
+        let thread_state = state.clone();
+        std::thread::Builder::new()
+            .name("corral-agent".into())
+            .spawn(move || read_agent(reader, thread_state))?;
+        Ok(Arc::new(ProcessAgent {
+            socket: Mutex::new(socket),
+            env: Mutex::new(Vec::new()),
+            state,
+            next_req: AtomicU64::new(1),
+        }))
+    }
+
+    /// Sets the session's environment, which every program gets below its own.
+    pub fn set_env(&self, env: Vec<(String, String)>) {
+        *self.env.lock().expect("lock") = env;
+    }
+
+    fn request(
+        &self,
+        make: impl FnOnce(u64) -> Request,
+        payload: &[u8],
+        pending: Pending,
+    ) -> Result<Option<i32>, AgentError> {
+        let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = sync_channel(1);
+        {
+            let mut state = self.state.lock().expect("lock");
+            if state.gone {
+                return Err(AgentError::Gone);
+            }
+            state.replies.insert(req, (tx, pending));
+        }
+        let frame = encode(&make(req), payload);
+        let written = {
+            let socket = self.socket.lock().expect("lock");
+            write_all(socket.as_fd(), &frame)
+        };
+        if let Err(e) = written {
+            self.state.lock().expect("lock").replies.remove(&req);
+            return Err(e.into());
+        }
+        match rx.recv_timeout(REPLY_TIMEOUT) {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                self.state.lock().expect("lock").replies.remove(&req);
+                Err(AgentError::NoAnswer(REPLY_TIMEOUT))
+            }
+        }
+    }
+
+    /// Starts a program; the subscription receives all of its output from its start.
+    pub fn start(&self, spec: ProcessSpec) -> Result<Subscription, AgentError> {
+        validate(&spec)?;
+        let queue = Arc::new(Queue::default());
+        let pending = PendingStart {
+            spec: spec.clone(),
+            queue: queue.clone(),
+        };
+        let env: Vec<(String, String)> = self
+            .env
+            .lock()
+            .expect("lock")
+            .iter()
+            .chain(&spec.env)
+            .cloned()
+            .collect();
+        let pid = self.request(
+            |req| Request::Start {
+                req,
+                argv: spec.argv,
+                cwd: spec.cwd,
+                env,
+                pty: spec.pty,
+                stdin: spec.stdin,
+            },
+            &[],
+            Pending::Start(pending),
+        )?;
+        let pid = pid.ok_or(AgentError::Gone)?;
+        Ok(Subscription { pid, queue })
+    }
+
+    /// Starts an interpreter kernel in the sandbox (a code context's): its pid and the
+    /// host's ends of its socket and output pipes. It is no program of [`ProcessAgent::list`].
+    pub fn start_kernel(
+        &self,
+        argv: Vec<String>,
+        cwd: Option<String>,
+        env: Vec<(String, String)>,
+    ) -> Result<KernelChannel, AgentError> {
+        let env: Vec<(String, String)> = self
+            .env
+            .lock()
+            .expect("lock")
+            .iter()
+            .cloned()
+            .chain(env)
+            .collect();
+        let (exited, exit_write) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+                .map_err(io::Error::from)?;
+        let fds = Arc::new(Mutex::new(Vec::new()));
+        let pid = self
+            .request(
+                |req| Request::StartKernel {
+                    req,
+                    argv,
+                    cwd,
+                    env,
+                },
+                &[],
+                Pending::Kernel(fds.clone(), exit_write),
+            )?
+            .ok_or(AgentError::Gone)?;
+        let mut fds = std::mem::take(&mut *fds.lock().expect("lock")).into_iter();
+        match (fds.next(), fds.next(), fds.next()) {
+            (Some(socket), Some(stdout), Some(stderr)) => Ok(KernelChannel {
+                pid,
+                socket,
+                stdout,
+                stderr,
+                exited,
+            }),
+            _ => Err(AgentError::Gone),
+        }
+    }
+
+    /// Sends `signal` to kernel `pid` (and its process group).
+    pub fn signal_kernel(&self, pid: i32, signal: i32) -> Result<(), AgentError> {
+        if !self.state.lock().expect("lock").kernels.contains_key(&pid) {
+            return Err(AgentRefusal::NoSuchProcess(pid).into());
+        }
+        self.request(
+            |req| Request::Signal { req, pid, signal },
+            &[],
+            Pending::Reply,
+        )
+        .map(drop)
+    }
+
+    /// The running programs, by pid.
+    pub fn list(&self) -> Vec<ProcessInfo> {
+        self.state
+            .lock()
+            .expect("lock")
+            .processes
+            .iter()
+            .map(|(&pid, e)| ProcessInfo {
+                pid,
+                spec: e.spec.clone(),
+            })
+            .collect()
+    }
+
+    /// The pid of the running program tagged `tag`.
+    pub fn find_tag(&self, tag: &str) -> Option<i32> {
+        let state = self.state.lock().expect("lock");
+        state
+            .processes
+            .iter()
+            .find(|(_, e)| e.spec.tag.as_deref() == Some(tag))
+            .map(|(&pid, _)| pid)
+    }
+
+    /// A new subscriber to a running program's output from now on.
+    pub fn subscribe(&self, pid: i32) -> Result<Subscription, AgentError> {
+        let mut state = self.state.lock().expect("lock");
+        let entry = state
+            .processes
+            .get_mut(&pid)
+            .ok_or(AgentRefusal::NoSuchProcess(pid))?;
+        if entry.live_subscribers().len() >= MAX_SUBSCRIBERS {
+            return Err(AgentError::TooManySubscribers(pid));
+        }
+        let queue = Arc::new(Queue::default());
+        entry.subscribers.push(Arc::downgrade(&queue));
+        Ok(Subscription { pid, queue })
+    }
+
+    fn known(&self, pid: i32) -> Result<(), AgentError> {
+        match self
+            .state
+            .lock()
+            .expect("lock")
+            .processes
+            .contains_key(&pid)
+        {
+            true => Ok(()),
+            false => Err(AgentRefusal::NoSuchProcess(pid).into()),
+        }
+    }
+
+    /// Input to a program's stdin or terminal: at most [`MAX_INPUT`] bytes at once, refused
+    /// ([`AgentRefusal::InputFull`]) while [`MAX_PENDING_INPUT`] bytes wait for the program.
+    pub fn send_input(&self, pid: i32, data: &[u8]) -> Result<(), AgentError> {
+        self.known(pid)?;
+        for chunk in data.chunks(MAX_INPUT) {
+            self.request(|req| Request::Input { req, pid }, chunk, Pending::Reply)?;
+        }
+        Ok(())
+    }
+
+    pub fn close_stdin(&self, pid: i32) -> Result<(), AgentError> {
+        self.known(pid)?;
+        self.request(|req| Request::CloseStdin { req, pid }, &[], Pending::Reply)
+            .map(drop)
+    }
+
+    /// Sends `signal` to the program's process group.
+    pub fn signal(&self, pid: i32, signal: i32) -> Result<(), AgentError> {
+        self.known(pid)?;
+        self.request(
+            |req| Request::Signal { req, pid, signal },
+            &[],
+            Pending::Reply,
+        )
+        .map(drop)
+    }
+
+    pub fn resize(&self, pid: i32, size: PtySize) -> Result<(), AgentError> {
+        self.known(pid)?;
+        if size.rows == 0 || size.cols == 0 {
+            return Err(AgentError::Invalid(
+                "a terminal of 0 rows or columns".into(),
+            ));
+        }
+        self.request(
+            |req| Request::Resize { req, pid, size },
+            &[],
+            Pending::Reply,
+        )
+        .map(drop)
+    }
+}
+
+fn validate(spec: &ProcessSpec) -> Result<(), AgentError> {
+    let invalid = |m: &str| Err(AgentError::Invalid(m.to_string()));
+    if spec.argv.is_empty() || spec.argv[0].is_empty() {
+        return invalid("an empty command");
+    }
+    let strings = spec
+        .argv
+        .iter()
+        .chain(spec.cwd.iter())
+        .chain(spec.env.iter().flat_map(|(k, v)| [k, v]));
+    if strings.clone().any(|s| s.contains('\0')) {
+        return invalid("a NUL byte in the command, its directory or its environment");
+    }
+    if spec
+        .env
+        .iter()
+        .any(|(k, _)| k.is_empty() || k.contains('='))
+    {
+        return invalid("an environment name that is empty or holds '='");
+    }
+    if let Some(size) = spec.pty {
+        if size.rows == 0 || size.cols == 0 {
+            return invalid("a terminal of 0 rows or columns");
+        }
+    }
+    Ok(())
+}
+
+fn write_all(fd: std::os::fd::BorrowedFd<'_>, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        match nix::sys::socket::send(
+            fd.as_raw_fd(),
+            bytes,
+            nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+        ) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// The reader thread: every frame of the agent, until it hangs up.
+fn read_agent(socket: OwnedFd, state: Arc<Mutex<State>>) {
+    let mut reader = FrameReader::default();
+    let mut buf = vec![0u8; OUTPUT_CHUNK + 4096];
+    let mut fds = VecDeque::new();
+    'read: loop {
+        let n = match receive(socket.as_fd(), &mut buf, &mut fds) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => break,
+        };
+        reader.push(&buf[..n]);
+        loop {
+            match reader.next_frame::<Message>() {
+                Ok(Some(frame)) => dispatch(&state, frame.header, &frame.payload, &mut fds),
+                Ok(None) => break,
+                // An agent that breaks the protocol is not listened to any more.
+                Err(_) => break 'read,
+            }
+        }
+    }
+    let mut state = state.lock().expect("lock");
+    state.gone = true;
+    for (_, (reply, pending)) in state.replies.drain() {
+        let _ = reply.try_send(Err(AgentError::Gone));
+        if let Pending::Start(start) = pending {
+            start.queue.end(None);
+        }
+    }
+    // Their exit pipes close: EOF, the agent is gone.
+    state.kernels.clear();
+    for (_, mut entry) in std::mem::take(&mut state.processes) {
+        for queue in entry.live_subscribers() {
+            queue.end(None);
+        }
+    }
+}
+
+fn dispatch(state: &Mutex<State>, message: Message, payload: &[u8], fds: &mut VecDeque<OwnedFd>) {
+    let mut state = state.lock().expect("lock");
+    match message {
+        Message::Reply { req, pid, error } => {
+            let Some((reply, pending)) = state.replies.remove(&req) else {
+                return;
+            };
+            match (pending, pid, &error) {
+                (Pending::Start(start), Some(pid), None) => {
+                    state.processes.insert(
+                        pid,
+                        Entry {
+                            spec: start.spec,
+                            subscribers: vec![Arc::downgrade(&start.queue)],
+                        },
+                    );
+                }
+                (Pending::Kernel(slot, exit_write), Some(pid), None) => {
+                    *slot.lock().expect("lock") = fds.drain(..).collect();
+                    state.kernels.insert(pid, exit_write);
+                }
+                _ => {}
+            }
+            let _ = reply.try_send(match error {
+                Some(refusal) => Err(refusal.into()),
+                None => Ok(pid),
+            });
+        }
+        Message::Output { pid, stream } => {
+            if let Some(entry) = state.processes.get_mut(&pid) {
+                for queue in entry.live_subscribers() {
+                    queue.push(stream, payload);
+                }
+            }
+        }
+        Message::Exit { pid, status } => {
+            if let Some(exit_write) = state.kernels.remove(&pid) {
+                let _ = nix::unistd::write(&exit_write, &status.to_le_bytes());
+            }
+            if let Some(mut entry) = state.processes.remove(&pid) {
+                let (exit_code, signal) = decode_status(status);
+                for queue in entry.live_subscribers() {
+                    queue.end(Some(ProcessExit { exit_code, signal }));
+                }
+            }
+        }
+    }
+}
+
+fn decode_status(raw: i32) -> (Option<i32>, Option<i32>) {
+    if raw & 0x7f == 0 {
+        (Some((raw >> 8) & 0xff), None)
+    } else {
+        (None, Some(raw & 0x7f))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subscriber_that_does_not_read_holds_a_bounded_queue() {
+        let queue = Queue::default();
+        let chunk = vec![b'x'; 1000];
+        for _ in 0..10_000 {
+            queue.push(OutputStream::Stdout, &chunk);
+        }
+        let state = queue.state.lock().unwrap();
+        assert!(state.bytes <= SUBSCRIBER_BYTES);
+        assert_eq!(state.bytes as u64 + state.lost, 10_000 * 1000);
+    }
+
+    #[test]
+    fn lost_output_is_reported_before_the_rest_and_the_end_comes_last() {
+        let queue = Arc::new(Queue::default());
+        let sub = Subscription {
+            pid: 5,
+            queue: queue.clone(),
+        };
+        queue.push(OutputStream::Stdout, b"a");
+        queue.push(OutputStream::Stderr, &vec![0; SUBSCRIBER_BYTES]);
+        queue.end(Some(ProcessExit {
+            exit_code: Some(3),
+            signal: None,
+        }));
+        let t = Duration::from_millis(10);
+        assert_eq!(
+            sub.next(t),
+            Some(ProcessEvent::Lost {
+                bytes: SUBSCRIBER_BYTES as u64
+            })
+        );
+        assert_eq!(
+            sub.next(t),
+            Some(ProcessEvent::Output {
+                stream: OutputStream::Stdout,
+                data: b"a".to_vec()
+            })
+        );
+        let end = ProcessEvent::End(Some(ProcessExit {
+            exit_code: Some(3),
+            signal: None,
+        }));
+        assert_eq!(sub.next(t), Some(end.clone()));
+        assert_eq!(sub.next(t), Some(end));
+    }
+
+    #[test]
+    fn wait_statuses_decode() {
+        assert_eq!(decode_status(7 << 8), (Some(7), None));
+        assert_eq!(decode_status(9), (None, Some(9)));
+        assert_eq!(decode_status(15 | 0x80), (None, Some(15)));
+    }
+
+    #[test]
+    fn malformed_specs_are_refused_before_anything_is_sent() {
+        let ok = ProcessSpec {
+            argv: vec!["true".into()],
+            ..ProcessSpec::default()
+        };
+        assert!(validate(&ok).is_ok());
+        for bad in [
+            ProcessSpec::default(),
+            ProcessSpec {
+                argv: vec!["a\0b".into()],
+                ..ProcessSpec::default()
+            },
+            ProcessSpec {
+                env: vec![("A=B".into(), "c".into())],
+                ..ok.clone()
+            },
+            ProcessSpec {
+                pty: Some(PtySize { rows: 0, cols: 80 }),
+                ..ok.clone()
+            },
+        ] {
+            assert!(matches!(validate(&bad), Err(AgentError::Invalid(_))));
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! The native processes API (docs/api.md#processes): programs in a sandbox beside its
+//! interpreter, run by the sandbox's process agent, with pipes or a terminal.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::Json;
+use base64::Engine as _;
+use corral_kernel::agent::{
+    OutputStream, ProcessAgent, ProcessEvent, ProcessSpec, PtySize, Subscription,
+};
+use corral_sandbox::Reservation;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::{blocking, stream_frames, ApiJson, AppState};
+use crate::error::ApiError;
+use crate::service::{ServiceError, Tenant};
+
+/// How often an output stream without output sends a `keepalive` line.
+const KEEPALIVE: Duration = Duration::from_secs(20);
+
+/// `POST /v1/sandboxes/{id}/processes`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartProcessRequest {
+    /// The program (looked up in `PATH` unless it holds a `/`).
+    cmd: String,
+    #[serde(default)]
+    args: Vec<String>,
+    /// An absolute path inside the sandbox (default `/workspace`).
+    cwd: Option<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    tag: Option<String>,
+    /// A pipe as stdin (else `/dev/null`).
+    #[serde(default)]
+    stdin: bool,
+    /// A pseudo-terminal of this size as its standard streams.
+    pty: Option<TerminalSize>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TerminalSize {
+    rows: u16,
+    cols: u16,
+}
+
+impl From<TerminalSize> for PtySize {
+    fn from(s: TerminalSize) -> PtySize {
+        PtySize {
+            rows: s.rows,
+            cols: s.cols,
+        }
+    }
+}
+
+fn line(value: &Value) -> Bytes {
+    let mut bytes = serde_json::to_vec(value).expect("JSON values serialize");
+    bytes.push(b'\n');
+    Bytes::from(bytes)
+}
+
+/// Streams a subscription as NDJSON: `start`, then `stdout`/`stderr`/`pty` lines (`data` in
+/// base64), `lost` when the client read too slowly, `keepalive`, and `end` last. A client
+/// that goes away leaves the program running.
+fn output_stream(sub: Subscription) -> Response {
+    let gone = Arc::new(AtomicBool::new(false));
+    let gone_flag = gone.clone();
+    stream_frames(
+        "application/x-ndjson",
+        move |send| {
+            send(line(&json!({"type": "start", "pid": sub.pid()})));
+            while !gone.load(Ordering::Relaxed) {
+                let event = match sub.next(KEEPALIVE) {
+                    None => json!({"type": "keepalive"}),
+                    Some(ProcessEvent::Lost { bytes }) => json!({"type": "lost", "bytes": bytes}),
+                    Some(ProcessEvent::Output { stream, data }) => {
+                        let kind = match stream {
+                            OutputStream::Stdout => "stdout",
+                            OutputStream::Stderr => "stderr",
+                            OutputStream::Pty => "pty",
+                        };
+                        let data = base64::engine::general_purpose::STANDARD.encode(data);
+                        json!({"type": kind, "data": data})
+                    }
+                    Some(ProcessEvent::End(exit)) => {
+                        let end = match exit {
+                            Some(exit) => json!({
+                                "type": "end",
+                                "exit_code": exit.exit_code,
+                                "signal": exit.signal,
+                            }),
+                            None => json!({
+                                "type": "end",
+                                "exit_code": null,
+                                "signal": null,
+                                "error": "the sandbox's process agent went away",
+                            }),
+                        };
+                        send(line(&end));
+                        break;
+                    }
+                };
+                send(line(&event));
+            }
+            Reservation::default()
+        },
+        move || gone_flag.store(true, Ordering::Relaxed),
+    )
+}
+
+/// Starts a program in the sandbox, beside its interpreter: an NDJSON stream of its output.
+pub async fn start(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<StartProcessRequest>,
+) -> Result<Response, ApiError> {
+    if req.cmd.is_empty() {
+        return Err(ApiError::bad_request("cmd must not be empty"));
+    }
+    if let Some(cwd) = &req.cwd {
+        if !cwd.starts_with('/') {
+            return Err(ApiError::bad_request(
+                "cwd must be an absolute path inside the sandbox",
+            ));
+        }
+    }
+    let spec = ProcessSpec {
+        argv: std::iter::once(req.cmd).chain(req.args).collect(),
+        cwd: req.cwd,
+        env: req.env.into_iter().collect(),
+        tag: req.tag,
+        pty: req.pty.map(PtySize::from),
+        stdin: req.stdin,
+    };
+    let service = state.service.clone();
+    let (_, sub) = blocking(move || service.start_process(&tenant, &id, spec)).await?;
+    Ok(output_stream(sub))
+}
+
+/// A running program, as listed.
+#[derive(Debug, Serialize)]
+pub struct ProcessJson {
+    pid: i32,
+    tag: Option<String>,
+    cmd: String,
+    args: Vec<String>,
+    cwd: Option<String>,
+    env: BTreeMap<String, String>,
+    pty: bool,
+}
+
+/// The sandbox's running programs.
+pub async fn list(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let service = state.service.clone();
+    let agent = blocking(move || service.process_agent(&tenant, &id)).await?;
+    let processes: Vec<ProcessJson> = agent
+        .list()
+        .into_iter()
+        .map(|p| {
+            let mut argv = p.spec.argv.into_iter();
+            ProcessJson {
+                pid: p.pid,
+                tag: p.spec.tag,
+                cmd: argv.next().unwrap_or_default(),
+                args: argv.collect(),
+                cwd: p.spec.cwd,
+                env: p.spec.env.into_iter().collect(),
+                pty: p.spec.pty.is_some(),
+            }
+        })
+        .collect();
+    Ok(Json(json!({ "processes": processes })))
+}
+
+/// Runs `call` with the agent of `tenant`'s sandbox `id` on a blocking thread.
+async fn with_agent<T: Send + 'static>(
+    state: &AppState,
+    tenant: Tenant,
+    id: String,
+    call: impl FnOnce(&ProcessAgent) -> Result<T, ServiceError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let service = state.service.clone();
+    blocking(move || {
+        let agent = service.process_agent(&tenant, &id)?;
+        call(&agent)
+    })
+    .await
+}
+
+/// A running program's output from now on.
+pub async fn output(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path((id, pid)): Path<(String, i32)>,
+) -> Result<Response, ApiError> {
+    let sub = with_agent(&state, tenant, id, move |agent| Ok(agent.subscribe(pid)?)).await?;
+    Ok(output_stream(sub))
+}
+
+/// `POST …/processes/{pid}/input`: `data` (text) or `data_base64` (bytes).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputRequest {
+    data: Option<String>,
+    data_base64: Option<String>,
+}
+
+pub async fn input(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path((id, pid)): Path<(String, i32)>,
+    ApiJson(req): ApiJson<InputRequest>,
+) -> Result<StatusCode, ApiError> {
+    let data = match (req.data, req.data_base64) {
+        (Some(text), None) => text.into_bytes(),
+        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| ApiError::bad_request(format!("data_base64: {e}")))?,
+        _ => {
+            return Err(ApiError::bad_request(
+                "send exactly one of data and data_base64",
+            ))
+        }
+    };
+    with_agent(&state, tenant, id, move |agent| {
+        Ok(agent.send_input(pid, &data)?)
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn close_stdin(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path((id, pid)): Path<(String, i32)>,
+    _body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    with_agent(&state, tenant, id, move |agent| Ok(agent.close_stdin(pid)?)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST …/processes/{pid}/signal`: a signal by name (`SIGTERM`, `TERM`) or number.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    signal: Value,
+}
+
+fn signal_number(value: &Value) -> Option<i32> {
+    use nix::sys::signal::Signal;
+    let signal = match value {
+        Value::Number(n) => Signal::try_from(i32::try_from(n.as_i64()?).ok()?).ok()?,
+        Value::String(name) => {
+            let name = name.to_ascii_uppercase();
+            let full = if name.starts_with("SIG") {
+                name
+            } else {
+                format!("SIG{name}")
+            };
+            full.parse::<Signal>().ok()?
+        }
+        _ => return None,
+    };
+    Some(signal as i32)
+}
+
+pub async fn signal(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path((id, pid)): Path<(String, i32)>,
+    ApiJson(req): ApiJson<SignalRequest>,
+) -> Result<StatusCode, ApiError> {
+    let signal = signal_number(&req.signal).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "signal: {} is not a signal (a name such as SIGTERM, or a number)",
+            req.signal
+        ))
+    })?;
+    with_agent(&state, tenant, id, move |agent| {
+        Ok(agent.signal(pid, signal)?)
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn resize(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path((id, pid)): Path<(String, i32)>,
+    ApiJson(size): ApiJson<TerminalSize>,
+) -> Result<StatusCode, ApiError> {
+    with_agent(&state, tenant, id, move |agent| {
+        Ok(agent.resize(pid, size.into())?)
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_are_named_or_numbered() {
+        assert_eq!(signal_number(&json!("SIGTERM")), Some(15));
+        assert_eq!(signal_number(&json!("kill")), Some(9));
+        assert_eq!(signal_number(&json!(2)), Some(2));
+        assert_eq!(signal_number(&json!("SIGNOPE")), None);
+        assert_eq!(signal_number(&json!(0)), None);
+        assert_eq!(signal_number(&json!(99)), None);
+        assert_eq!(signal_number(&json!(null)), None);
+    }
+}
