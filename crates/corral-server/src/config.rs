@@ -71,6 +71,9 @@ pub struct Config {
     /// What sandboxes may reach beyond their loopback (a `[network]` table;
     /// docs/network.md): by default nothing.
     pub network: NetworkConfig,
+    /// What the keys named NAME may ask for, instead of `[network]`'s `allow`, `cidrs` and
+    /// `default` (`[key_network.NAME]` tables), within `[network]`'s `allow` and `cidrs`.
+    pub key_network: std::collections::BTreeMap<String, crate::network::KeyNetworkConfig>,
 }
 
 /// The operator's network settings: what any request may ask for, which names may resolve
@@ -140,6 +143,7 @@ impl Default for Config {
             code_policy: Default::default(),
             key_code_policy: Default::default(),
             network: Default::default(),
+            key_network: Default::default(),
         }
     }
 }
@@ -197,7 +201,7 @@ impl Config {
         if self.memory_budget_bytes == Some(0) {
             anyhow::bail!("memory_budget_bytes must be more than 0");
         }
-        self.network.policies()?;
+        crate::network::NetworkBounds::of(&self.network, &self.key_network)?;
         Ok(())
     }
 

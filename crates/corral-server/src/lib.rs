@@ -9,9 +9,11 @@ pub mod connect;
 pub mod db;
 mod docs_page;
 pub mod e2b;
+mod e2b_network;
 pub mod error;
 pub mod http;
 pub mod metrics;
+pub mod network;
 pub mod service;
 pub mod watch;
 
