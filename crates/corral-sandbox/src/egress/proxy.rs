@@ -613,17 +613,17 @@ fn vet(shared: &Shared, host: &Host, port: u16) -> Result<Vec<IpAddr>, (Verdict,
                     ),
                 ));
             }
-            match rules
+            // Allowed when one of the rules that hold it admits it; refused with the first
+            // rule's reason when none does.
+            let refusals: Option<Vec<_>> = rules
                 .iter()
-                .map(|r| vet_literal(ip, &r.net, &own))
-                .find_map(Result::err)
-            {
-                Some(refused) if rules.iter().all(|r| vet_literal(ip, &r.net, &own).is_err()) => {
-                    Err((
-                        Verdict::Denied(Reason::InternalAddress),
-                        format!("{host} is a {} address, which no rule names", refused.0),
-                    ))
-                }
+                .map(|r| vet_literal(ip, &r.net, &own).err())
+                .collect();
+            match refusals.as_deref() {
+                Some([refused, ..]) => Err((
+                    Verdict::Denied(Reason::InternalAddress),
+                    format!("{host} is a {} address, which no rule names", refused.0),
+                )),
                 _ => Ok(vec![ip]),
             }
         }
