@@ -3129,7 +3129,7 @@ fn a_keys_network_table_bounds_that_key_and_streams_end_with_egress_totals() {
     let (a, b) = (server.key("a"), server.key("b"));
     let fetch = format!(
         "import os, urllib.request\n\
-         for k in ('NO_PROXY', 'no_proxy'): os.environ.pop(k)\n\
+         for k in ('NO_PROXY', 'no_proxy'): os.environ.pop(k, None)\n\
          print(urllib.request.urlopen('http://localhost:{port}/').read().decode())"
     );
     let run = |key: &str, allow: &str| {

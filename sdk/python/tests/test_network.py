@@ -117,7 +117,7 @@ def test_streamed_executions_and_commands_report_their_egress(
     port = upstream.server_address[1]
     fetch = (
         "import os, urllib.request\n"
-        "for k in ('NO_PROXY', 'no_proxy'): os.environ.pop(k)\n"
+        "for k in ('NO_PROXY', 'no_proxy'): os.environ.pop(k, None)\n"
         f"print(urllib.request.urlopen('http://localhost:{port}/').read().decode())\n"
     )
     config = f'[network]\nallow = ["localhost:{port}"]\nallow_private = ["localhost"]\n'
