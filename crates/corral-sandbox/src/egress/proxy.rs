@@ -981,19 +981,16 @@ fn write_pending(to: &OwnedFd, dir: &mut Direction) -> Result<bool, ()> {
             &dir.early[dir.early_sent..],
             socket::MsgFlags::MSG_NOSIGNAL,
         )
-        .map(|n| {
+        .inspect(|&n| {
             dir.early_sent += n;
             if dir.early_sent == dir.early.len() {
                 dir.early = Vec::new();
                 dir.early_sent = 0;
             }
-            n
         })
     } else {
-        nix::fcntl::splice(&dir.pipe_r, None, to, None, dir.pending, splice_flags()).map(|n| {
-            dir.pending -= n;
-            n
-        })
+        nix::fcntl::splice(&dir.pipe_r, None, to, None, dir.pending, splice_flags())
+            .inspect(|&n| dir.pending -= n)
     };
     match sent {
         Ok(n) => Ok(n > 0),
