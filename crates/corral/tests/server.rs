@@ -893,9 +893,16 @@ fn keyless_loopback_access_fails_closed() {
 
 /// POSTs `body` and reads the NDJSON answer to its end.
 fn ndjson(addr: &str, path: &str, body: &str) -> Vec<Value> {
-    let response = ureq::post(&format!("http://{addr}{path}"))
-        .send_string(body)
-        .unwrap();
+    ndjson_as(addr, path, None, body)
+}
+
+/// [`ndjson`] with `key`'s credentials.
+fn ndjson_as(addr: &str, path: &str, key: Option<&str>, body: &str) -> Vec<Value> {
+    let mut request = ureq::post(&format!("http://{addr}{path}"));
+    if let Some(key) = key {
+        request = request.set("Authorization", &format!("Bearer {key}"));
+    }
+    let response = request.send_string(body).unwrap();
     assert_eq!(
         response.header("Content-Type"),
         Some("application/x-ndjson")
@@ -3172,19 +3179,10 @@ fn a_keys_network_table_bounds_that_key_and_streams_end_with_egress_totals() {
     let (status, info) = server.call("POST", "/v1/sandboxes", Some(&a), Some(&body.to_string()));
     assert_eq!(status, 201, "{info}");
     let id = info["id"].as_str().unwrap();
-    let stream = |path: &str, body: Value| -> Vec<Value> {
-        let response = ureq::post(&format!("{}/v1/sandboxes/{id}/{path}", server.url))
-            .set("Authorization", &format!("Bearer {a}"))
-            .send_string(&body.to_string())
-            .unwrap();
-        assert_eq!(
-            response.header("Content-Type"),
-            Some("application/x-ndjson")
-        );
-        let text = response.into_string().unwrap();
-        text.lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
+    let addr = server.url.trim_start_matches("http://");
+    let stream = |path: &str, body: Value| {
+        let path = format!("/v1/sandboxes/{id}/{path}");
+        ndjson_as(addr, &path, Some(&a), &body.to_string())
     };
     let code = format!("open('fetch.py', 'w').write({fetch:?})\n{fetch}");
     let events = stream("execute", json!({ "code": code }));
@@ -3202,12 +3200,9 @@ fn a_keys_network_table_bounds_that_key_and_streams_end_with_egress_totals() {
     assert_eq!(end["network"]["connections"], 1, "{end}");
     // A session without a network policy ends its stream with `network: null`.
     let plain = server.create(Some(&a));
-    let response = ureq::post(&format!("{}/v1/sandboxes/{plain}/execute", server.url))
-        .set("Authorization", &format!("Bearer {a}"))
-        .send_string(r#"{"code": "1"}"#)
-        .unwrap();
-    let text = response.into_string().unwrap();
-    let end: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let path = format!("/v1/sandboxes/{plain}/execute");
+    let events = ndjson_as(addr, &path, Some(&a), r#"{"code": "1"}"#);
+    let end = events.last().unwrap();
     assert_eq!(
         (&end["type"], &end["network"]),
         (&json!("end"), &Value::Null),
