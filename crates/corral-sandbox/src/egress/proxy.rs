@@ -791,7 +791,7 @@ fn connect(
 
 /// How many bytes a relay's pipe may hold, each way (asked of the kernel with `F_SETPIPE_SZ`;
 /// a smaller pipe, when the user's pipe budget is spent, works too, only slower).
-const PIPE_BYTES: usize = 256 << 10;
+const PIPE_BYTES: usize = 1 << 20;
 
 /// One direction of a relay. The bytes a request's head and ClientHello held (read by the
 /// proxy) go first, from `early`; then the source's bytes are spliced into a pipe and from the
