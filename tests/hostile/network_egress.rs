@@ -111,6 +111,45 @@ fn egress(
     (egress, resolver)
 }
 
+/// The engine's egress that allows `ok.test:PORT` alone: a name the operator opted in that
+/// resolves to 127.0.0.1, where a test's listener on the host waits.
+fn ok_test(port: u16) -> Egress {
+    egress(
+        &[format!("ok.test:{port}")],
+        &["ok.test"],
+        &[("ok.test", vec![ip("127.0.0.1")])],
+    )
+    .0
+}
+
+/// The attack script's `name` attack, aimed at `port`, with `corral run --net allow:ITEMS`.
+fn attack_net(name: &str, port: u16, items: &str) -> Run {
+    attack(name, port)
+        .arg("--net")
+        .arg(format!("allow:{items}"))
+}
+
+/// Runs `run`; it completed and nothing escaped its sandbox.
+fn contained(run: Run) -> Outcome {
+    let o = run.run();
+    o.assert_completed();
+    o.assert_no_escape();
+    o
+}
+
+/// Every refusal of `o`'s report was for one of `reasons`; there were `count` of them.
+fn assert_denials(o: &Outcome, count: Option<usize>, reasons: &[&str]) {
+    let d = denials(o);
+    if let Some(count) = count {
+        assert_eq!(d.len(), count, "{}", o.dump());
+    }
+    assert!(
+        d.iter().all(|(_, r)| reasons.contains(&r.as_str())),
+        "{}",
+        o.dump()
+    );
+}
+
 fn attack(name: &str, port: u16) -> Run {
     let host = host_ip().unwrap_or(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)));
     Run::python(include_str!("attacks/net_egress.py"))
@@ -139,11 +178,7 @@ fn egress_dns_has_no_resolver_and_names_off_the_list_are_never_looked_up() {
     let _g = shared();
     let l = HostListener::new();
     let (egress, resolver) = egress(&["ok.test".into()], &[], &[]);
-    let o = attack("dns", l.port)
-        .engine_egress(egress, Limits::default())
-        .run();
-    o.assert_completed();
-    o.assert_no_escape();
+    let o = contained(attack("dns", l.port).engine_egress(egress, Limits::default()));
     let eai = &["EAI-2", "EAI-3", "EAI-5", "EAI-8", "EAI-11"];
     o.assert_blocked("getaddrinfo-listed", eai);
     o.assert_blocked("getaddrinfo-public", eai);
@@ -169,12 +204,11 @@ fn egress_dns_has_no_resolver_and_names_off_the_list_are_never_looked_up() {
 fn egress_address_literals_are_refused_in_every_notation() {
     let _g = shared();
     let l = HostListener::new();
-    let o = attack("literals", l.port)
-        .arg("--net")
-        .arg(format!("allow:ok.test:{}", l.port))
-        .run();
-    o.assert_completed();
-    o.assert_no_escape();
+    let o = contained(attack_net(
+        "literals",
+        l.port,
+        &format!("ok.test:{}", l.port),
+    ));
     for what in [
         "v4",
         "v4-other",
@@ -191,13 +225,7 @@ fn egress_address_literals_are_refused_in_every_notation() {
     }
     o.assert_blocked("http-v4", &["HTTP403"]);
     o.assert_blocked("http-v6", &["HTTP403"]);
-    assert!(
-        denials(&o)
-            .iter()
-            .all(|(_, r)| r == "ip_literal" || r == "invalid_request"),
-        "{}",
-        o.dump()
-    );
+    assert_denials(&o, None, &["ip_literal", "invalid_request"]);
     l.assert_nothing();
 }
 
@@ -222,31 +250,20 @@ fn egress_allowed_names_that_resolve_to_internal_addresses_are_refused() {
         ("mixed.test", vec![ip("127.0.0.1"), own, ip("::1")]),
     ];
     let (egress, _) = egress(&items, &[], &table);
-    let o = attack("internal", l.port)
-        .engine_egress(egress, Limits::default())
-        .run();
-    o.assert_completed();
-    o.assert_no_escape();
+    let o = contained(attack("internal", l.port).engine_egress(egress, Limits::default()));
     for name in names {
         o.assert_blocked(&format!("connect-{name}"), &["HTTP403"]);
         o.assert_blocked(&format!("http-{name}"), &["HTTP403"]);
     }
-    let d = denials(&o);
-    assert_eq!(d.len(), 10, "{}", o.dump());
-    assert!(
-        d.iter().all(|(_, r)| r == "internal_address"),
-        "{}",
-        o.dump()
-    );
+    assert_denials(&o, Some(10), &["internal_address"]);
     l.assert_nothing();
 
     // The same through `corral run` and the host's own resolver: localhost.
-    let o = attack("localhost", l.port)
-        .arg("--net")
-        .arg(format!("allow:localhost:{}", l.port))
-        .run();
-    o.assert_completed();
-    o.assert_no_escape();
+    let o = contained(attack_net(
+        "localhost",
+        l.port,
+        &format!("localhost:{}", l.port),
+    ));
     o.assert_blocked("connect-localhost", &["HTTP403"]);
     o.assert_blocked("http-localhost", &["HTTP403"]);
     assert!(
@@ -261,16 +278,7 @@ fn egress_allowed_names_that_resolve_to_internal_addresses_are_refused() {
 fn egress_a_tls_server_name_other_than_the_allowed_one_is_refused() {
     let _g = shared();
     let l = HostListener::new();
-    let (egress, _) = egress(
-        &[format!("ok.test:{}", l.port)],
-        &["ok.test"],
-        &[("ok.test", vec![ip("127.0.0.1")])],
-    );
-    let o = attack("fronting", l.port)
-        .engine_egress(egress, Limits::default())
-        .run();
-    o.assert_completed();
-    o.assert_no_escape();
+    let o = contained(attack("fronting", l.port).engine_egress(ok_test(l.port), Limits::default()));
     for what in ["sni-other", "sni-none", "sni-suffix", "sni-address"] {
         o.assert_blocked(what, &["TLS-ALERT"]);
     }
@@ -279,29 +287,15 @@ fn egress_a_tls_server_name_other_than_the_allowed_one_is_refused() {
     let got = l.accepted();
     assert_eq!(got.len(), 1, "SANDBOX HOLE: {got:?}\n{}", o.dump());
     assert_eq!(got[0].first(), Some(&0x16), "{got:?}");
-    let d = denials(&o);
-    assert_eq!(d.len(), 4, "{}", o.dump());
-    assert!(
-        d.iter().all(|(_, r)| r == "tls_server_name"),
-        "{}",
-        o.dump()
-    );
+    assert_denials(&o, Some(4), &["tls_server_name"]);
 }
 
 #[test]
 fn egress_other_protocols_and_ports_are_refused() {
     let _g = shared();
     let l = HostListener::new();
-    let (egress, _) = egress(
-        &[format!("ok.test:{}", l.port)],
-        &["ok.test"],
-        &[("ok.test", vec![ip("127.0.0.1")])],
-    );
-    let o = attack("protocols", l.port)
-        .engine_egress(egress, Limits::default())
-        .run();
-    o.assert_completed();
-    o.assert_no_escape();
+    let o =
+        contained(attack("protocols", l.port).engine_egress(ok_test(l.port), Limits::default()));
     o.assert_blocked("port-not-allowed", &["HTTP403"]);
     for what in [
         "ssh-in-tunnel",
@@ -320,12 +314,11 @@ fn egress_other_protocols_and_ports_are_refused() {
 fn egress_a_range_rule_carries_any_protocol_to_its_addresses_only() {
     let _g = shared();
     let l = HostListener::new();
-    let o = attack("range", l.port)
-        .arg("--net")
-        .arg(format!("allow:127.0.0.1/32:{}", l.port))
-        .run();
-    o.assert_completed();
-    o.assert_no_escape();
+    let o = contained(attack_net(
+        "range",
+        l.port,
+        &format!("127.0.0.1/32:{}", l.port),
+    ));
     assert!(o.has_line("CONTROL raw-to-rule through"), "{}", o.dump());
     o.assert_blocked("raw-next-door", &["HTTP403"]);
     o.assert_blocked("raw-other-port", &["HTTP403"]);
@@ -340,9 +333,7 @@ fn egress_udp_goes_nowhere() {
     let u = UdpSocket::bind("0.0.0.0:0").unwrap();
     u.set_nonblocking(true).unwrap();
     let port = u.local_addr().unwrap().port();
-    let o = attack("udp", port).arg("--net").arg("allow:ok.test").run();
-    o.assert_completed();
-    o.assert_no_escape();
+    let o = contained(attack_net("udp", port, "ok.test"));
     o.assert_blocked("udp-loopback", &["ECONNREFUSED", "TIMEOUT"]);
     o.assert_blocked("udp-host-ip", &["ENETUNREACH", "EHOSTUNREACH"]);
     o.assert_blocked("udp-proxy-port", &["ECONNREFUSED", "TIMEOUT"]);
@@ -359,12 +350,7 @@ fn egress_udp_goes_nowhere() {
 fn egress_ipv6_goes_nowhere() {
     let _g = shared();
     let l = HostListener::new();
-    let o = attack("ipv6", l.port)
-        .arg("--net")
-        .arg("allow:ok.test")
-        .run();
-    o.assert_completed();
-    o.assert_no_escape();
+    let o = contained(attack_net("ipv6", l.port, "ok.test"));
     let unreachable = &[
         "ECONNREFUSED",
         "ENETUNREACH",
@@ -384,12 +370,7 @@ fn egress_ipv6_goes_nowhere() {
 fn egress_a_program_that_ignores_the_proxy_reaches_nothing_and_cannot_take_its_port() {
     let _g = shared();
     let l = HostListener::new();
-    let o = attack("direct", l.port)
-        .arg("--net")
-        .arg(format!("allow:ok.test:{}", l.port))
-        .run();
-    o.assert_completed();
-    o.assert_no_escape();
+    let o = contained(attack_net("direct", l.port, &format!("ok.test:{}", l.port)));
     o.assert_blocked("direct-loopback", &["ECONNREFUSED"]);
     o.assert_blocked("direct-host-ip", &["ENETUNREACH", "EHOSTUNREACH"]);
     o.assert_blocked("direct-public", &["ENETUNREACH", "EHOSTUNREACH"]);
@@ -414,9 +395,7 @@ fn egress_the_endpoint_is_each_sandboxs_own() {
         .arg(format!("allow:ok.test:{}", l.port))
         .spawn();
     std::thread::sleep(Duration::from_millis(1500));
-    let o = attack("other-sandbox", l.port).run();
-    o.assert_completed();
-    o.assert_no_escape();
+    let o = contained(attack("other-sandbox", l.port));
     o.assert_blocked("proxy-port", &["ECONNREFUSED"]);
     assert_eq!(o.j()["network"], serde_json::Value::Null, "{}", o.dump());
     let held = holder.wait();
@@ -430,10 +409,8 @@ fn egress_the_endpoint_is_each_sandboxs_own() {
 #[test]
 fn egress_a_flood_of_connections_stops_at_the_limit() {
     let _g = shared();
-    let o = attack("flood", 1)
+    let o = attack_net("flood", 1, "ok.test")
         .env("COUNT", "12")
-        .arg("--net")
-        .arg("allow:ok.test")
         .arg("--net-connections")
         .arg("5")
         .run();
@@ -483,16 +460,13 @@ fn egress_bytes_stop_at_the_limit() {
             let _ = c.write_all(&vec![b'x'; size]);
         }
     });
-    let (egress, _) = egress(
-        &[format!("ok.test:{port}")],
-        &["ok.test"],
-        &[("ok.test", vec![ip("127.0.0.1")])],
-    );
     let limits = Limits {
         net_bytes: 1 << 20,
         ..Limits::default()
     };
-    let o = attack("bytes", port).engine_egress(egress, limits).run();
+    let o = attack("bytes", port)
+        .engine_egress(ok_test(port), limits)
+        .run();
     o.assert_completed();
     let received: u64 = o.value("RECEIVED").parse().unwrap();
     assert!(received > 0 && received <= 1 << 20, "{}", o.dump());

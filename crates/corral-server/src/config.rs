@@ -77,6 +77,9 @@ pub struct Config {
     pub network: NetworkConfig,
     /// The port proxy (a `[ports]` table; docs/api.md#ports).
     pub ports: crate::ports::PortsConfig,
+    /// What the keys named NAME may ask for, instead of `[network]`'s `allow`, `cidrs` and
+    /// `default` (`[key_network.NAME]` tables), within `[network]`'s `allow` and `cidrs`.
+    pub key_network: std::collections::BTreeMap<String, crate::network::KeyNetworkConfig>,
 }
 
 /// The operator's network settings: what any request may ask for, which names may resolve
@@ -148,6 +151,7 @@ impl Default for Config {
             key_code_policy: Default::default(),
             network: Default::default(),
             ports: Default::default(),
+            key_network: Default::default(),
         }
     }
 }
@@ -205,7 +209,7 @@ impl Config {
         if self.memory_budget_bytes == Some(0) {
             anyhow::bail!("memory_budget_bytes must be more than 0");
         }
-        self.network.policies()?;
+        crate::network::NetworkBounds::of(&self.network, &self.key_network)?;
         Ok(())
     }
 

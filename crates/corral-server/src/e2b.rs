@@ -390,51 +390,9 @@ struct NewSandbox {
     /// Seconds; Corral's idle timeout.
     timeout: Option<u64>,
     metadata: Option<BTreeMap<String, String>>,
-    /// `true`: the server's default network policy; `false` or absent: none.
+    /// With `network`, mapped onto the sandbox's egress allow-list (`e2b_network`).
     allow_internet_access: Option<bool>,
-    network: Option<E2bNetwork>,
-}
-
-/// The part of E2B's `SandboxNetworkConfig` Corral maps: `allowOut` (names, addresses,
-/// ranges) becomes the sandbox's allow-list; everything else is denied already. Other keys
-/// (`denyOut`, `rules`, `egressProxy`, ...) are ignored.
-#[derive(Debug, Default, Deserialize)]
-struct E2bNetwork {
-    #[serde(rename = "allowOut")]
-    allow_out: Option<Vec<String>>,
-}
-
-/// The network of an E2B creation (docs/e2b.md): `network.allowOut` as an allow-list,
-/// `allow_internet_access: true` as the server's default policy (403 when it has none).
-fn network_of(
-    req: &NewSandbox,
-    has_default: bool,
-) -> Result<Option<crate::service::NetworkRequest>, E2bError> {
-    use corral_sandbox::egress::policy::Item;
-    if let Some(items) = req.network.as_ref().and_then(|n| n.allow_out.as_ref()) {
-        let mut network = crate::service::NetworkRequest::default();
-        for item in items {
-            match Item::parse(item) {
-                Ok(Item::Host(_)) => network.allow.push(item.clone()),
-                Ok(Item::Cidr(_)) => network.cidrs.push(item.clone()),
-                Err(e) => return Err(E2bError::bad_request(format!("network.allowOut: {e}"))),
-            }
-        }
-        return Ok(Some(network));
-    }
-    match req.allow_internet_access {
-        Some(true) if !has_default => Err(ServiceError::NetworkNotAllowed(
-            "allow_internet_access: this server offers no default network policy (its \
-             operator's [network] default); name the hosts in network.allowOut"
-                .into(),
-        )
-        .into()),
-        Some(true) => Ok(Some(crate::service::NetworkRequest {
-            default: true,
-            ..Default::default()
-        })),
-        _ => Ok(None),
-    }
+    network: Option<crate::e2b_network::E2bNetwork>,
 }
 
 /// Corral's image for an E2B template: E2B's own names mean the default image.
@@ -479,7 +437,11 @@ async fn create_sandbox(
             "timeout {t}: it must be between 1 and {max_timeout} seconds"
         )));
     }
-    let network = network_of(&req, state.service.has_default_network())?;
+    let network = crate::e2b_network::network_of(
+        req.allow_internet_access,
+        req.network.as_ref(),
+        state.service.has_default_network(&tenant)?,
+    )?;
     let template = req
         .template_id
         .unwrap_or_else(|| DEFAULT_TEMPLATE.to_string());

@@ -581,6 +581,9 @@ struct EndEvent<'a> {
     /// The result's `warnings`: weaker protections, and what was dropped over the
     /// per-execution bounds (rich results), as in the folded result object.
     warnings: &'a [String],
+    /// What the sandbox's egress proxy did during the execution, as in the result object;
+    /// `null` without a network policy.
+    network: Option<&'a corral_sandbox::NetworkReport>,
 }
 
 fn end_line(result: &ExecutionResult, with_exit_code: bool) -> Vec<u8> {
@@ -593,6 +596,7 @@ fn end_line(result: &ExecutionResult, with_exit_code: bool) -> Vec<u8> {
         exit_code: with_exit_code.then_some(result.exit_code),
         error_message: result.error_message.as_deref(),
         warnings: &result.warnings,
+        network: result.network.as_ref(),
     })
 }
 

@@ -21,8 +21,8 @@ use corral_sandbox::limits::show_bytes;
 use corral_sandbox::limits::timeout_from_secs;
 use corral_sandbox::workspace::EntryInfo;
 use corral_sandbox::{
-    Egress, ExecutionResult, FileEntry, InputFile, LimitError, LimitField, Limits, NetworkPolicy,
-    NetworkReport, Policy, ResultBudget, SandboxSpec, Status, WorkspaceError,
+    Egress, ExecutionResult, FileEntry, InputFile, LimitError, LimitField, Limits, NetworkReport,
+    Policy, ResultBudget, SandboxSpec, Status, WorkspaceError,
 };
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +30,7 @@ use crate::admission::{Admission, RunPermit};
 use crate::config::Config;
 use crate::db::{AuditEntry, Db, EgressEntry};
 use crate::metrics::{DirectionLabels, EgressLabels, Metrics};
+use crate::network::NetworkBounds;
 
 mod contexts;
 mod processes;
@@ -570,9 +571,8 @@ pub struct Service {
     pool: Option<Arc<Pool>>,
     db: Arc<Db>,
     pub metrics: Metrics,
-    /// The operator's `[network]`: what requests may ask for, and the default policy.
-    network_bound: NetworkPolicy,
-    network_default: NetworkPolicy,
+    /// What each key's requests may ask for (`[network]`, `[key_network.NAME]`).
+    networks: NetworkBounds,
     sessions: Mutex<HashMap<String, Owned>>,
     /// Session slots taken by creations in progress, per tenant.
     reserved: Mutex<HashMap<String, usize>>,
@@ -734,7 +734,7 @@ impl Service {
             .clone()
             .unwrap_or_else(|| store.data_dir().join("corral.db"));
         let db = Arc::new(Db::open(&db_path)?);
-        let (network_bound, network_default) = config.network.policies()?;
+        let networks = NetworkBounds::of(&config.network, &config.key_network)?;
         let orphans = db.end_orphaned_sessions()?;
         let saved = crate::persist::Saved::load(
             &db,
@@ -811,8 +811,7 @@ impl Service {
             pool,
             db,
             metrics,
-            network_bound,
-            network_default,
+            networks,
             sessions: Mutex::new(HashMap::new()),
             reserved: Mutex::new(HashMap::new()),
             admission,
@@ -937,10 +936,7 @@ impl Service {
         asked
             .check_language(language)
             .map_err(|e| ServiceError::BadRequest(format!("policy: {e}")))?;
-        let name = match self.db.key_name(&tenant.0) {
-            Ok(name) => name,
-            Err(e) => return Err(ServiceError::Sandbox(e.to_string())),
-        };
+        let name = self.key_name(tenant)?;
         let policies = &self.code_policies;
         let base = name
             .and_then(|n| policies.by_key_name.get(&n))
@@ -953,14 +949,22 @@ impl Service {
         Ok(policy.for_language(language))
     }
 
-    /// Whether the operator offers a default network policy (`[network] default`).
-    pub fn has_default_network(&self) -> bool {
-        !self.network_default.is_none()
+    /// The name of `tenant`'s key (`None`: keyless local use, or a key without one).
+    fn key_name(&self, tenant: &Tenant) -> Result<Option<String>, ServiceError> {
+        self.db
+            .key_name(&tenant.0)
+            .map_err(|e| ServiceError::Sandbox(e.to_string()))
     }
 
-    /// The egress of a request of `tenant`'s: its policy, checked against the operator's
-    /// `[network]`, and an observer that writes every decision to the audit log and the
-    /// metrics (which learns the session's id once it has one).
+    /// Whether `tenant`'s key has a default network policy (`[network] default`, or its
+    /// `[key_network.NAME] default`).
+    pub fn has_default_network(&self, tenant: &Tenant) -> Result<bool, ServiceError> {
+        Ok(self.networks.has_default(self.key_name(tenant)?.as_deref()))
+    }
+
+    /// The egress of a request of `tenant`'s: its policy, checked against its key's bound
+    /// (`[network]` or `[key_network.NAME]`), and an observer that writes every decision to
+    /// the audit log and the metrics (which learns the session's id once it has one).
     fn egress(
         &self,
         tenant: &Tenant,
@@ -969,24 +973,9 @@ impl Service {
         let Some(req) = req else {
             return Ok((Egress::default(), None));
         };
-        let policy = if req.default {
-            if !req.allow.is_empty() || !req.cidrs.is_empty() {
-                return Err(ServiceError::BadRequest(
-                    "network: give either default or allow and cidrs".into(),
-                ));
-            }
-            self.network_default.clone()
-        } else {
-            let asked = NetworkPolicy::from_lists(&req.allow, &req.cidrs, &[])
-                .map_err(|e| ServiceError::BadRequest(format!("network: {e}")))?;
-            asked.within(&self.network_bound).map_err(|item| {
-                ServiceError::NetworkNotAllowed(format!(
-                    "network: {item} is not on this server's network allow-list (its \
-                     operator's [network] allow and cidrs)"
-                ))
-            })?;
-            asked.with_private_hosts_of(&self.network_bound)
-        };
+        let policy = self
+            .networks
+            .policy(self.key_name(tenant)?.as_deref(), req)?;
         if policy.is_none() {
             return Ok((Egress::default(), None));
         }

@@ -893,9 +893,16 @@ fn keyless_loopback_access_fails_closed() {
 
 /// POSTs `body` and reads the NDJSON answer to its end.
 fn ndjson(addr: &str, path: &str, body: &str) -> Vec<Value> {
-    let response = ureq::post(&format!("http://{addr}{path}"))
-        .send_string(body)
-        .unwrap();
+    ndjson_as(addr, path, None, body)
+}
+
+/// [`ndjson`] with `key`'s credentials.
+fn ndjson_as(addr: &str, path: &str, key: Option<&str>, body: &str) -> Vec<Value> {
+    let mut request = ureq::post(&format!("http://{addr}{path}"));
+    if let Some(key) = key {
+        request = request.set("Authorization", &format!("Bearer {key}"));
+    }
+    let response = request.send_string(body).unwrap();
     assert_eq!(
         response.header("Content-Type"),
         Some("application/x-ndjson")
@@ -2956,16 +2963,7 @@ fn sessions_are_listed_by_state_and_metadata_and_report_their_usage() {
 /// default. The upstream is a server of the test's on loopback, which the operator opts in.
 #[test]
 fn network_requests_are_bounded_by_the_operator_and_audited() {
-    let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = upstream.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for conn in upstream.incoming().flatten() {
-            let mut conn = conn;
-            let mut buf = [0u8; 4096];
-            let _ = conn.read(&mut buf);
-            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello");
-        }
-    });
+    let port = hello_upstream();
     let config = format!(
         "[network]\nallow = [\"localhost:{port}\", \"*.example.org\"]\n\
          allow_private = [\"localhost\"]\ndefault = [\"localhost:{port}\"]\n"
@@ -3049,9 +3047,16 @@ fn network_requests_are_bounded_by_the_operator_and_audited() {
         e2b(json!({"templateID": "host", "allow_internet_access": true})),
         201
     );
+    let deny_all = json!(["0.0.0.0/0"]);
     assert_eq!(
-        e2b(json!({"templateID": "host", "network": {"allowOut": ["evil.com"]}})),
+        e2b(json!({"templateID": "host",
+                   "network": {"allowOut": ["evil.com"], "denyOut": deny_all}})),
         403
+    );
+    // allowOut alone leaves all other traffic allowed on E2B: more than an allow-list gives.
+    assert_eq!(
+        e2b(json!({"templateID": "host", "network": {"allowOut": ["a.example.org"]}})),
+        400
     );
 
     // Every decision is in the audit log and the metrics.
@@ -3097,6 +3102,111 @@ fn network_requests_are_bounded_by_the_operator_and_audited() {
     assert!(
         metrics.contains("corral_egress_bytes_total{direction=\"down\"}"),
         "{metrics}"
+    );
+}
+
+/// A server on the host's loopback that answers every request `200 hello`: its port.
+fn hello_upstream() -> u16 {
+    let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = upstream.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in upstream.incoming().flatten() {
+            let mut conn = conn;
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello");
+        }
+    });
+    port
+}
+
+/// `[key_network.NAME]` bounds the keys named NAME instead of `[network]`: key a (no table of
+/// its own) reaches the upstream, key b (whose table names only `*.example.org`) is refused it
+/// with 403 naming the host, before anything runs. The streamed `end` of an execution and of a
+/// command carries the egress totals, as the folded result does.
+#[test]
+fn a_keys_network_table_bounds_that_key_and_streams_end_with_egress_totals() {
+    let port = hello_upstream();
+    let config = format!(
+        "[network]\nallow = [\"localhost:{port}\", \"*.example.org\"]\n\
+         allow_private = [\"localhost\"]\n\
+         [key_network.b]\nallow = [\"*.example.org\"]\n"
+    );
+    let server = Server::start(&config);
+    let (a, b) = (server.key("a"), server.key("b"));
+    let fetch = format!(
+        "import os, urllib.request\n\
+         for k in ('NO_PROXY', 'no_proxy'): os.environ.pop(k, None)\n\
+         print(urllib.request.urlopen('http://localhost:{port}/').read().decode())"
+    );
+    let run = |key: &str, allow: &str| {
+        let body = json!({"code": fetch, "image": "host", "network": {"allow": [allow]}});
+        server.call("POST", "/v1/run", Some(key), Some(&body.to_string()))
+    };
+    let upstream = format!("localhost:{port}");
+    let (status, r) = run(&a, &upstream);
+    assert_eq!(
+        (status, r["stdout"].as_str()),
+        (200, Some("hello\n")),
+        "{r}"
+    );
+    let (status, e) = run(&b, &upstream);
+    assert_eq!(
+        (status, error_code(&e)),
+        (403, "network_not_allowed"),
+        "{e}"
+    );
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("localhost") && message.contains("[key_network.b]"),
+        "{message}"
+    );
+    // Key b's own table holds: within it, a session is made.
+    let body = json!({"image": "host", "network": {"allow": ["api.example.org:443"]}});
+    let (status, info) = server.call("POST", "/v1/sandboxes", Some(&b), Some(&body.to_string()));
+    assert_eq!(status, 201, "{info}");
+    // A session of key b's asking for the upstream is refused too.
+    let body = json!({"image": "host", "network": {"allow": [upstream]}});
+    let (status, e) = server.call("POST", "/v1/sandboxes", Some(&b), Some(&body.to_string()));
+    assert_eq!(
+        (status, error_code(&e)),
+        (403, "network_not_allowed"),
+        "{e}"
+    );
+
+    // Streamed: the end event of an execution and of a command says what went through.
+    let body = json!({"image": "host", "network": {"allow": [upstream]}});
+    let (status, info) = server.call("POST", "/v1/sandboxes", Some(&a), Some(&body.to_string()));
+    assert_eq!(status, 201, "{info}");
+    let id = info["id"].as_str().unwrap();
+    let addr = server.url.trim_start_matches("http://");
+    let stream = |path: &str, body: Value| {
+        let path = format!("/v1/sandboxes/{id}/{path}");
+        ndjson_as(addr, &path, Some(&a), &body.to_string())
+    };
+    let code = format!("open('fetch.py', 'w').write({fetch:?})\n{fetch}");
+    let events = stream("execute", json!({ "code": code }));
+    let end = events.last().unwrap();
+    assert_eq!(end["type"], "end", "{events:?}");
+    assert_eq!(end["network"]["connections"], 1, "{end}");
+    assert!(end["network"]["bytes_down"].as_u64().unwrap() > 0, "{end}");
+    let events = stream("commands", json!({"cmd": "python3 fetch.py"}));
+    let end = events.last().unwrap();
+    assert_eq!(
+        (&end["type"], &end["exit_code"]),
+        (&json!("end"), &json!(0)),
+        "{events:?}"
+    );
+    assert_eq!(end["network"]["connections"], 1, "{end}");
+    // A session without a network policy ends its stream with `network: null`.
+    let plain = server.create(Some(&a));
+    let path = format!("/v1/sandboxes/{plain}/execute");
+    let events = ndjson_as(addr, &path, Some(&a), r#"{"code": "1"}"#);
+    let end = events.last().unwrap();
+    assert_eq!(
+        (&end["type"], &end["network"]),
+        (&json!("end"), &Value::Null),
+        "{end}"
     );
 }
 

@@ -48,6 +48,24 @@ def test_folder_execution() -> None:
     assert ex.error is not None and ex.error.name == "E"
     assert (ex.status, ex.execution_time_ms, ex.cpu_time_ms, ex.peak_memory_bytes) == (
         "error", 3, 2, 9)
+    assert ex.network is None
+
+
+def test_folder_keeps_the_end_events_network() -> None:
+    network = {"connections": 1, "denied": 0, "failed": 0, "bytes_up": 80, "bytes_down": 5,
+               "denials": [], "limit_reached": None}
+    end = {"type": "end", "status": "success", "execution_time_ms": 1, "cpu_time_ms": 1,
+           "peak_memory_bytes": 1, "network": network}
+    folder = EventFolder()
+    folder.feed(json.dumps(end))
+    assert folder.execution().network == network
+    folder = EventFolder()
+    folder.feed(json.dumps(dict(end, exit_code=0)))
+    assert folder.command_result().network == network
+    # A folded result object (Accept: application/json) gives the same.
+    folder = EventFolder()
+    folder.feed(json.dumps({k: v for k, v in end.items() if k != "type"}))
+    assert folder.execution().network == network
 
 
 def test_folder_command_and_missing_end() -> None:

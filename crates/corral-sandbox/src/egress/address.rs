@@ -31,24 +31,11 @@ const fn v4(a: u8, b: u8, c: u8, d: u8, len: u8, class: Class) -> (Ipv4Addr, u8,
 }
 
 /// IANA's IPv4 special-purpose registry, as the proxy treats it.
+#[rustfmt::skip]
 const V4_BLOCKS: [(Ipv4Addr, u8, Class); 16] = [
-    v4(
-        0,
-        0,
-        0,
-        0,
-        8,
-        Class::Never("unspecified (\"this network\")"),
-    ),
+    v4(0, 0, 0, 0, 8, Class::Never("unspecified (\"this network\")")),
     v4(10, 0, 0, 0, 8, Class::Internal("private")),
-    v4(
-        100,
-        64,
-        0,
-        0,
-        10,
-        Class::Internal("shared (carrier-grade NAT)"),
-    ),
+    v4(100, 64, 0, 0, 10, Class::Internal("shared (carrier-grade NAT)")),
     v4(127, 0, 0, 0, 8, Class::Internal("loopback")),
     v4(169, 254, 0, 0, 16, Class::Internal("link-local")),
     v4(172, 16, 0, 0, 12, Class::Internal("private")),
@@ -71,51 +58,20 @@ const fn v6(segments: [u16; 8], len: u8, class: Class) -> (Ipv6Addr, u8, Class) 
 
 /// IANA's IPv6 special-purpose registry, as the proxy treats it; the forms that embed an IPv4
 /// address (mapped, NAT64, 6to4) are classified by that address instead.
+#[rustfmt::skip]
 const V6_BLOCKS: [(Ipv6Addr, u8, Class); 13] = [
     v6([0; 8], 128, Class::Never("unspecified")),
     v6([0, 0, 0, 0, 0, 0, 0, 1], 128, Class::Internal("loopback")),
     v6([0; 8], 96, Class::Internal("IPv4-compatible")),
-    v6(
-        [0x64, 0xff9b, 1, 0, 0, 0, 0, 0],
-        48,
-        Class::Internal("local NAT64"),
-    ),
+    v6([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48, Class::Internal("local NAT64")),
     v6([0x100, 0, 0, 0, 0, 0, 0, 0], 64, Class::Internal("discard")),
-    v6(
-        [0x2001, 0, 0, 0, 0, 0, 0, 0],
-        23,
-        Class::Internal("reserved for protocols"),
-    ),
-    v6(
-        [0x2001, 0xdb8, 0, 0, 0, 0, 0, 0],
-        32,
-        Class::Internal("documentation"),
-    ),
-    v6(
-        [0x3fff, 0, 0, 0, 0, 0, 0, 0],
-        20,
-        Class::Internal("documentation"),
-    ),
-    v6(
-        [0x5f00, 0, 0, 0, 0, 0, 0, 0],
-        16,
-        Class::Internal("segment routing"),
-    ),
-    v6(
-        [0xfc00, 0, 0, 0, 0, 0, 0, 0],
-        7,
-        Class::Internal("unique local (private)"),
-    ),
-    v6(
-        [0xfe80, 0, 0, 0, 0, 0, 0, 0],
-        10,
-        Class::Internal("link-local"),
-    ),
-    v6(
-        [0xfec0, 0, 0, 0, 0, 0, 0, 0],
-        10,
-        Class::Internal("site-local"),
-    ),
+    v6([0x2001, 0, 0, 0, 0, 0, 0, 0], 23, Class::Internal("reserved for protocols")),
+    v6([0x2001, 0xdb8, 0, 0, 0, 0, 0, 0], 32, Class::Internal("documentation")),
+    v6([0x3fff, 0, 0, 0, 0, 0, 0, 0], 20, Class::Internal("documentation")),
+    v6([0x5f00, 0, 0, 0, 0, 0, 0, 0], 16, Class::Internal("segment routing")),
+    v6([0xfc00, 0, 0, 0, 0, 0, 0, 0], 7, Class::Internal("unique local (private)")),
+    v6([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10, Class::Internal("link-local")),
+    v6([0xfec0, 0, 0, 0, 0, 0, 0, 0], 10, Class::Internal("site-local")),
     v6([0xff00, 0, 0, 0, 0, 0, 0, 0], 8, Class::Never("multicast")),
 ];
 
@@ -180,17 +136,15 @@ fn classify_v6(ip: Ipv6Addr) -> (Class, Ipv6Net) {
     }
 }
 
+fn with_net<N>((class, block): (Class, N), net: impl Fn(N) -> IpNet) -> (Class, IpNet) {
+    (class, net(block))
+}
+
 /// The class of `ip` and its block; an address of the host itself (`own`) is internal.
 pub fn classify(ip: IpAddr, own: &[IpAddr]) -> Classified {
     let (class, block) = match ip {
-        IpAddr::V4(a) => {
-            let (c, b) = classify_v4(a);
-            (c, IpNet::V4(b))
-        }
-        IpAddr::V6(a) => {
-            let (c, b) = classify_v6(a);
-            (c, IpNet::V6(b))
-        }
+        IpAddr::V4(a) => with_net(classify_v4(a), IpNet::V4),
+        IpAddr::V6(a) => with_net(classify_v6(a), IpNet::V6),
     };
     if class == Class::Public && own.iter().any(|o| same_address(*o, ip)) {
         return Classified {
@@ -239,14 +193,19 @@ pub fn host_addresses() -> Vec<IpAddr> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refused(pub &'static str);
 
+/// A public address is connected to; an internal one when `internal_ok`; the others never.
+fn admit(class: Class, internal_ok: bool) -> Result<(), Refused> {
+    match class {
+        Class::Public => Ok(()),
+        Class::Internal(_) if internal_ok => Ok(()),
+        Class::Internal(what) | Class::Never(what) => Err(Refused(what)),
+    }
+}
+
 /// Whether the proxy connects to `ip`, resolved from a name: public addresses; internal ones
 /// when the name is opted in (`allow_internal`); never the others.
 pub fn vet_resolved(ip: IpAddr, allow_internal: bool, own: &[IpAddr]) -> Result<(), Refused> {
-    match classify(ip, own).class {
-        Class::Public => Ok(()),
-        Class::Internal(_) if allow_internal => Ok(()),
-        Class::Internal(what) | Class::Never(what) => Err(Refused(what)),
-    }
+    admit(classify(ip, own).class, allow_internal)
 }
 
 /// Whether the proxy connects to the address literal `ip` that the CIDR rule `rule` holds:
@@ -255,11 +214,7 @@ pub fn vet_resolved(ip: IpAddr, allow_internal: bool, own: &[IpAddr]) -> Result<
 /// names that address alone.
 pub fn vet_literal(ip: IpAddr, rule: &IpNet, own: &[IpAddr]) -> Result<(), Refused> {
     let c = classify(ip, own);
-    match c.class {
-        Class::Public => Ok(()),
-        Class::Internal(_) if c.block.contains(rule) => Ok(()),
-        Class::Internal(what) | Class::Never(what) => Err(Refused(what)),
-    }
+    admit(c.class, c.block.contains(rule))
 }
 
 #[cfg(test)]

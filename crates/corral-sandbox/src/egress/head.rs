@@ -262,6 +262,16 @@ mod tests {
         parse(text.as_bytes())
     }
 
+    /// The endpoint speaks HTTP only (docs/network.md): a SOCKS client's greeting, whole or in
+    /// part, is refused at once as a malformed request (400), never waited on.
+    #[test]
+    fn a_socks_greeting_is_refused_at_once() {
+        for greeting in [&[5u8, 1, 0][..], &[5], &[4, 1, 0, 80, 127, 0, 0, 1, 0]] {
+            let err = parse(greeting).unwrap_err();
+            assert_eq!(err.status(), 400, "{greeting:?}: {err}");
+        }
+    }
+
     #[test]
     fn connect_names_a_host_and_a_port() {
         let text = "CONNECT Index.Example.org.:443 HTTP/1.1\r\nHost: index.example.org:443\r\n\r\n\x16\x03";

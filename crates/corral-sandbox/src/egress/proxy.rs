@@ -35,8 +35,6 @@ pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection that moves no byte either way for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
-/// Bytes read at a time, each way.
-const CHUNK: usize = 256 << 10;
 
 static ACTIVE_TOTAL: AtomicUsize = AtomicUsize::new(0);
 
@@ -331,13 +329,7 @@ const REFUSAL_LINGER: Duration = Duration::from_millis(200);
 fn refuse_at_once(shared: &Shared, conn: &OwnedFd, reason: Reason, status: u16, why: &str) {
     // Recorded before the client can read the answer: what it does next (an execution that
     // ends, its report taken) comes after the record.
-    shared.decide(Decision {
-        host: "?".into(),
-        port: 0,
-        verdict: Verdict::Denied(reason),
-        address: None,
-        message: why.to_string(),
-    });
+    shared.decide(Decision::unreadable(reason, why.to_string()));
     let _ = nix::unistd::write(conn, &http_error(status, why));
     let _ = socket::shutdown(conn.as_raw_fd(), Shutdown::Write);
     let until = Instant::now() + REFUSAL_LINGER;
@@ -451,6 +443,47 @@ fn read_some(
     }
 }
 
+/// How the proxy answers a connection it refuses.
+enum Answer {
+    /// An HTTP error with this status, the decision's message as its reason phrase.
+    Http(u16),
+    /// A TLS `access_denied` alert: the tunnel was already established.
+    TlsAlert,
+    /// Nothing: the connection is closed.
+    Close,
+}
+
+/// Refuses a connection: records `decision` (and tells the observer), then answers. Every
+/// decision is recorded before the client can read its answer, so what the client does next
+/// (an execution that ends, its report taken) comes after the record.
+fn refuse(shared: &Shared, client: &OwnedFd, decision: Decision, answer: Answer) {
+    let bytes = match answer {
+        Answer::Http(status) => http_error(status, &decision.message),
+        Answer::TlsAlert => TLS_ACCESS_DENIED.to_vec(),
+        Answer::Close => Vec::new(),
+    };
+    shared.decide(decision);
+    let _ = write_all(shared, client, &bytes, Instant::now() + HEAD_TIMEOUT);
+}
+
+impl Decision {
+    /// A connection to `host`:`port` refused, or failed, for `why`.
+    fn refused(host: impl Into<String>, port: u16, verdict: Verdict, why: String) -> Decision {
+        Decision {
+            host: host.into(),
+            port,
+            verdict,
+            address: None,
+            message: why,
+        }
+    }
+
+    /// A request refused before its target was known.
+    fn unreadable(reason: Reason, why: String) -> Decision {
+        Decision::refused("?", 0, Verdict::Denied(reason), why)
+    }
+}
+
 /// One connection, from its request to its end.
 fn serve(shared: &Shared, client: OwnedFd) {
     let deadline = Instant::now() + HEAD_TIMEOUT;
@@ -461,11 +494,8 @@ fn serve(shared: &Shared, client: OwnedFd) {
             Ok(Some((request, len))) => break (request, buf.split_off(len)),
             Ok(None) => {}
             Err(e) => {
-                let why = e.to_string();
-                let answer = http_error(e.status(), &why);
-                shared.decide(unreadable(Reason::InvalidRequest, why));
-                let _ = write_all(shared, &client, &answer, deadline);
-                return;
+                let decision = Decision::unreadable(Reason::InvalidRequest, e.to_string());
+                return refuse(shared, &client, decision, Answer::Http(e.status()));
             }
         }
         let room = MAX_HEAD - buf.len();
@@ -474,10 +504,8 @@ fn serve(shared: &Shared, client: OwnedFd) {
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
             Err(reason) => {
                 let why = format!("no complete request within {} s", HEAD_TIMEOUT.as_secs());
-                let answer = http_error(408, &why);
-                shared.decide(unreadable(reason, why));
-                let _ = write_all(shared, &client, &answer, deadline);
-                return;
+                let decision = Decision::unreadable(reason, why);
+                return refuse(shared, &client, decision, Answer::Http(408));
             }
         }
     };
@@ -485,18 +513,6 @@ fn serve(shared: &Shared, client: OwnedFd) {
     let (host, port) = request.target();
     let (host, port) = (host.clone(), port);
     let shown = host.to_string();
-    // Every decision is recorded before the client can read its answer.
-    let deny = |verdict: Verdict, status: u16, why: String| {
-        let answer = http_error(status, &why);
-        shared.decide(Decision {
-            host: shown.clone(),
-            port,
-            verdict,
-            address: None,
-            message: why,
-        });
-        let _ = write_all(shared, &client, &answer, deadline);
-    };
     let addresses = match vet(shared, &host, port) {
         Ok(addresses) => addresses,
         Err((verdict, why)) => {
@@ -505,7 +521,8 @@ fn serve(shared: &Shared, client: OwnedFd) {
             } else {
                 403
             };
-            return deny(verdict, status, why);
+            let decision = Decision::refused(shown, port, verdict, why);
+            return refuse(shared, &client, decision, Answer::Http(status));
         }
     };
     let (first_bytes, body) = match request {
@@ -522,15 +539,8 @@ fn serve(shared: &Shared, client: OwnedFd) {
             match read_hello(shared, &client, name, rest, deadline) {
                 Ok(hello) => (hello, None),
                 Err((reason, why)) => {
-                    shared.decide(Decision {
-                        host: shown,
-                        port,
-                        verdict: Verdict::Denied(reason),
-                        address: None,
-                        message: why,
-                    });
-                    let _ = write_all(shared, &client, &TLS_ACCESS_DENIED, deadline);
-                    return;
+                    let decision = Decision::refused(shown, port, Verdict::Denied(reason), why);
+                    return refuse(shared, &client, decision, Answer::TlsAlert);
                 }
             }
         }
@@ -559,19 +569,17 @@ fn connect_and_relay(
         Ok(connected) => connected,
         Err(why) => {
             let why = format!("could not connect to {shown}:{port}: {why}");
-            let answer = http_error(502, &why);
-            shared.decide(Decision {
-                host: shown.to_string(),
-                port,
-                verdict: Verdict::Failed(Reason::UpstreamFailed),
-                address: None,
-                message: why,
-            });
-            if body.is_some() {
-                let deadline = Instant::now() + HEAD_TIMEOUT;
-                let _ = write_all(shared, client, &answer, deadline);
-            }
-            return;
+            let verdict = Verdict::Failed(Reason::UpstreamFailed);
+            let answer = match body {
+                Some(_) => Answer::Http(502),
+                None => Answer::Close,
+            };
+            return refuse(
+                shared,
+                client,
+                Decision::refused(shown, port, verdict, why),
+                answer,
+            );
         }
     };
     shared.decide(Decision {
@@ -584,17 +592,6 @@ fn connect_and_relay(
     let (up, down) = relay(shared, client, &upstream, first_bytes, body);
     if let Some(observer) = &shared.egress.observer {
         observer.closed(up, down);
-    }
-}
-
-/// The decision on a request whose target is unknown.
-fn unreadable(reason: Reason, why: String) -> Decision {
-    Decision {
-        host: "?".into(),
-        port: 0,
-        verdict: Verdict::Denied(reason),
-        address: None,
-        message: why,
     }
 }
 
@@ -616,17 +613,17 @@ fn vet(shared: &Shared, host: &Host, port: u16) -> Result<Vec<IpAddr>, (Verdict,
                     ),
                 ));
             }
-            match rules
+            // Allowed when one of the rules that hold it admits it; refused with the first
+            // rule's reason when none does.
+            let refusals: Option<Vec<_>> = rules
                 .iter()
-                .map(|r| vet_literal(ip, &r.net, &own))
-                .find_map(Result::err)
-            {
-                Some(refused) if rules.iter().all(|r| vet_literal(ip, &r.net, &own).is_err()) => {
-                    Err((
-                        Verdict::Denied(Reason::InternalAddress),
-                        format!("{host} is a {} address, which no rule names", refused.0),
-                    ))
-                }
+                .map(|r| vet_literal(ip, &r.net, &own).err())
+                .collect();
+            match refusals.as_deref() {
+                Some([refused, ..]) => Err((
+                    Verdict::Denied(Reason::InternalAddress),
+                    format!("{host} is a {} address, which no rule names", refused.0),
+                )),
                 _ => Ok(vec![ip]),
             }
         }
@@ -792,10 +789,22 @@ fn connect(
     Err(last)
 }
 
-/// One direction of a relay: bytes read from one side, waiting to be written to the other.
+/// How many bytes a relay's pipe may hold, each way (asked of the kernel with `F_SETPIPE_SZ`;
+/// a smaller pipe, when the user's pipe budget is spent, works too, only slower).
+const PIPE_BYTES: usize = 1 << 20;
+
+/// One direction of a relay. The bytes a request's head and ClientHello held (read by the
+/// proxy) go first, from `early`; then the source's bytes are spliced into a pipe and from the
+/// pipe to the destination, never copied through the proxy's memory (`splice(2)`).
 struct Direction {
-    pending: Vec<u8>,
-    sent: usize,
+    early: Vec<u8>,
+    early_sent: usize,
+    pipe_r: OwnedFd,
+    pipe_w: OwnedFd,
+    /// What the pipe may hold.
+    capacity: usize,
+    /// Bytes in the pipe, charged to the sandbox's limit, not yet written.
+    pending: usize,
     /// Still reading from the source.
     open: bool,
     /// Bytes the source may still send (a plain request's body); `None`: no bound.
@@ -804,14 +813,34 @@ struct Direction {
 }
 
 impl Direction {
-    fn waiting(&self) -> bool {
-        self.sent < self.pending.len()
+    fn new(early: Vec<u8>, left: Option<u64>) -> io::Result<Direction> {
+        use nix::fcntl::{fcntl, FcntlArg, OFlag};
+        let (pipe_r, pipe_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
+        let _ = fcntl(
+            pipe_w.as_raw_fd(),
+            FcntlArg::F_SETPIPE_SZ(PIPE_BYTES as i32),
+        );
+        let capacity = fcntl(pipe_w.as_raw_fd(), FcntlArg::F_GETPIPE_SZ)?;
+        Ok(Direction {
+            moved: early.len() as u64,
+            early,
+            early_sent: 0,
+            pipe_r,
+            pipe_w,
+            capacity: usize::try_from(capacity).unwrap_or(4096).max(1),
+            pending: 0,
+            open: left != Some(0),
+            left,
+        })
     }
 
-    /// Whether to read more from the source: it is open and what waits is below a chunk, so
-    /// that reading one side and writing the other overlap.
+    fn waiting(&self) -> bool {
+        self.early_sent < self.early.len() || self.pending > 0
+    }
+
+    /// Whether to read more from the source: it is open and the pipe has room.
     fn wants(&self) -> bool {
-        self.open && self.pending.len() - self.sent < CHUNK
+        self.open && self.pending < self.capacity
     }
 }
 
@@ -823,26 +852,18 @@ fn relay(
     shared: &Shared,
     client: &OwnedFd,
     server: &OwnedFd,
-    first: Vec<u8>,
+    mut first: Vec<u8>,
     body: Option<u64>,
 ) -> (u64, u64) {
     let granted = shared.charge(first.len(), true);
-    let mut up = Direction {
-        pending: first,
-        sent: 0,
-        open: body != Some(0),
-        left: body,
-        moved: granted as u64,
+    first.truncate(granted);
+    let (mut up, mut down) = match (
+        Direction::new(first, body),
+        Direction::new(Vec::new(), None),
+    ) {
+        (Ok(up), Ok(down)) => (up, down),
+        _ => return (granted as u64, 0),
     };
-    up.pending.truncate(granted);
-    let mut down = Direction {
-        pending: Vec::new(),
-        sent: 0,
-        open: true,
-        left: None,
-        moved: 0,
-    };
-    let mut buf = vec![0u8; CHUNK];
     let mut idle_since = Instant::now();
     let mut server_write_shut = false;
     let mut client_write_shut = false;
@@ -915,20 +936,21 @@ fn relay(
         };
         let (c, s) = (events(client_at), events(server_at));
         let readable = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
-        let writable = PollFlags::POLLOUT | PollFlags::POLLHUP | PollFlags::POLLERR;
         let mut progressed = false;
         let mut broken = false;
-        for (dir, from_events, to_events, from, to, is_up) in [
-            (&mut up, c, s, client, server, true),
-            (&mut down, s, c, server, client, false),
+        for (dir, from_events, from, to, is_up) in [
+            (&mut up, c, client, server, true),
+            (&mut down, s, server, client, false),
         ] {
             if dir.wants() && from_events.intersects(readable) {
-                match read_more(shared, from, dir, is_up, &mut buf) {
+                match read_more(shared, from, dir, is_up) {
                     Ok(moved) => progressed |= moved,
                     Err(()) => broken = true,
                 }
             }
-            if dir.waiting() && to_events.intersects(writable) {
+            // Written at once when the destination has room (it mostly has): one wakeup a
+            // chunk instead of two. When it has none, the next poll waits for it.
+            if dir.waiting() {
                 match write_pending(to, dir) {
                     Ok(moved) => progressed |= moved,
                     Err(()) => broken = true,
@@ -945,43 +967,52 @@ fn relay(
     (up.moved, down.moved)
 }
 
-/// Writes what is pending in `dir` to `to`. `Err` when the connection is broken; `Ok(true)`
-/// when bytes moved.
+/// The flags of every splice: never block (both ends are polled), move pages when it can.
+fn splice_flags() -> nix::fcntl::SpliceFFlags {
+    nix::fcntl::SpliceFFlags::SPLICE_F_NONBLOCK | nix::fcntl::SpliceFFlags::SPLICE_F_MOVE
+}
+
+/// Writes what waits in `dir` to `to`: its early bytes, then its pipe's. `Err` when the
+/// connection is broken; `Ok(true)` when bytes moved.
 fn write_pending(to: &OwnedFd, dir: &mut Direction) -> Result<bool, ()> {
-    match socket::send(
-        to.as_raw_fd(),
-        &dir.pending[dir.sent..],
-        socket::MsgFlags::MSG_NOSIGNAL,
-    ) {
-        Ok(n) => {
-            dir.sent += n;
-            if !dir.waiting() {
-                dir.pending.clear();
-                dir.sent = 0;
-            } else if dir.sent >= CHUNK {
-                dir.pending.drain(..dir.sent);
-                dir.sent = 0;
+    let sent = if dir.early_sent < dir.early.len() {
+        socket::send(
+            to.as_raw_fd(),
+            &dir.early[dir.early_sent..],
+            socket::MsgFlags::MSG_NOSIGNAL,
+        )
+        .inspect(|&n| {
+            dir.early_sent += n;
+            if dir.early_sent == dir.early.len() {
+                dir.early = Vec::new();
+                dir.early_sent = 0;
             }
-            Ok(n > 0)
-        }
+        })
+    } else {
+        nix::fcntl::splice(&dir.pipe_r, None, to, None, dir.pending, splice_flags())
+            .inspect(|&n| dir.pending -= n)
+    };
+    match sent {
+        Ok(n) => Ok(n > 0),
         Err(Errno::EAGAIN | Errno::EINTR) => Ok(false),
         Err(_) => Err(()),
     }
 }
 
-/// Reads more from `from` into `dir`, within the sandbox's byte limit and the body's bound.
+/// Splices more from `from` into `dir`'s pipe, within the sandbox's byte limit and the body's
+/// bound. Bytes past the limit stay in the pipe, never written (the limit cuts all egress).
 fn read_more(
     shared: &Shared,
     from: &OwnedFd,
     dir: &mut Direction,
     is_up: bool,
-    buf: &mut [u8],
 ) -> Result<bool, ()> {
+    let room = dir.capacity - dir.pending;
     let want = match dir.left {
-        Some(left) => buf.len().min(usize::try_from(left).unwrap_or(usize::MAX)),
-        None => buf.len(),
+        Some(left) => room.min(usize::try_from(left).unwrap_or(usize::MAX)),
+        None => room,
     };
-    match nix::unistd::read(from.as_raw_fd(), &mut buf[..want]) {
+    match nix::fcntl::splice(from, None, &dir.pipe_w, None, want, splice_flags()) {
         Ok(0) => {
             dir.open = false;
             Ok(false)
@@ -989,7 +1020,7 @@ fn read_more(
         Ok(n) => {
             let granted = shared.charge(n, is_up);
             dir.moved += granted as u64;
-            dir.pending.extend_from_slice(&buf[..granted]);
+            dir.pending += granted;
             if let Some(left) = &mut dir.left {
                 *left -= n as u64;
                 if *left == 0 {

@@ -409,6 +409,7 @@ class EventFolder:
             peak_memory_bytes=int(end.get("peak_memory_bytes") or 0),
             error_message=end.get("error_message"),
             warnings=end_warnings(end),
+            network=end_network(end),
         )
 
     def command_result(self) -> CommandResult:
@@ -424,7 +425,14 @@ class EventFolder:
             peak_memory_bytes=int(end.get("peak_memory_bytes") or 0),
             error_message=end.get("error_message"),
             warnings=end_warnings(end),
+            network=end_network(end),
         )
+
+
+def end_network(end: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """The ``network`` of an ``end`` event (or of a folded result object): egress totals."""
+    network = end.get("network")
+    return dict(network) if isinstance(network, Mapping) else None
 
 
 def end_warnings(end: Mapping[str, Any]) -> List[str]:

@@ -194,6 +194,9 @@ class Execution:
     #: The server's warnings: protections weaker than asked for, and what was dropped over the
     #: per-execution bounds (e.g. rich results beyond the limit), as the ``end`` event says.
     warnings: List[str] = field(default_factory=list)
+    #: What the sandbox's egress proxy did while it ran, as :attr:`RunResult.network`;
+    #: ``None`` without a network policy.
+    network: Optional[Dict[str, Any]] = None
 
     @property
     def text(self) -> Optional[str]:
@@ -271,6 +274,8 @@ class CommandResult:
     error_message: Optional[str] = None
     #: The server's warnings, as for :attr:`Execution.warnings`.
     warnings: List[str] = field(default_factory=list)
+    #: What the sandbox's egress proxy did while it ran, as :attr:`Execution.network`.
+    network: Optional[Dict[str, Any]] = None
 
 
 @dataclass
