@@ -151,7 +151,8 @@ enum Unsupported {
     )]
     Snapshots,
     #[error(
-        "update_network is not supported by Corral: its sandboxes have no network but loopback"
+        "update_network is not supported by Corral: a sandbox's network policy is fixed when it \
+         is created"
     )]
     Network,
     #[error(
