@@ -6,6 +6,7 @@ pub mod bytecode;
 pub mod event;
 pub mod imports;
 pub mod manager;
+pub mod node;
 pub mod oneshot;
 pub mod policy;
 pub mod pool;
@@ -16,6 +17,7 @@ pub mod zygote;
 
 pub use event::Event;
 pub use manager::{ManagerError, MetricSample, SessionInfo, SessionManager};
+pub use node::NodeName;
 pub use policy::{CodePolicy, PolicyError, Widening};
 pub use pool::{Pool, ZygoteStatus};
 pub use session::{Death, Interrupter, KernelError, Language, Session, SessionOptions, Stopper};

@@ -71,6 +71,10 @@ pub struct Config {
     /// What sandboxes may reach beyond their loopback (a `[network]` table;
     /// docs/network.md): by default nothing.
     pub network: NetworkConfig,
+    /// This server's name in a cluster behind `corral route` (docs/scale-out.md): the ids it
+    /// makes end in it, so that a router can tell which node owns a sandbox. Unset: a single
+    /// node, whose ids name none.
+    pub node_name: Option<corral_kernel::NodeName>,
 }
 
 /// The operator's network settings: what any request may ask for, which names may resolve
@@ -140,6 +144,7 @@ impl Default for Config {
             code_policy: Default::default(),
             key_code_policy: Default::default(),
             network: Default::default(),
+            node_name: None,
         }
     }
 }

@@ -7,6 +7,7 @@ mod bench_sessions;
 mod bench_soak;
 mod image;
 mod mcp;
+mod route;
 mod run;
 mod serve;
 
@@ -36,6 +37,8 @@ enum Command {
     Doctor,
     /// Serve the HTTP API (native and E2B-compatible) until SIGTERM.
     Serve(serve::ServeArgs),
+    /// Route requests to several `corral serve` nodes by the node each sandbox id names.
+    Route(route::RouteArgs),
     /// Manage the API keys of `corral serve`.
     Key(serve::KeyArgs),
     /// Serve the sandbox tools to MCP clients, on stdio or streamable HTTP.
@@ -62,6 +65,7 @@ fn main() {
         Command::Image(args) => image::main(args),
         Command::Doctor => doctor(),
         Command::Serve(args) => report_error("corral serve", serve::serve(args)),
+        Command::Route(args) => report_error("corral route", route::route(args)),
         Command::Key(args) => report_error("corral key", serve::key(args)),
         Command::Mcp(args) => report_error("corral mcp", mcp::mcp(args)),
         Command::Tools(args) => report_error("corral tools", mcp::tools(args)),
