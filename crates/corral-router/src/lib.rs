@@ -42,6 +42,9 @@ pub struct RouterConfig {
     pub max_in_flight: usize,
     /// The largest list answer read from one node when lists are gathered.
     pub max_list_bytes: usize,
+    /// The largest body of a creation or a one-shot run (held to be offered to another node
+    /// if the first is gone): the nodes' `max_json_bytes`.
+    pub max_create_bytes: usize,
 }
 
 impl RouterConfig {
@@ -54,6 +57,7 @@ impl RouterConfig {
             answer_timeout: Duration::from_secs(3600),
             max_in_flight: 4096,
             max_list_bytes: 32 << 20,
+            max_create_bytes: 8 << 20,
         }
     }
 

@@ -206,20 +206,26 @@ impl Nodes {
     }
 
     /// The node that gets a new sandbox: the least loaded of the nodes up, those without a
-    /// zygote being replaced first.
+    /// zygote being replaced first; between nodes loaded alike, one at random, so that router
+    /// replicas (which do not know of each other's placements until the next probe) do not all
+    /// pick the same one.
     pub fn place(&self) -> Option<(NodeName, SocketAddr)> {
         let mut members = self.members();
-        let (name, member) = members
-            .iter_mut()
-            .filter(|(_, m)| m.up)
-            .min_by(|(an, a), (bn, b)| {
-                (a.degraded, a.load())
-                    .partial_cmp(&(b.degraded, b.load()))
-                    .unwrap_or(std::cmp::Ordering::Equal)
-                    .then_with(|| an.cmp(bn))
-            })?;
+        let rank = |m: &Member| (m.degraded, m.load());
+        let best = members
+            .values()
+            .filter(|m| m.up)
+            .map(rank)
+            .min_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal))?;
+        let tied: Vec<&NodeName> = members
+            .iter()
+            .filter(|(_, m)| m.up && rank(m) == best)
+            .map(|(name, _)| name)
+            .collect();
+        let name = tied[rand::random_range(0..tied.len())].clone();
+        let member = members.get_mut(&name)?;
         member.placed += 1;
-        Some((name.clone(), member.addr))
+        Some((name, member.addr))
     }
 
     pub fn lookup(&self, name: &NodeName) -> Lookup {
@@ -293,11 +299,14 @@ mod tests {
             ("d", true, true, 0, 10),
         ]);
         // c is down and d's zygote is being replaced: b, the least loaded, until it has as
-        // many as a.
+        // many as a; then one each.
         let picks: Vec<String> = (0..6)
             .map(|_| nodes.place().unwrap().0.to_string())
             .collect();
-        assert_eq!(picks, ["b", "b", "b", "b", "a", "b"]);
+        assert_eq!(picks[..4], ["b", "b", "b", "b"]);
+        let mut last_two = picks[4..].to_vec();
+        last_two.sort();
+        assert_eq!(last_two, ["a", "b"]);
         // With nothing else up, a degraded node still takes sandboxes.
         let only_degraded = nodes_with(&[("a", false, false, 0, 10), ("d", true, true, 9, 10)]);
         assert_eq!(only_degraded.place().unwrap().0.as_str(), "d");

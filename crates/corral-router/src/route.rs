@@ -213,10 +213,7 @@ async fn route(state: &AppState, request: Request) -> Response {
         Target::List(face) => crate::list::list(nodes, face, request).await,
         Target::Place => {
             let face = face_of(request.uri().path(), request.headers());
-            match nodes.place() {
-                Some((name, addr)) => send(nodes, face, &name, addr, request, None).await,
-                None => no_nodes(face),
-            }
+            place(nodes, face, request).await
         }
         Target::Any => {
             let face = face_of(request.uri().path(), request.headers());
@@ -237,6 +234,56 @@ async fn route(state: &AppState, request: Request) -> Response {
         }
     }
 }
+
+/// A creation (or a one-shot run) goes to the least-loaded node. Its body (JSON, at most
+/// `max_create_bytes`) is held, so that when that node does not take the connection (it died
+/// since the last probe) the next one gets it: a node's death costs no creation.
+async fn place(nodes: &Nodes, face: Face, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let max = nodes.config().max_create_bytes;
+    let bytes = match http_body_util::Limited::new(body, max).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return error(
+                face,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("a creation's body is at most {max} bytes"),
+            )
+        }
+        Err(e) => {
+            return error(
+                face,
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("reading the request body: {e}"),
+            )
+        }
+    };
+    for _ in 0..PLACE_ATTEMPTS {
+        let Some((name, addr)) = nodes.place() else {
+            break;
+        };
+        let request = Request::from_parts(parts.clone(), Body::from(bytes.clone()));
+        match forward(nodes.client(), nodes.config(), addr, request).await {
+            Ok(answer) => return answer,
+            Err(ForwardError::Unreachable { .. }) => nodes.mark_down(&name),
+            Err(e) => {
+                return error(
+                    face,
+                    StatusCode::BAD_GATEWAY,
+                    "node_error",
+                    format!("{e}: {}", source_chain(&e)),
+                )
+            }
+        }
+    }
+    no_nodes(face)
+}
+
+/// How many nodes a creation is offered to before the router gives up (each one that does
+/// not take the connection is marked down first).
+const PLACE_ATTEMPTS: usize = 3;
 
 /// Forwards `request` to node `name`; a node that does not take the connection is marked
 /// down (its sandbox, if the request is for one, is gone).

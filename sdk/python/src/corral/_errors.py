@@ -83,7 +83,8 @@ class NetworkNotAllowedError(CorralError):
 
 class NotFoundError(CorralError):
     """404 ``not_found``: unknown sandbox (or another key's), unknown route; ``file_not_found``:
-    no such file or directory in a live sandbox's workspace."""
+    no such file or directory in a live sandbox's workspace; 410 ``sandbox_gone``: behind
+    ``corral route``, the sandbox's node stopped answering and took its sandboxes with it."""
 
 
 class SandboxError(CorralError):
@@ -174,6 +175,7 @@ _BY_CODE: Mapping[str, Type[CorralError]] = {
     "network_not_allowed": NetworkNotAllowedError,
     "not_found": NotFoundError,
     "file_not_found": NotFoundError,
+    "sandbox_gone": NotFoundError,
     "sandbox_dead": SandboxDeadError,
     "sandbox_paused": SandboxStateError,
     "sandbox_not_paused": SandboxStateError,
@@ -193,6 +195,7 @@ _BY_STATUS: Mapping[int, Type[CorralError]] = {
     401: AuthenticationError,
     403: ForbiddenError,
     404: NotFoundError,
+    410: NotFoundError,
     409: SandboxDeadError,
     413: PayloadTooLargeError,
     422: InvalidRequestError,
