@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_egress;
+mod bench_router;
 mod bench_server;
 mod bench_sessions;
 mod bench_soak;
