@@ -231,7 +231,8 @@ impl SessionManager {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0);
-        let stamp = ((nanos & 0xffff_ffff) << 16) | (self.next.fetch_add(1, Ordering::Relaxed) & 0xffff);
+        let stamp =
+            ((nanos & 0xffff_ffff) << 16) | (self.next.fetch_add(1, Ordering::Relaxed) & 0xffff);
         let id = crate::node::sandbox_id(stamp, self.node.as_ref());
         let now = SystemTime::now();
         let info = SessionInfo {

@@ -130,3 +130,21 @@ async fn shutdown_signal() {
         _ = int.recv() => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_router_reachable_from_elsewhere_uses_no_loopback_node() {
+        let node = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let config = |listen: &str| RouterConfig::new(node(listen), NodeSource::Dns("x:1".into()));
+        let public = config("0.0.0.0:8421");
+        assert!(!public.allows(&node("127.0.0.1:8420")));
+        assert!(!public.allows(&node("[::1]:8420")));
+        assert!(public.allows(&node("10.0.0.7:8420")));
+        let local = config("127.0.0.1:8421");
+        assert!(local.allows(&node("127.0.0.1:8420")));
+        assert!(local.allows(&node("10.0.0.7:8420")));
+    }
+}

@@ -119,7 +119,10 @@ pub(crate) async fn list(nodes: &Nodes, face: Face, request: Request) -> Respons
     for (i, (name, addr)) in up.iter().enumerate().skip(first) {
         let mut query = rest.clone();
         query.push(("limit".into(), (limit - items.len()).to_string()));
-        if let Some(c) = start.as_ref().filter(|c| c.node == *name && !c.after.is_empty()) {
+        if let Some(c) = start
+            .as_ref()
+            .filter(|c| c.node == *name && !c.after.is_empty())
+        {
             query.push((cursor_key.into(), c.after.clone()));
         }
         let page = match page_of(nodes, face, *addr, &path, &query, &headers).await {
@@ -187,9 +190,14 @@ async fn page_of(
         ))
     })?;
     let mut request = Request::new(Body::empty());
-    *request.uri_mut() = format!("{path}?{query}")
-        .parse()
-        .map_err(|e| Skip::Answer(error(face, StatusCode::BAD_REQUEST, "bad_request", format!("{e}"))))?;
+    *request.uri_mut() = format!("{path}?{query}").parse().map_err(|e| {
+        Skip::Answer(error(
+            face,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("{e}"),
+        ))
+    })?;
     *request.headers_mut() = headers.clone();
     request.headers_mut().remove(header::CONTENT_LENGTH);
     let answer = match forward(nodes.client(), nodes.config(), addr, request).await {

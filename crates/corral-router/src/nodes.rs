@@ -145,7 +145,8 @@ impl Nodes {
             }
             allowed
         });
-        let seen = futures_util::future::join_all(addrs.iter().map(|&addr| self.health(addr))).await;
+        let seen =
+            futures_util::future::join_all(addrs.iter().map(|&addr| self.health(addr))).await;
         let mut members = self.members();
         for member in members.values_mut() {
             member.up = false;
@@ -186,13 +187,11 @@ impl Nodes {
             .header(header::HOST, addr.to_string())
             .body(Body::empty())
             .ok()?;
-        let answer = tokio::time::timeout(
-            self.config.connect_timeout,
-            self.client.request(request),
-        )
-        .await
-        .ok()?
-        .ok()?;
+        let answer =
+            tokio::time::timeout(self.config.connect_timeout, self.client.request(request))
+                .await
+                .ok()?
+                .ok()?;
         if answer.status() != StatusCode::OK {
             return None;
         }

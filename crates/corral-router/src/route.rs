@@ -48,10 +48,7 @@ enum Target {
 }
 
 fn target(method: &Method, path: &str, headers: &HeaderMap) -> Target {
-    if let Some(id) = headers
-        .get(SANDBOX_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-    {
+    if let Some(id) = headers.get(SANDBOX_ID_HEADER).and_then(|v| v.to_str().ok()) {
         return Target::Sandbox {
             id: id.to_string(),
             face: Face::E2bSandbox,
@@ -86,16 +83,19 @@ pub(crate) struct AppState {
 
 /// The router's application: every request is routed by [`target`].
 pub fn app(config: Arc<RouterConfig>, nodes: Arc<Nodes>) -> Router {
-    Router::new()
-        .fallback(handle)
-        .with_state(AppState {
-            nodes,
-            in_flight: Arc::new(Semaphore::new(config.max_in_flight)),
-        })
+    Router::new().fallback(handle).with_state(AppState {
+        nodes,
+        in_flight: Arc::new(Semaphore::new(config.max_in_flight)),
+    })
 }
 
 /// An error of the router's own, in `face`'s shape.
-pub(crate) fn error(face: Face, status: StatusCode, code: &'static str, message: String) -> Response {
+pub(crate) fn error(
+    face: Face,
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+) -> Response {
     match face {
         Face::Native => ApiError::new(status, code, message).into_response(),
         Face::E2bControl => E2bError::new(status, message).into_response(),
@@ -367,16 +367,28 @@ mod tests {
         assert_eq!(t(Method::POST, "/v1/run"), Target::Place);
         assert_eq!(t(Method::POST, "/v2/sandboxes"), Target::Place);
         assert_eq!(t(Method::GET, "/v1/sandboxes"), Target::List(Face::Native));
-        assert_eq!(t(Method::GET, "/v2/sandboxes"), Target::List(Face::E2bControl));
+        assert_eq!(
+            t(Method::GET, "/v2/sandboxes"),
+            Target::List(Face::E2bControl)
+        );
         assert_eq!(t(Method::GET, "/v1/sandboxes/sbx-1-a"), native("sbx-1-a"));
         assert_eq!(
             t(Method::PUT, "/v1/sandboxes/sbx-1-a/files/x/y.txt"),
             native("sbx-1-a")
         );
-        assert_eq!(t(Method::POST, "/v1/sandboxes/sbx-1-a/execute"), native("sbx-1-a"));
+        assert_eq!(
+            t(Method::POST, "/v1/sandboxes/sbx-1-a/execute"),
+            native("sbx-1-a")
+        );
         assert_eq!(t(Method::DELETE, "/sandboxes/sbx-1-a"), e2b("sbx-1-a"));
-        assert_eq!(t(Method::POST, "/v2/sandboxes/sbx-1-a/connect"), e2b("sbx-1-a"));
-        assert_eq!(t(Method::POST, "/sandboxes/sbx-1-a/timeout"), e2b("sbx-1-a"));
+        assert_eq!(
+            t(Method::POST, "/v2/sandboxes/sbx-1-a/connect"),
+            e2b("sbx-1-a")
+        );
+        assert_eq!(
+            t(Method::POST, "/sandboxes/sbx-1-a/timeout"),
+            e2b("sbx-1-a")
+        );
         assert_eq!(t(Method::GET, "/healthz"), Target::Health);
         assert_eq!(t(Method::GET, "/metrics"), Target::Metrics);
         assert_eq!(t(Method::GET, "/openapi.json"), Target::Any);

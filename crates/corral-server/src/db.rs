@@ -404,7 +404,10 @@ mod tests {
             second.add_key(&id, "team", "crl_other").unwrap(),
             KeyAdded::Differs
         );
-        assert_eq!(second.add_key(&id, "other", &secret).unwrap(), KeyAdded::Differs);
+        assert_eq!(
+            second.add_key(&id, "other", &secret).unwrap(),
+            KeyAdded::Differs
+        );
         assert_eq!(
             second.add_key("key-000000000000", "x", &secret).unwrap(),
             KeyAdded::Differs

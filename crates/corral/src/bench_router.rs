@@ -119,7 +119,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 if info["id"] != id.as_str() {
                     bail!("GET {id} via {how} gave {info}");
                 }
-                let op = if how == "direct" { "direct-get" } else { "routed-get" };
+                let op = if how == "direct" {
+                    "direct-get"
+                } else {
+                    "routed-get"
+                };
                 samples.lock().expect("lock").push((op, took));
             }
             for (how, base) in bases {
@@ -129,7 +133,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 if r["results"][0]["text"] != "1" {
                     bail!("1 via {how} gave {r}");
                 }
-                let op = if how == "direct" { "direct-exec" } else { "routed-exec" };
+                let op = if how == "direct" {
+                    "direct-exec"
+                } else {
+                    "routed-exec"
+                };
                 samples.lock().expect("lock").push((op, took));
             }
             Ok(())

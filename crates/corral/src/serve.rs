@@ -122,7 +122,10 @@ pub fn key(args: KeyArgs) -> Result<()> {
     });
     // Only `create` may start a database; listing or revoking keys of one that does not exist
     // is a mistaken path, not an empty list.
-    if !matches!(args.command, KeyCommand::Create { .. } | KeyCommand::Add { .. }) && !path.exists()
+    if !matches!(
+        args.command,
+        KeyCommand::Create { .. } | KeyCommand::Add { .. }
+    ) && !path.exists()
     {
         anyhow::bail!(
             "no database at {} (`corral serve` and `corral key create` make one; pass the \
@@ -148,9 +151,9 @@ pub fn key(args: KeyArgs) -> Result<()> {
             if secret.len() as u64 > MAX_SECRET_BYTES {
                 anyhow::bail!("the secret on stdin is longer than {MAX_SECRET_BYTES} bytes");
             }
-            let well_formed = id.strip_prefix("key-").is_some_and(|hex| {
-                hex.len() == 12 && hex.bytes().all(|c| c.is_ascii_hexdigit())
-            });
+            let well_formed = id
+                .strip_prefix("key-")
+                .is_some_and(|hex| hex.len() == 12 && hex.bytes().all(|c| c.is_ascii_hexdigit()));
             if !well_formed {
                 anyhow::bail!("key id {id:?}: ids are `key-` and 12 hex digits");
             }
