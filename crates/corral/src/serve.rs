@@ -96,7 +96,7 @@ enum KeyCommand {
         name: String,
     },
     /// Add a key made elsewhere (the same key on every node of a cluster): its secret is
-    /// read from stdin and stored only hashed. Adding a key that is already there with the
+    /// read from stdin (or --secret-file) and stored only hashed. Adding a key that is already there with the
     /// same name and secret changes nothing.
     Add {
         /// The key's id, as `corral key create` printed it (`key-` and 12 hex digits).
@@ -104,6 +104,9 @@ enum KeyCommand {
         id: String,
         #[arg(long, default_value = "default")]
         name: String,
+        /// Read the secret from this file (a mounted Kubernetes Secret) instead of stdin.
+        #[arg(long, value_name = "FILE")]
+        secret_file: Option<PathBuf>,
     },
     /// List keys (never their secrets).
     Ls,
@@ -140,16 +143,32 @@ pub fn key(args: KeyArgs) -> Result<()> {
             eprintln!("corral: created key {id} ({name}); the secret is shown only now:");
             println!("{secret}");
         }
-        KeyCommand::Add { id, name } => {
+        KeyCommand::Add {
+            id,
+            name,
+            secret_file,
+        } => {
             let mut secret = String::new();
+            let source: Box<dyn std::io::Read> = match &secret_file {
+                // A regular file only: a FIFO or a device is not a Secret's file.
+                Some(path) => {
+                    let file = std::fs::File::open(path)
+                        .with_context(|| format!("opening {}", path.display()))?;
+                    if !file.metadata()?.is_file() {
+                        anyhow::bail!("{} is not a regular file", path.display());
+                    }
+                    Box::new(file)
+                }
+                None => Box::new(std::io::stdin()),
+            };
             std::io::Read::read_to_string(
-                &mut std::io::Read::take(std::io::stdin(), MAX_SECRET_BYTES + 1),
+                &mut std::io::Read::take(source, MAX_SECRET_BYTES + 1),
                 &mut secret,
             )
-            .context("reading the secret from stdin")?;
+            .context("reading the secret")?;
             let secret = secret.trim_end_matches(['\n', '\r']);
             if secret.len() as u64 > MAX_SECRET_BYTES {
-                anyhow::bail!("the secret on stdin is longer than {MAX_SECRET_BYTES} bytes");
+                anyhow::bail!("the secret is longer than {MAX_SECRET_BYTES} bytes");
             }
             let well_formed = id
                 .strip_prefix("key-")
@@ -158,7 +177,7 @@ pub fn key(args: KeyArgs) -> Result<()> {
                 anyhow::bail!("key id {id:?}: ids are `key-` and 12 hex digits");
             }
             if secret.is_empty() {
-                anyhow::bail!("no secret on stdin");
+                anyhow::bail!("the secret is empty");
             }
             match db.add_key(&id, &name, secret)? {
                 KeyAdded::New => eprintln!("corral: added key {id} ({name})"),
