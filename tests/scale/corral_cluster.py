@@ -33,6 +33,22 @@ NODES = 3
 ROUTERS = 2
 
 
+def node_config(tmp: Path) -> Path:
+    """The nodes' corral.toml from deploy/kubernetes/configmap.yaml (the literal block under
+    `corral.toml: |`), so that the suite runs the settings the manifests deploy; the command
+    line overrides `listen`, `db` and `pool_size` (and $CORRAL_DATA_DIR, `data_dir`)."""
+    lines = (REPO / "deploy" / "kubernetes" / "configmap.yaml").read_text().splitlines()
+    start = next(i for i, l in enumerate(lines) if l.strip() == "corral.toml: |") + 1
+    body = []
+    for line in lines[start:]:
+        if line.strip() and not line.startswith("    "):
+            break
+        body.append(line[4:])
+    path = tmp / "corral.toml"
+    path.write_text("\n".join(body) + "\n")
+    return path
+
+
 def corral_bin() -> Path:
     env = os.environ.get("CORRAL_BIN")
     path = Path(env) if env else REPO / "target" / "debug" / "corral"
@@ -82,6 +98,7 @@ class Node:
     port: int
     db: Path
     log: Path
+    config: Path
     proc: Optional[subprocess.Popen] = None
 
     @property
@@ -89,8 +106,8 @@ class Node:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        argv = [str(corral_bin()), "serve", "--listen", f"127.0.0.1:{self.port}", "--db", str(self.db),
-                "--pool-size", "1", "--node-name", self.name]
+        argv = [str(corral_bin()), "serve", "--config", str(self.config), "--listen", f"127.0.0.1:{self.port}",
+                "--db", str(self.db), "--pool-size", "1", "--node-name", self.name]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT)
@@ -154,7 +171,8 @@ def _add_key(db: Path, key_id: str, name: str, secret: str) -> None:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Cluster:
     tmp = tmp_path_factory.mktemp("cluster")
-    nodes = [Node(f"scale-node-{i}", free_port(), tmp / f"node{i}.db", tmp / f"node{i}.log")
+    config = node_config(tmp)
+    nodes = [Node(f"scale-node-{i}", free_port(), tmp / f"node{i}.db", tmp / f"node{i}.log", config)
              for i in range(NODES)]
     keys = [_make_key(nodes[0].db, "tenant-a"), _make_key(nodes[0].db, "tenant-b")]
     for node in nodes[1:]:
