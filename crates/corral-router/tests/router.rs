@@ -297,3 +297,24 @@ async fn a_router_with_no_node_up_says_so() {
     assert_eq!(body["error"]["code"], "no_nodes");
     assert_eq!(headers["retry-after"], "1");
 }
+
+#[tokio::test]
+async fn a_health_answer_beyond_64_kib_is_taken_for_a_node_down() {
+    async fn serve(pad: usize) -> SocketAddr {
+        let app = Router::new().route(
+            "/healthz",
+            get(move || async move {
+                Json(json!({"status": "ok", "node": "fake-big", "sessions_live": 0,
+                            "max_sessions": 10, "pad": "x".repeat(pad)}))
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        addr
+    }
+    let (_, nodes) = router_for(&[serve(60 << 10).await], |_| {}).await;
+    assert_eq!(nodes.up().len(), 1);
+    let (_, nodes) = router_for(&[serve(64 << 10).await], |_| {}).await;
+    assert!(nodes.up().is_empty());
+}

@@ -1,0 +1,63 @@
+"""The node image (scripts/node-image, docs/scale-out.md): built twice from the same inputs it
+has the same tag and digest; its configuration starts `corral serve` with the store it
+carries; and unpacked, what it carries runs a sandbox in its `default` image (without a
+container runtime: the unpacked files are run directly, the binary from the image with the
+store from the image). Needs root (umoci unpacks as root) and umoci (scripts/setup)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Dict
+
+import pytest
+
+from corral_cluster import REPO, corral_bin
+
+BUILD_TIMEOUT_S = 900
+
+
+def build(out: Path) -> Dict[str, str]:
+    done = subprocess.run([str(REPO / "scripts" / "node-image"), "--binary", str(corral_bin()), "--out", str(out)],
+                          capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-4000:]
+    fields = dict(re.findall(r"^(layout|tag|digest|size)\s+(.*)$", done.stdout, re.M))
+    assert set(fields) == {"layout", "tag", "digest", "size"}, done.stdout
+    return fields
+
+
+def test_the_node_image_is_reproducible_and_runs_sandboxes(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("the node image test needs root (umoci unpack keeps the image's owners)", pytrace=False)
+    if shutil.which("umoci") is None:
+        pytest.fail("umoci is missing: scripts/setup installs it", pytrace=False)
+    first = build(tmp_path / "a")
+    second = build(tmp_path / "b")
+    assert first["tag"] == second["tag"]
+    assert first["digest"] == second["digest"], "the same inputs gave two digests"
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", first["digest"])
+    shutil.rmtree(tmp_path / "b")
+
+    tag = first["tag"].split(":", 1)[1]
+    bundle = tmp_path / "bundle"
+    subprocess.run(["umoci", "unpack", "--image", f"{first['layout']}:{tag}", str(bundle)],
+                   check=True, capture_output=True, timeout=BUILD_TIMEOUT_S)
+    spec = json.loads((bundle / "config.json").read_text())
+    assert spec["process"]["args"] == ["/usr/local/bin/corral", "serve"]
+    assert "CORRAL_DATA_DIR=/var/lib/corral" in spec["process"]["env"]
+    rootfs = bundle / "rootfs"
+    # Nothing but the binary, the store and two empty directories: no base image.
+    assert sorted(os.listdir(rootfs)) == ["data", "tmp", "usr", "var"]
+    assert os.listdir(rootfs / "var" / "lib" / "corral" / "images") != []
+    ran = subprocess.run(
+        [str(rootfs / "usr" / "local" / "bin" / "corral"), "run", "--image", "default",
+         "--data-dir", str(rootfs / "var" / "lib" / "corral"),
+         "-c", "import pandas, matplotlib\nprint('node image', pandas.DataFrame({'a': [1, 2]}).a.sum())"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "node image 3" in ran.stdout
