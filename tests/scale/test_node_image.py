@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Dict
 
@@ -30,26 +31,42 @@ def build(out: Path) -> Dict[str, str]:
     return fields
 
 
-def test_the_node_image_is_reproducible_and_runs_sandboxes(tmp_path: Path) -> None:
+def test_the_node_image_is_reproducible_and_runs_sandboxes() -> None:
     if os.geteuid() != 0:
         pytest.fail("the node image test needs root (umoci unpack keeps the image's owners)", pytrace=False)
     if shutil.which("umoci") is None:
         pytest.fail("umoci is missing: scripts/setup installs it", pytrace=False)
-    first = build(tmp_path / "a")
-    second = build(tmp_path / "b")
+    # Outside pytest's private temporary directory: the sandbox's unprivileged user must be
+    # able to enter the image's store, as it can in /var/lib/corral of a node.
+    work = Path(tempfile.mkdtemp(prefix="corral-node-image-", dir="/var/tmp"))
+    try:
+        work.chmod(0o755)
+        check_image(work)
+    finally:
+        shutil.rmtree(work)
+
+
+def check_image(work: Path) -> None:
+    first = build(work / "a")
+    second = build(work / "b")
     assert first["tag"] == second["tag"]
     assert first["digest"] == second["digest"], "the same inputs gave two digests"
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", first["digest"])
-    shutil.rmtree(tmp_path / "b")
+    shutil.rmtree(work / "b")
 
     tag = first["tag"].split(":", 1)[1]
-    bundle = tmp_path / "bundle"
+    bundle = work / "bundle"
     subprocess.run(["umoci", "unpack", "--image", f"{first['layout']}:{tag}", str(bundle)],
                    check=True, capture_output=True, timeout=BUILD_TIMEOUT_S)
+    bundle.chmod(0o755)
     spec = json.loads((bundle / "config.json").read_text())
     assert spec["process"]["args"] == ["/usr/local/bin/corral", "serve"]
     assert "CORRAL_DATA_DIR=/var/lib/corral" in spec["process"]["env"]
     rootfs = bundle / "rootfs"
+    # Every directory on the way to the binary and the store is open to others: the routers
+    # run as an unprivileged user, and sandboxes enter the store as one.
+    for d in (rootfs, rootfs / "usr" / "local" / "bin", rootfs / "var" / "lib" / "corral" / "images"):
+        assert d.stat().st_mode & 0o005 == 0o005, f"{d} is not open to others"
     # Nothing but the binary, the store and two empty directories: no base image.
     assert sorted(os.listdir(rootfs)) == ["data", "tmp", "usr", "var"]
     assert os.listdir(rootfs / "var" / "lib" / "corral" / "images") != []

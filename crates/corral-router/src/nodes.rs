@@ -90,8 +90,9 @@ pub struct Nodes {
     config: Arc<RouterConfig>,
     client: Client,
     members: Mutex<BTreeMap<NodeName, Member>>,
-    /// Addresses whose server has no node name, reported once each.
-    unnamed: Mutex<HashSet<SocketAddr>>,
+    /// Addresses not used (a server without a node name, a loopback node of a public
+    /// router), reported once each.
+    reported: Mutex<HashSet<SocketAddr>>,
 }
 
 impl Nodes {
@@ -100,7 +101,7 @@ impl Nodes {
             client: client(&config),
             config,
             members: Mutex::new(BTreeMap::new()),
-            unnamed: Mutex::new(HashSet::new()),
+            reported: Mutex::new(HashSet::new()),
         })
     }
 
@@ -173,7 +174,7 @@ impl Nodes {
 
     fn report_once(&self, addr: SocketAddr, what: &str) {
         if self
-            .unnamed
+            .reported
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(addr)

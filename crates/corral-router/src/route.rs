@@ -98,8 +98,7 @@ pub(crate) fn error(
 ) -> Response {
     match face {
         Face::Native => ApiError::new(status, code, message).into_response(),
-        Face::E2bControl => E2bError::new(status, message).into_response(),
-        Face::E2bSandbox => E2bError::new(StatusCode::BAD_GATEWAY, message).into_response(),
+        Face::E2bControl | Face::E2bSandbox => E2bError::new(status, message).into_response(),
     }
 }
 
