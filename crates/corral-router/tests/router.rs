@@ -304,8 +304,10 @@ async fn a_health_answer_beyond_64_kib_is_taken_for_a_node_down() {
         let app = Router::new().route(
             "/healthz",
             get(move || async move {
-                Json(json!({"status": "ok", "node": "fake-big", "sessions_live": 0,
-                            "max_sessions": 10, "pad": "x".repeat(pad)}))
+                Json(
+                    json!({"status": "ok", "node": "fake-big", "sessions_live": 0,
+                            "max_sessions": 10, "pad": "x".repeat(pad)}),
+                )
             }),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
