@@ -43,6 +43,12 @@ def test_creations_spread_and_any_router_reaches_any_sandbox(cluster: Cluster) -
         # routers that place independently between probes may put one more on a node.
         spread = Counter(node_of(sb.sandbox_id) for sb in made)
         assert set(spread) == {n.name for n in cluster.nodes} and max(spread.values()) <= 3, spread
+        # What the routers place by: each node's name and load, on its /healthz.
+        for node in cluster.nodes:
+            health = httpx.get(f"{node.url}/healthz").json()
+            assert health["node"] == node.name
+            assert health["sessions_live"] >= spread[node.name]
+            assert health["max_sessions"] == 150  # the ConfigMap's
         for i, sb in enumerate(made):
             assert sb.run_code(f"x = {i}\nprint('set')").stdout == "set\n"
         payload = secrets.token_bytes(3 << 20)
