@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::nodes::Nodes;
 use crate::proxy::{forward, ForwardError};
-use crate::route::{error, Face};
+use crate::route::{error, no_nodes, Face};
 
 /// E2B's `Sandbox.list()` pages by 100 unless it asks for another size, as a node does.
 const E2B_DEFAULT_LIMIT: usize = 100;
@@ -251,10 +251,6 @@ async fn page_of(
 
 fn node_error(face: Face, e: &ForwardError) -> Response {
     error(face, StatusCode::BAD_GATEWAY, "node_error", e.to_string())
-}
-
-fn no_nodes(face: Face) -> Response {
-    crate::route::no_nodes(face)
 }
 
 #[cfg(test)]
