@@ -8,6 +8,7 @@ pub mod context;
 pub mod event;
 pub mod imports;
 pub mod manager;
+pub mod node;
 pub mod oneshot;
 pub mod policy;
 pub mod pool;
@@ -20,6 +21,7 @@ pub use event::Event;
 pub use manager::{
     default_context_id, ContextInfo, ManagerError, MetricSample, SessionInfo, SessionManager,
 };
+pub use node::NodeName;
 pub use policy::{CodePolicy, PolicyError, Widening};
 pub use pool::{Pool, ZygoteStatus};
 pub use session::{Death, Interrupter, KernelError, Language, Session, SessionOptions, Stopper};

@@ -18,6 +18,7 @@ use corral_sandbox::{ExecutionResult, NetworkReport, Workspace};
 use crate::agent::{AgentError, ProcessAgent};
 use crate::context::MAX_CONTEXTS;
 use crate::event::Event;
+use crate::node::NodeName;
 use crate::pool::Pool;
 use crate::session::Language;
 use crate::session::{Interrupter, KernelError, Session, SessionOptions, Stopper};
@@ -183,17 +184,26 @@ pub struct SessionManager {
     /// How long a session may stay paused before it is closed (its idle clock stops while
     /// it is paused).
     max_paused: Duration,
+    /// The node name ids end in (`crate::node`); `None` on a single node.
+    node: Option<NodeName>,
 }
 
 impl SessionManager {
     /// A manager whose background thread closes sessions idle past their timeout, and
     /// sessions paused longer than `max_paused`.
     pub fn new(max_paused: Duration) -> Arc<SessionManager> {
+        SessionManager::with_node(max_paused, None)
+    }
+
+    /// As [`SessionManager::new`], for a member of a cluster: the ids it makes name `node`
+    /// (`crate::node::sandbox_id`).
+    pub fn with_node(max_paused: Duration, node: Option<NodeName>) -> Arc<SessionManager> {
         let manager = Arc::new(SessionManager {
             sessions: Mutex::new(HashMap::new()),
             pools: Mutex::new(Vec::new()),
             next: AtomicU64::new(1),
             max_paused,
+            node,
         });
         let weak = Arc::downgrade(&manager);
         thread::Builder::new()
@@ -263,15 +273,13 @@ impl SessionManager {
         // A pooled session was made before its owner was known.
         session.set_result_budget(options.result_budget.clone());
         let id = id.map(str::to_string).unwrap_or_else(|| {
-            format!(
-                "sbx-{:x}{:04x}",
-                SystemTime::now()
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
-                    .unwrap_or(0)
-                    & 0xffff_ffff,
-                self.next.fetch_add(1, Ordering::Relaxed) & 0xffff
-            )
+            let nanos = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
+            let stamp = ((nanos & 0xffff_ffff) << 16)
+                | (self.next.fetch_add(1, Ordering::Relaxed) & 0xffff);
+            crate::node::sandbox_id(stamp, self.node.as_ref())
         });
         let now = SystemTime::now();
         let info = SessionInfo {

@@ -80,6 +80,10 @@ pub struct Config {
     /// What the keys named NAME may ask for, instead of `[network]`'s `allow`, `cidrs` and
     /// `default` (`[key_network.NAME]` tables), within `[network]`'s `allow` and `cidrs`.
     pub key_network: std::collections::BTreeMap<String, crate::network::KeyNetworkConfig>,
+    /// This server's name in a cluster behind `corral route` (docs/scale-out.md): the ids it
+    /// makes end in it, so that a router can tell which node owns a sandbox. Unset: a single
+    /// node, whose ids name none.
+    pub node_name: Option<corral_kernel::NodeName>,
 }
 
 /// The operator's network settings: what any request may ask for, which names may resolve
@@ -152,6 +156,7 @@ impl Default for Config {
             network: Default::default(),
             ports: Default::default(),
             key_network: Default::default(),
+            node_name: None,
         }
     }
 }

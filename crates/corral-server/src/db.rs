@@ -13,6 +13,19 @@ use sha2::{Digest, Sha256};
 #[error("database: {0}")]
 pub struct DbError(#[from] rusqlite::Error);
 
+/// What [`Db::add_key`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyAdded {
+    New,
+    /// The key was there already, with that name and secret.
+    Unchanged,
+    /// A key of that id (with another name or secret), or another key with that secret, is
+    /// there: nothing was changed.
+    Differs,
+    /// The key was there and is revoked; it stays revoked.
+    Revoked,
+}
+
 /// A key as `corral key ls` shows it (never the secret).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyInfo {
@@ -154,6 +167,33 @@ impl Db {
             params![id, name, hash_key(&secret), now()],
         )?;
         Ok((id, secret))
+    }
+
+    /// Adds key `id` named `name` with `secret` (made elsewhere: the same key on every node of
+    /// a cluster), stored only hashed. An existing key of that id or secret is left as it is.
+    pub fn add_key(&self, id: &str, name: &str, secret: &str) -> Result<KeyAdded, DbError> {
+        let hash = hash_key(secret);
+        let conn = self.conn();
+        let added = conn.execute(
+            "INSERT INTO keys (id, name, hash, created_at) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT DO NOTHING",
+            params![id, name, hash, now()],
+        )?;
+        if added == 1 {
+            return Ok(KeyAdded::New);
+        }
+        let existing: Option<(String, String, Option<i64>)> = conn
+            .query_row(
+                "SELECT name, hash, revoked_at FROM keys WHERE id = ?1",
+                params![id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?;
+        Ok(match existing {
+            Some((_, _, Some(_))) => KeyAdded::Revoked,
+            Some((n, h, None)) if n == name && h == hash => KeyAdded::Unchanged,
+            _ => KeyAdded::Differs,
+        })
     }
 
     pub fn list_keys(&self) -> Result<Vec<KeyInfo>, DbError> {
@@ -391,6 +431,49 @@ mod tests {
         assert!(!db.revoke_key(&id).unwrap());
         assert_eq!(db.verify_key(&secret).unwrap(), None);
         assert!(db.list_keys().unwrap()[0].revoked);
+    }
+
+    #[test]
+    fn a_key_made_on_one_node_is_added_to_another_and_never_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = Db::open(&dir.path().join("a.db")).unwrap();
+        let second = Db::open(&dir.path().join("b.db")).unwrap();
+        let (id, secret) = first.create_key("team").unwrap();
+        assert_eq!(second.add_key(&id, "team", &secret).unwrap(), KeyAdded::New);
+        assert_eq!(
+            second.verify_key(&secret).unwrap().as_deref(),
+            Some(id.as_str())
+        );
+        assert_eq!(
+            second.add_key(&id, "team", &secret).unwrap(),
+            KeyAdded::Unchanged
+        );
+        // Another secret or name under that id, or that secret under another id: refused, and
+        // the key is as it was.
+        assert_eq!(
+            second.add_key(&id, "team", "crl_other").unwrap(),
+            KeyAdded::Differs
+        );
+        assert_eq!(
+            second.add_key(&id, "other", &secret).unwrap(),
+            KeyAdded::Differs
+        );
+        assert_eq!(
+            second.add_key("key-000000000000", "x", &secret).unwrap(),
+            KeyAdded::Differs
+        );
+        assert_eq!(second.verify_key("crl_other").unwrap(), None);
+        assert_eq!(
+            second.verify_key(&secret).unwrap().as_deref(),
+            Some(id.as_str())
+        );
+        // A revoked key stays revoked.
+        assert!(second.revoke_key(&id).unwrap());
+        assert_eq!(
+            second.add_key(&id, "team", &secret).unwrap(),
+            KeyAdded::Revoked
+        );
+        assert_eq!(second.verify_key(&secret).unwrap(), None);
     }
 
     #[test]

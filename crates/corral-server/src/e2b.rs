@@ -69,7 +69,7 @@ const DEFAULT_IMAGE_TEMPLATES: &[&str] = &["code-interpreter-v1", "code-interpre
 /// E2B's home directory, and Corral's workspace that stands for it.
 const E2B_HOME: &str = "/home/user";
 const WORKSPACE: &str = "/workspace";
-const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
+pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 /// The sandbox's token on the code interpreter's `/contexts…` requests.
 const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
@@ -86,7 +86,7 @@ pub struct E2bError {
 }
 
 impl E2bError {
-    fn new(status: StatusCode, message: impl Into<String>) -> E2bError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> E2bError {
         E2bError {
             status,
             message: message.into(),

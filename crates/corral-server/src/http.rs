@@ -1007,7 +1007,7 @@ async fn list_files(
 }
 
 /// Liveness, and the state of the warm pool's zygotes (the full one, which forks sessions, and
-/// the lean one of one-shot runs); needs no key. Always 200 while the server answers:
+/// the lean one of one-shot runs), and in a cluster the node's name and load; needs no key. Always 200 while the server answers:
 /// `status` is `degraded` while a zygote is down (it is being replaced).
 #[utoipa::path(get, path = "/healthz", tag = "service", responses((status = 200)))]
 async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
@@ -1028,10 +1028,18 @@ async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
     let ok = pools
         .iter()
         .all(|p| p["zygote_alive"] == true && p["lean_zygote_alive"] == true);
-    Json(serde_json::json!({
+    let mut health = serde_json::json!({
         "status": if ok { "ok" } else { "degraded" },
         "pools": pools,
-    }))
+    });
+    // A cluster's node tells `corral route` its name and load (docs/scale-out.md); a single
+    // server tells keyless callers nothing of how busy it is.
+    if let Some(node) = &state.service.config().node_name {
+        health["node"] = node.as_str().into();
+        health["sessions_live"] = state.service.sessions_live().into();
+        health["max_sessions"] = state.service.config().max_sessions.into();
+    }
+    Json(health)
 }
 
 /// Prometheus metrics. Authenticated like the API: a key, or a keyless local program on a

@@ -766,7 +766,10 @@ impl Service {
             .to_limits(&Limits::default())
             .map_err(|e| anyhow::anyhow!("default_limits: {e}"))?;
         let code_policies = CodePolicies::of(&config).map_err(anyhow::Error::from)?;
-        let manager = SessionManager::new(Duration::from_secs(config.max_paused_s));
+        let manager = SessionManager::with_node(
+            Duration::from_secs(config.max_paused_s),
+            config.node_name.clone(),
+        );
         let pool = match store.resolve(&config.default_image) {
             Ok(image) if config.pool_size > 0 && image.languages.iter().any(|l| l == "python") => {
                 match Pool::start(

@@ -13,8 +13,8 @@ pub struct BenchArgs {
     /// Timed runs per contender (after 3 warm-up runs each).
     #[arg(long, default_value_t = 60)]
     pub runs: usize,
-    /// Which benchmarks: all, oneshot, sessions, density, server, egress, or soak (not part
-    /// of all).
+    /// Which benchmarks: all, oneshot, sessions, density, server, egress, router, or soak
+    /// (not part of all).
     #[arg(long, default_value = "all")]
     only: String,
     /// Image for the session benchmarks.
@@ -26,10 +26,10 @@ pub struct BenchArgs {
     /// Sessions for the density benchmark.
     #[arg(long, default_value_t = 200)]
     density_sessions: usize,
-    /// Concurrent clients of the server load test and the soak.
+    /// Concurrent clients of the server load test, the router benchmark and the soak.
     #[arg(long, default_value_t = 100)]
     pub clients: usize,
-    /// Seconds the server load test and the soak run their clients.
+    /// Seconds the server load test, the router benchmark and the soak run their clients.
     #[arg(long, default_value_t = 120)]
     pub duration: u64,
 }
@@ -156,15 +156,18 @@ pub fn main(args: BenchArgs) -> Result<()> {
     if all || args.only == "egress" {
         crate::bench_egress::run(&args)?;
     }
+    if all || args.only == "router" {
+        crate::bench_router::run(&args)?;
+    }
     // The soak runs for minutes and fails on any error: only when asked for by name.
     if args.only == "soak" {
         crate::bench_soak::run(&args)?;
     }
     let known = [
-        "all", "oneshot", "sessions", "density", "server", "egress", "soak",
+        "all", "oneshot", "sessions", "density", "server", "egress", "router", "soak",
     ];
     if !known.contains(&args.only.as_str()) {
-        bail!("--only takes all, oneshot, sessions, density, server, egress or soak");
+        bail!("--only takes all, oneshot, sessions, density, server, egress, router or soak");
     }
     Ok(())
 }

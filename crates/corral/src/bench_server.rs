@@ -200,7 +200,7 @@ fn row(name: &str, mut samples: Vec<Duration>) {
 }
 
 /// POSTs JSON and returns the JSON answer, failing on anything but the expected status.
-fn post(agent: &ureq::Agent, url: &str, body: &Value, expect: u16) -> Result<Value> {
+pub(crate) fn post(agent: &ureq::Agent, url: &str, body: &Value, expect: u16) -> Result<Value> {
     let response = agent
         .post(url)
         .set("Accept", "application/json")
@@ -212,7 +212,7 @@ fn post(agent: &ureq::Agent, url: &str, body: &Value, expect: u16) -> Result<Val
     Ok(response.into_json()?)
 }
 
-fn execute(agent: &ureq::Agent, url: &str, id: &str, code: &str) -> Result<Value> {
+pub(crate) fn execute(agent: &ureq::Agent, url: &str, id: &str, code: &str) -> Result<Value> {
     let r = post(
         agent,
         &format!("{url}/v1/sandboxes/{id}/execute"),
@@ -225,12 +225,12 @@ fn execute(agent: &ureq::Agent, url: &str, id: &str, code: &str) -> Result<Value
     Ok(r)
 }
 
-fn create(agent: &ureq::Agent, url: &str) -> Result<String> {
+pub(crate) fn create(agent: &ureq::Agent, url: &str) -> Result<String> {
     let info = post(agent, &format!("{url}/v1/sandboxes"), &json!({}), 201)?;
     Ok(info["id"].as_str().context("no id")?.to_string())
 }
 
-fn kill(agent: &ureq::Agent, url: &str, id: &str) -> Result<()> {
+pub(crate) fn kill(agent: &ureq::Agent, url: &str, id: &str) -> Result<()> {
     let r = agent
         .delete(&format!("{url}/v1/sandboxes/{id}"))
         .call()
@@ -396,16 +396,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-struct Load {
-    done: u64,
-    errors: u64,
-    first_errors: Vec<String>,
-    elapsed: Duration,
+pub(crate) struct Load {
+    pub done: u64,
+    pub errors: u64,
+    pub first_errors: Vec<String>,
+    pub elapsed: Duration,
     samples: Vec<(&'static str, Duration)>,
 }
 
 impl Load {
-    fn by(&self, op: &str) -> Vec<Duration> {
+    pub fn by(&self, op: &str) -> Vec<Duration> {
         self.samples
             .iter()
             .filter(|(o, _)| *o == op)
@@ -414,10 +414,10 @@ impl Load {
     }
 }
 
-type Samples = Arc<Mutex<Vec<(&'static str, Duration)>>>;
+pub(crate) type Samples = Arc<Mutex<Vec<(&'static str, Duration)>>>;
 
 /// Runs `cycle` on `clients` threads until `duration` has passed; every failed cycle counts.
-fn load(
+pub(crate) fn load(
     clients: usize,
     duration: Duration,
     cycle: impl Fn(&ureq::Agent, &Samples) -> Result<()> + Send + Sync + 'static,

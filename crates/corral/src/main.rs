@@ -2,11 +2,13 @@
 
 mod bench;
 mod bench_egress;
+mod bench_router;
 mod bench_server;
 mod bench_sessions;
 mod bench_soak;
 mod image;
 mod mcp;
+mod route;
 mod run;
 mod serve;
 
@@ -33,9 +35,11 @@ enum Command {
     /// Build, list, inspect and remove images.
     Image(image::ImageArgs),
     /// Show which protection layers this host can apply, and which not.
-    Doctor,
+    Doctor(DoctorArgs),
     /// Serve the HTTP API (native and E2B-compatible) until SIGTERM.
     Serve(serve::ServeArgs),
+    /// Route requests to several `corral serve` nodes by the node each sandbox id names.
+    Route(route::RouteArgs),
     /// Manage the API keys of `corral serve`.
     Key(serve::KeyArgs),
     /// Serve the sandbox tools to MCP clients, on stdio or streamable HTTP.
@@ -53,15 +57,16 @@ fn main() {
     // their other clients.
     if matches!(
         cli.command,
-        Command::Image(_) | Command::Doctor | Command::Key(_) | Command::Tools(_)
+        Command::Image(_) | Command::Doctor(_) | Command::Key(_) | Command::Tools(_)
     ) {
         corral_sandbox::end_quietly_on_closed_pipe();
     }
     let code = match cli.command {
         Command::Run(args) => run::main(*args),
         Command::Image(args) => image::main(args),
-        Command::Doctor => doctor(),
+        Command::Doctor(args) => doctor(&args),
         Command::Serve(args) => report_error("corral serve", serve::serve(args)),
+        Command::Route(args) => report_error("corral route", route::route(args)),
         Command::Key(args) => report_error("corral key", serve::key(args)),
         Command::Mcp(args) => report_error("corral mcp", mcp::mcp(args)),
         Command::Tools(args) => report_error("corral tools", mcp::tools(args)),
@@ -80,12 +85,55 @@ fn report_error(what: &str, result: anyhow::Result<()>) -> i32 {
     }
 }
 
-fn doctor() -> i32 {
+#[derive(clap::Args)]
+struct DoctorArgs {
+    /// Check a Kubernetes pod (or any container) meant to run a node: fail unless every layer
+    /// a node needs is there, and say which pod settings are missing (docs/scale-out.md).
+    #[arg(long)]
+    pod: bool,
+}
+
+/// What a node of a cluster must have: no degraded mode in a pod, where a missing layer is a
+/// missing pod setting, not a property of the host.
+const POD_LAYERS: &[&str] = &[
+    "user namespace",
+    "mount namespace",
+    "pid namespace",
+    "network namespace",
+    "ipc namespace",
+    "uts namespace",
+    "cgroup namespace",
+    "seccomp",
+    "landlock",
+    "cgroup creation",
+    "isolation",
+];
+
+fn doctor(args: &DoctorArgs) -> i32 {
     let checks = corral_sandbox::doctor::run_checks();
     let width = checks.iter().map(|c| c.layer.len()).max().unwrap_or(0);
     for c in &checks {
         let state = if c.active { "active " } else { "MISSING" };
         println!("{:width$}  {state}  {}", c.layer, c.detail);
+    }
+    if args.pod {
+        let missing: Vec<&str> = POD_LAYERS
+            .iter()
+            .copied()
+            .filter(|layer| !checks.iter().any(|c| c.layer == *layer && c.active))
+            .collect();
+        if missing.is_empty() {
+            println!("pod: every layer a node needs is active");
+            return 0;
+        }
+        println!(
+            "pod: this container cannot run a Corral node: missing {}. A node makes user, \
+             mount, pid and network namespaces, installs seccomp filters and Landlock rules and \
+             writes cgroups of its own: run its container with securityContext.privileged: true \
+             on a kernel with Landlock and cgroups (docs/scale-out.md, \"Pod security\")",
+            missing.join(", ")
+        );
+        return 1;
     }
     let isolation_ok = checks.iter().any(|c| c.layer == "isolation" && c.active);
     if isolation_ok {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use corral_server::db::Db;
+use corral_server::db::{Db, KeyAdded};
 use corral_server::{Config, Service};
 
 #[derive(Debug, Args)]
@@ -25,6 +25,10 @@ pub struct ServeArgs {
     /// Python sessions of the default image kept forked ahead (0: none).
     #[arg(long, value_name = "N")]
     pool_size: Option<usize>,
+    /// This node's name in a cluster behind `corral route` (its sandbox ids end in it;
+    /// docs/scale-out.md). In Kubernetes, the pod's name.
+    #[arg(long, env = "CORRAL_NODE_NAME", value_name = "NAME")]
+    node_name: Option<corral_kernel::NodeName>,
 }
 
 pub fn serve(args: ServeArgs) -> Result<()> {
@@ -43,6 +47,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     }
     if let Some(n) = args.pool_size {
         config.pool_size = n;
+    }
+    if args.node_name.is_some() {
+        config.node_name = args.node_name;
     }
     let listen = config.listen;
     let requires_keys = config.requires_keys();
@@ -88,11 +95,27 @@ enum KeyCommand {
         #[arg(long, default_value = "default")]
         name: String,
     },
+    /// Add a key made elsewhere (the same key on every node of a cluster): its secret is
+    /// read from stdin (or --secret-file) and stored only hashed. Adding a key that is already there with the
+    /// same name and secret changes nothing.
+    Add {
+        /// The key's id, as `corral key create` printed it (`key-` and 12 hex digits).
+        #[arg(long)]
+        id: String,
+        #[arg(long, default_value = "default")]
+        name: String,
+        /// Read the secret from this file (a mounted Kubernetes Secret) instead of stdin.
+        #[arg(long, value_name = "FILE")]
+        secret_file: Option<PathBuf>,
+    },
     /// List keys (never their secrets).
     Ls,
     /// Revoke a key by id.
     Revoke { id: String },
 }
+
+/// The longest secret `corral key add` takes (a secret of `corral key create` is 52 bytes).
+const MAX_SECRET_BYTES: u64 = 256;
 
 pub fn key(args: KeyArgs) -> Result<()> {
     let path = args.db.unwrap_or_else(|| {
@@ -102,7 +125,11 @@ pub fn key(args: KeyArgs) -> Result<()> {
     });
     // Only `create` may start a database; listing or revoking keys of one that does not exist
     // is a mistaken path, not an empty list.
-    if !matches!(args.command, KeyCommand::Create { .. }) && !path.exists() {
+    if !matches!(
+        args.command,
+        KeyCommand::Create { .. } | KeyCommand::Add { .. }
+    ) && !path.exists()
+    {
         anyhow::bail!(
             "no database at {} (`corral serve` and `corral key create` make one; pass the \
              server's --db or --data-dir)",
@@ -115,6 +142,52 @@ pub fn key(args: KeyArgs) -> Result<()> {
             let (id, secret) = db.create_key(&name)?;
             eprintln!("corral: created key {id} ({name}); the secret is shown only now:");
             println!("{secret}");
+        }
+        KeyCommand::Add {
+            id,
+            name,
+            secret_file,
+        } => {
+            let mut secret = String::new();
+            let source: Box<dyn std::io::Read> = match &secret_file {
+                // A regular file only: a FIFO or a device is not a Secret's file.
+                Some(path) => {
+                    let file = std::fs::File::open(path)
+                        .with_context(|| format!("opening {}", path.display()))?;
+                    if !file.metadata()?.is_file() {
+                        anyhow::bail!("{} is not a regular file", path.display());
+                    }
+                    Box::new(file)
+                }
+                None => Box::new(std::io::stdin()),
+            };
+            std::io::Read::read_to_string(
+                &mut std::io::Read::take(source, MAX_SECRET_BYTES + 1),
+                &mut secret,
+            )
+            .context("reading the secret")?;
+            let secret = secret.trim_end_matches(['\n', '\r']);
+            if secret.len() as u64 > MAX_SECRET_BYTES {
+                anyhow::bail!("the secret is longer than {MAX_SECRET_BYTES} bytes");
+            }
+            let well_formed = id
+                .strip_prefix("key-")
+                .is_some_and(|hex| hex.len() == 12 && hex.bytes().all(|c| c.is_ascii_hexdigit()));
+            if !well_formed {
+                anyhow::bail!("key id {id:?}: ids are `key-` and 12 hex digits");
+            }
+            if secret.is_empty() {
+                anyhow::bail!("the secret is empty");
+            }
+            match db.add_key(&id, &name, secret)? {
+                KeyAdded::New => eprintln!("corral: added key {id} ({name})"),
+                KeyAdded::Unchanged => eprintln!("corral: key {id} ({name}) is already there"),
+                KeyAdded::Differs => anyhow::bail!(
+                    "key {id}: a key of that id with another name or secret, or another key \
+                     with that secret, is there already; nothing changed"
+                ),
+                KeyAdded::Revoked => anyhow::bail!("key {id} is revoked; it stays revoked"),
+            }
         }
         KeyCommand::Ls => {
             for k in db.list_keys()? {

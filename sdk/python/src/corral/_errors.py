@@ -83,7 +83,8 @@ class NetworkNotAllowedError(CorralError):
 
 class NotFoundError(CorralError):
     """404 ``not_found``: unknown sandbox (or another key's), unknown route; ``file_not_found``:
-    no such file or directory in a live sandbox's workspace."""
+    no such file or directory in a live sandbox's workspace; 410 ``sandbox_gone``: behind
+    ``corral route``, the sandbox's node stopped answering and took its sandboxes with it."""
 
 
 class PathExistsError(CorralError):
@@ -182,6 +183,7 @@ _BY_CODE: Mapping[str, Type[CorralError]] = {
     "not_found": NotFoundError,
     "file_not_found": NotFoundError,
     "file_exists": PathExistsError,
+    "sandbox_gone": NotFoundError,
     "sandbox_dead": SandboxDeadError,
     "sandbox_paused": SandboxStateError,
     "sandbox_not_paused": SandboxStateError,
@@ -207,6 +209,7 @@ _BY_STATUS: Mapping[int, Type[CorralError]] = {
     401: AuthenticationError,
     403: ForbiddenError,
     404: NotFoundError,
+    410: NotFoundError,
     409: SandboxDeadError,
     413: PayloadTooLargeError,
     422: InvalidRequestError,

@@ -1,0 +1,150 @@
+//! `corral route`: a stateless router in front of several Corral nodes (`corral serve` with a
+//! `node_name`), as docs/scale-out.md describes. A sandbox id names the node that owns it
+//! (`corral_kernel::node`), so every replica of the router sends each request for a sandbox to
+//! its node without shared state: the native API, the E2B control plane (`/sandboxes/{id}`,
+//! `/v2/sandboxes/{id}/…`) and sandbox plane (the `E2b-Sandbox-Id` header), streams and files
+//! alike, bodies streamed both ways. New sandboxes (and one-shot runs) go to the least-loaded
+//! healthy node; lists are gathered from every node, a page at a time.
+//!
+//! Keys are checked by the nodes only: the router forwards `Authorization` and `X-API-Key`
+//! unchanged and never answers for a key itself, so there is one answer to "is this key
+//! valid". Every node must hold the same keys (`corral key add`).
+
+mod list;
+mod nodes;
+mod proxy;
+mod route;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use nodes::{NodeSource, Nodes};
+pub use route::app;
+
+/// The settings of `corral route`.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    pub listen: SocketAddr,
+    /// Where the nodes are: a static list of `HOST:PORT`, or a DNS name of every node (a
+    /// headless Service's `NAME.NAMESPACE.svc:PORT`), resolved at every probe.
+    pub nodes: NodeSource,
+    /// How often every node's `/healthz` is read (its name, health and load).
+    pub probe_interval: Duration,
+    /// How long connecting to a node may take; a node that does not answer in time is
+    /// taken as down.
+    pub connect_timeout: Duration,
+    /// How long a node may take to begin its answer (a non-streamed execution answers when
+    /// it ends, so this is above the longest execution a node allows).
+    pub answer_timeout: Duration,
+    /// Requests in flight at once (a streamed answer counts until it ends); more are refused
+    /// with 503 `router_busy`.
+    pub max_in_flight: usize,
+    /// The largest list answer read from one node when lists are gathered.
+    pub max_list_bytes: usize,
+    /// The largest body of a creation or a one-shot run (held to be offered to another node
+    /// if the first is gone): the nodes' `max_json_bytes`.
+    pub max_create_bytes: usize,
+}
+
+impl RouterConfig {
+    pub fn new(listen: SocketAddr, nodes: NodeSource) -> RouterConfig {
+        RouterConfig {
+            listen,
+            nodes,
+            probe_interval: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(2),
+            answer_timeout: Duration::from_secs(3600),
+            max_in_flight: 4096,
+            max_list_bytes: 32 << 20,
+            max_create_bytes: 8 << 20,
+        }
+    }
+
+    /// A router reachable from other hosts must not reach nodes on loopback: a loopback node
+    /// serves keyless requests as its local user, and would serve anyone's that way.
+    fn allows(&self, node: &SocketAddr) -> bool {
+        self.listen.ip().is_loopback() || !node.ip().is_loopback()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    #[error("listening on {addr}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("serving")]
+    Serve(#[source] std::io::Error),
+    #[error("no nodes: give --node HOST:PORT (repeatable) or --nodes-dns NAME:PORT")]
+    NoNodes,
+}
+
+/// Routes on `config.listen` until SIGTERM or SIGINT; requests in flight then finish.
+pub async fn serve(config: RouterConfig) -> Result<(), RouterError> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| RouterError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    serve_on(config, listener, shutdown_signal()).await
+}
+
+/// As [`serve`], on a bound listener, until `stop` completes.
+pub async fn serve_on(
+    config: RouterConfig,
+    listener: tokio::net::TcpListener,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), RouterError> {
+    if config.nodes.is_empty() {
+        return Err(RouterError::NoNodes);
+    }
+    let config = Arc::new(config);
+    let nodes = Nodes::new(config.clone());
+    // The first probe before the first request: a router that starts answers at once.
+    nodes.probe().await;
+    let probing = tokio::spawn(nodes.clone().probe_forever());
+    let app = app(config, nodes);
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(stop)
+        .await
+        .map_err(RouterError::Serve);
+    probing.abort();
+    served
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without handlers the default action (ending the process) still applies.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_router_reachable_from_elsewhere_uses_no_loopback_node() {
+        let node = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let config = |listen: &str| RouterConfig::new(node(listen), NodeSource::Dns("x:1".into()));
+        let public = config("0.0.0.0:8421");
+        assert!(!public.allows(&node("127.0.0.1:8420")));
+        assert!(!public.allows(&node("[::1]:8420")));
+        assert!(public.allows(&node("10.0.0.7:8420")));
+        let local = config("127.0.0.1:8421");
+        assert!(local.allows(&node("127.0.0.1:8420")));
+        assert!(local.allows(&node("10.0.0.7:8420")));
+    }
+}

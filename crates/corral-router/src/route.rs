@@ -1,0 +1,413 @@
+//! Which node a request goes to, and the router's own answers (its `/healthz`, and the errors
+//! of sandboxes whose node is gone), in the shape of the face the request came to.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use corral_kernel::node::node_of;
+use corral_kernel::NodeName;
+use corral_server::e2b::{E2bError, SANDBOX_ID_HEADER};
+use corral_server::error::ApiError;
+use http_body_util::BodyExt as _;
+use tokio::sync::Semaphore;
+
+use crate::nodes::{Lookup, Nodes};
+use crate::proxy::{forward, ForwardError};
+use crate::RouterConfig;
+
+/// Which API a request belongs to: its errors are answered in that API's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Face {
+    Native,
+    /// E2B's control plane (`/sandboxes…`, `/v2/sandboxes…`), errors `{"code", "message"}`.
+    E2bControl,
+    /// E2B's sandbox plane (the `E2b-Sandbox-Id` header): a sandbox that is not there is
+    /// answered as E2B's edge proxy answers it (502), which the SDK reads as "not running".
+    E2bSandbox,
+}
+
+/// Where a request goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    /// The node that owns sandbox `id`.
+    Sandbox { id: String, face: Face },
+    /// The least-loaded node: a new sandbox, or a one-shot run.
+    Place,
+    /// Every node, merged: a list of sandboxes.
+    List(Face),
+    /// The router itself.
+    Health,
+    /// The router has no metrics of its own: each node's are scraped.
+    Metrics,
+    /// Any node: the documents, and what no node serves (which each node answers alike).
+    Any,
+}
+
+fn target(method: &Method, path: &str, headers: &HeaderMap) -> Target {
+    if let Some(id) = headers.get(SANDBOX_ID_HEADER).and_then(|v| v.to_str().ok()) {
+        return Target::Sandbox {
+            id: id.to_string(),
+            face: Face::E2bSandbox,
+        };
+    }
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let sandbox = |id: &str, face| Target::Sandbox {
+        id: id.to_string(),
+        face,
+    };
+    match (method, segments.as_slice()) {
+        (_, ["healthz"]) => Target::Health,
+        (_, ["metrics"]) => Target::Metrics,
+        (&Method::POST, ["v1", "run"]) => Target::Place,
+        (&Method::POST, ["v1", "sandboxes"]) => Target::Place,
+        (&Method::GET, ["v1", "sandboxes"]) => Target::List(Face::Native),
+        (_, ["v1", "sandboxes", id, ..]) if !id.is_empty() => sandbox(id, Face::Native),
+        (&Method::POST, ["v2", "sandboxes"]) => Target::Place,
+        (&Method::GET, ["v2", "sandboxes"]) => Target::List(Face::E2bControl),
+        (_, ["v2", "sandboxes", id, ..] | ["sandboxes", id, ..]) if !id.is_empty() => {
+            sandbox(id, Face::E2bControl)
+        }
+        _ => Target::Any,
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub nodes: Arc<Nodes>,
+    in_flight: Arc<Semaphore>,
+}
+
+/// The router's application: every request is routed by [`target`].
+pub fn app(config: Arc<RouterConfig>, nodes: Arc<Nodes>) -> Router {
+    Router::new().fallback(handle).with_state(AppState {
+        nodes,
+        in_flight: Arc::new(Semaphore::new(config.max_in_flight)),
+    })
+}
+
+/// An error of the router's own, in `face`'s shape.
+pub(crate) fn error(
+    face: Face,
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+) -> Response {
+    match face {
+        Face::Native => ApiError::new(status, code, message).into_response(),
+        Face::E2bControl | Face::E2bSandbox => E2bError::new(status, message).into_response(),
+    }
+}
+
+/// A sandbox whose node does not answer: its sandboxes went with it. Native clients get 410
+/// `sandbox_gone`; E2B clients what E2B says of a sandbox that is no more (404 on the control
+/// plane, 502 "not found" on the sandbox plane).
+fn gone(face: Face, id: &str, node: &NodeName) -> Response {
+    match face {
+        Face::Native => error(
+            face,
+            StatusCode::GONE,
+            "sandbox_gone",
+            format!(
+                "sandbox {id} was on node {node}, which does not answer: the sandboxes of a \
+                 node that stops are lost; create another"
+            ),
+        ),
+        Face::E2bControl => error(
+            face,
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("sandbox {id} not found: its node {node} does not answer"),
+        ),
+        Face::E2bSandbox => error(
+            face,
+            StatusCode::BAD_GATEWAY,
+            "not_found",
+            format!("The sandbox {id} was not found (its node {node} does not answer)"),
+        ),
+    }
+}
+
+/// An id that names no node this router knows: no such sandbox, as a node would say.
+fn unknown(face: Face, id: &str) -> Response {
+    match face {
+        Face::E2bSandbox => error(
+            face,
+            StatusCode::BAD_GATEWAY,
+            "not_found",
+            format!("The sandbox {id} was not found"),
+        ),
+        _ => error(
+            face,
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no sandbox {id}"),
+        ),
+    }
+}
+
+pub(crate) fn no_nodes(face: Face) -> Response {
+    let mut answer = error(
+        face,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no_nodes",
+        "no Corral node is up behind this router; retry".to_string(),
+    );
+    answer
+        .headers_mut()
+        .insert(axum::http::header::RETRY_AFTER, 1.into());
+    answer
+}
+
+fn face_of(path: &str, headers: &HeaderMap) -> Face {
+    if headers.contains_key(SANDBOX_ID_HEADER) {
+        Face::E2bSandbox
+    } else if path.starts_with("/v1/") {
+        Face::Native
+    } else {
+        Face::E2bControl
+    }
+}
+
+async fn handle(State(state): State<AppState>, request: Request) -> Response {
+    let face = face_of(request.uri().path(), request.headers());
+    let Ok(permit) = state.in_flight.clone().try_acquire_owned() else {
+        let mut answer = error(
+            face,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "router_busy",
+            "this router has as many requests in flight as it takes; retry".to_string(),
+        );
+        answer
+            .headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, 1.into());
+        return answer;
+    };
+    let answer = route(&state, request).await;
+    // The permit is held until the answer's body has been sent (or dropped): a stream counts
+    // while it lasts.
+    let (parts, body) = answer.into_parts();
+    let body = body.map_frame(move |frame| {
+        let _held = &permit;
+        frame
+    });
+    Response::from_parts(parts, Body::new(body))
+}
+
+async fn route(state: &AppState, request: Request) -> Response {
+    let nodes = &state.nodes;
+    match target(request.method(), request.uri().path(), request.headers()) {
+        Target::Health => health(nodes),
+        Target::Metrics => error(
+            Face::Native,
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "the router has no metrics of its own: scrape each node's /metrics \
+             (docs/scale-out.md)"
+                .to_string(),
+        ),
+        Target::List(face) => crate::list::list(nodes, face, request).await,
+        Target::Place => {
+            let face = face_of(request.uri().path(), request.headers());
+            place(nodes, face, request).await
+        }
+        Target::Any => {
+            let face = face_of(request.uri().path(), request.headers());
+            match nodes.up().into_iter().next() {
+                Some((name, addr)) => send(nodes, face, &name, addr, request, None).await,
+                None => no_nodes(face),
+            }
+        }
+        Target::Sandbox { id, face } => {
+            let Some(node) = node_of(&id) else {
+                return unknown(face, &id);
+            };
+            match nodes.lookup(&node) {
+                Lookup::Up(addr) => send(nodes, face, &node, addr, request, Some(&id)).await,
+                Lookup::Down => gone(face, &id, &node),
+                Lookup::Unknown => unknown(face, &id),
+            }
+        }
+    }
+}
+
+/// A creation (or a one-shot run) goes to the least-loaded node. Its body (JSON, at most
+/// `max_create_bytes`) is held, so that when that node does not take the connection (it died
+/// since the last probe) the next one gets it: a node's death costs no creation.
+async fn place(nodes: &Nodes, face: Face, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let max = nodes.config().max_create_bytes;
+    let bytes = match http_body_util::Limited::new(body, max).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return error(
+                face,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("a creation's body is at most {max} bytes"),
+            )
+        }
+        Err(e) => {
+            return error(
+                face,
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("reading the request body: {e}"),
+            )
+        }
+    };
+    for _ in 0..PLACE_ATTEMPTS {
+        let Some((name, addr)) = nodes.place() else {
+            break;
+        };
+        let request = Request::from_parts(parts.clone(), Body::from(bytes.clone()));
+        match forward(nodes.client(), nodes.config(), addr, request).await {
+            Ok(answer) => return answer,
+            Err(ForwardError::Unreachable { .. }) => nodes.mark_down(&name),
+            Err(e) => {
+                return error(
+                    face,
+                    StatusCode::BAD_GATEWAY,
+                    "node_error",
+                    format!("{e}: {}", source_chain(&e)),
+                )
+            }
+        }
+    }
+    no_nodes(face)
+}
+
+/// How many nodes a creation is offered to before the router gives up (each one that does
+/// not take the connection is marked down first).
+const PLACE_ATTEMPTS: usize = 3;
+
+/// Forwards `request` to node `name`; a node that does not take the connection is marked
+/// down (its sandbox, if the request is for one, is gone).
+async fn send(
+    nodes: &Nodes,
+    face: Face,
+    name: &NodeName,
+    addr: std::net::SocketAddr,
+    request: Request,
+    sandbox: Option<&str>,
+) -> Response {
+    match forward(nodes.client(), nodes.config(), addr, request).await {
+        Ok(answer) => answer,
+        Err(e @ ForwardError::Unreachable { .. }) => {
+            nodes.mark_down(name);
+            match sandbox {
+                Some(id) => gone(face, id, name),
+                None => error(
+                    face,
+                    StatusCode::BAD_GATEWAY,
+                    "node_unreachable",
+                    format!("{e}; retry (another node will be chosen)"),
+                ),
+            }
+        }
+        Err(e) => error(
+            face,
+            StatusCode::BAD_GATEWAY,
+            "node_error",
+            format!("{e}: {}", source_chain(&e)),
+        ),
+    }
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut parts = Vec::new();
+    let mut next = e.source();
+    while let Some(s) = next {
+        parts.push(s.to_string());
+        next = s.source();
+    }
+    parts.join(": ")
+}
+
+/// The router's health: 200 while at least one node is up (ready), 503 otherwise.
+fn health(nodes: &Nodes) -> Response {
+    let known = nodes.known();
+    let up = known.iter().filter(|(_, m)| m.up).count();
+    let status = if up > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = serde_json::json!({
+        "status": if up > 0 { "ok" } else { "no_nodes" },
+        "nodes_up": up,
+        "nodes_known": known.len(),
+    });
+    (status, axum::Json(body)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(method: Method, path: &str) -> Target {
+        target(&method, path, &HeaderMap::new())
+    }
+
+    #[test]
+    fn requests_are_routed_by_the_sandbox_they_name() {
+        let native = |id: &str| Target::Sandbox {
+            id: id.into(),
+            face: Face::Native,
+        };
+        let e2b = |id: &str| Target::Sandbox {
+            id: id.into(),
+            face: Face::E2bControl,
+        };
+        assert_eq!(t(Method::POST, "/v1/sandboxes"), Target::Place);
+        assert_eq!(t(Method::POST, "/v1/run"), Target::Place);
+        assert_eq!(t(Method::POST, "/v2/sandboxes"), Target::Place);
+        assert_eq!(t(Method::GET, "/v1/sandboxes"), Target::List(Face::Native));
+        assert_eq!(
+            t(Method::GET, "/v2/sandboxes"),
+            Target::List(Face::E2bControl)
+        );
+        assert_eq!(t(Method::GET, "/v1/sandboxes/sbx-1-a"), native("sbx-1-a"));
+        assert_eq!(
+            t(Method::PUT, "/v1/sandboxes/sbx-1-a/files/x/y.txt"),
+            native("sbx-1-a")
+        );
+        assert_eq!(
+            t(Method::POST, "/v1/sandboxes/sbx-1-a/execute"),
+            native("sbx-1-a")
+        );
+        assert_eq!(t(Method::DELETE, "/sandboxes/sbx-1-a"), e2b("sbx-1-a"));
+        assert_eq!(
+            t(Method::POST, "/v2/sandboxes/sbx-1-a/connect"),
+            e2b("sbx-1-a")
+        );
+        assert_eq!(
+            t(Method::POST, "/sandboxes/sbx-1-a/timeout"),
+            e2b("sbx-1-a")
+        );
+        assert_eq!(t(Method::GET, "/healthz"), Target::Health);
+        assert_eq!(t(Method::GET, "/metrics"), Target::Metrics);
+        assert_eq!(t(Method::GET, "/openapi.json"), Target::Any);
+        assert_eq!(t(Method::GET, "/v1/nothing"), Target::Any);
+        // The sandbox plane is addressed by header, whatever the path.
+        let mut headers = HeaderMap::new();
+        headers.insert(SANDBOX_ID_HEADER, "sbx-2-b".parse().unwrap());
+        assert_eq!(
+            target(&Method::POST, "/execute", &headers),
+            Target::Sandbox {
+                id: "sbx-2-b".into(),
+                face: Face::E2bSandbox
+            }
+        );
+        assert_eq!(
+            target(&Method::POST, "/v1/sandboxes", &headers),
+            Target::Sandbox {
+                id: "sbx-2-b".into(),
+                face: Face::E2bSandbox
+            }
+        );
+    }
+}
