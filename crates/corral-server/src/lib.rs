@@ -6,12 +6,14 @@
 pub mod admission;
 pub mod config;
 pub mod connect;
+pub mod console;
 pub mod db;
 mod docs_page;
 pub mod e2b;
 pub mod error;
 pub mod http;
 pub mod metrics;
+pub mod operator;
 pub mod service;
 pub mod watch;
 

@@ -87,6 +87,10 @@ enum KeyCommand {
     Create {
         #[arg(long, default_value = "default")]
         name: String,
+        /// An operator key: it also sees every key's sandboxes and audit log, and lists,
+        /// makes and revokes keys through the API (docs/api.md, "Operators").
+        #[arg(long)]
+        operator: bool,
     },
     /// List keys (never their secrets).
     Ls,
@@ -111,9 +115,10 @@ pub fn key(args: KeyArgs) -> Result<()> {
     }
     let db = Db::open(&path).with_context(|| format!("opening {}", path.display()))?;
     match args.command {
-        KeyCommand::Create { name } => {
-            let (id, secret) = db.create_key(&name)?;
-            eprintln!("corral: created key {id} ({name}); the secret is shown only now:");
+        KeyCommand::Create { name, operator } => {
+            let (id, secret) = db.create_key(&name, operator)?;
+            let role = if operator { ", an operator key" } else { "" };
+            eprintln!("corral: created key {id} ({name}{role}); the secret is shown only now:");
             println!("{secret}");
         }
         KeyCommand::Ls => {
@@ -121,10 +126,11 @@ pub fn key(args: KeyArgs) -> Result<()> {
                 let created =
                     std::time::UNIX_EPOCH + std::time::Duration::from_secs(k.created_at as u64);
                 println!(
-                    "{}  {}  created {}{}",
+                    "{}  {}  created {}{}{}",
                     k.id,
                     k.name,
                     humantime::format_rfc3339_seconds(created),
+                    if k.operator { "  OPERATOR" } else { "" },
                     if k.revoked { "  REVOKED" } else { "" }
                 );
             }
