@@ -45,7 +45,22 @@ async function identify() {
   document.body.classList.toggle("operator", !!me.operator);
   $("who").textContent = (me.name || me.key_id) + (me.operator ? " (operator)" : "");
   $("forget-key").classList.toggle("hidden", !key());
+  $("use-key").classList.toggle("hidden", !!key());
+  $("owner-filter-label").classList.toggle("hidden", !me.operator);
+  if (me.operator) await keyOptions();
   return true;
+}
+
+// The operator's filter of the sandboxes list: mine, every key's, or one key's.
+async function keyOptions() {
+  const select = $("owner-filter");
+  const { keys } = await getJson("/v1/keys");
+  const options = [el("option", { value: "" }, "mine"), el("option", { value: "*" }, "every key"),
+    el("option", { value: "local" }, "local (no key)")];
+  for (const k of keys) if (!k.revoked) options.push(el("option", { value: k.id }, k.id + " (" + k.name + ")"));
+  const chosen = select.value;
+  select.replaceChildren(...options);
+  select.value = chosen;
 }
 
 $("login-form").addEventListener("submit", async (ev) => {
@@ -53,6 +68,12 @@ $("login-form").addEventListener("submit", async (ev) => {
   setKey($("login-key").value.trim());
   $("login-key").value = "";
   if (await identify().catch(fail)) route();
+});
+
+$("use-key").addEventListener("click", () => {
+  clearInterval(timer);
+  showLogin("");
+  $("login-key").focus();
 });
 
 $("forget-key").addEventListener("click", () => {
