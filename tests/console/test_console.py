@@ -146,8 +146,12 @@ def test_a_newcomer_runs_the_salary_analysis_and_sees_the_chart(browser, server,
 
     driver.save_screenshot(str(tmp_path / "playground.png"))
     if os.environ.get("CORRAL_CONSOLE_SCREENSHOT"):
+        # Tall enough to hold the first cell, its output and its chart.
+        size = driver.get_window_size()
+        driver.set_window_size(1440, 1900)
         driver.execute_script("window.scrollTo(0, 0);")
         driver.save_screenshot(os.environ["CORRAL_CONSOLE_SCREENSHOT"])
+        driver.set_window_size(size["width"], size["height"])
 
     # Interrupt: the cell stops, the session keeps its state.
     run_cell(driver, new_cell(driver), "kept = 41")
