@@ -120,7 +120,10 @@ mod tests {
     #[test]
     fn the_console_is_small_and_loads_nothing_from_elsewhere() {
         let total: usize = ASSETS.iter().map(|a| a.body.len()).sum();
-        assert!(total < 256 * 1024, "the console's files weigh {total} bytes");
+        assert!(
+            total < 256 * 1024,
+            "the console's files weigh {total} bytes"
+        );
         for asset in ASSETS {
             let text = std::str::from_utf8(asset.body).unwrap();
             for remote in ["http://", "https://", "//cdn", "@import"] {
@@ -137,18 +140,25 @@ mod tests {
     fn has_handler(html: &str) -> bool {
         html.match_indices(" on").any(|(i, _)| {
             let rest = &html[i + 3..];
-            let name = rest.find(|c: char| !c.is_ascii_alphabetic()).unwrap_or(rest.len());
+            let name = rest
+                .find(|c: char| !c.is_ascii_alphabetic())
+                .unwrap_or(rest.len());
             name > 0 && rest[name..].trim_start().starts_with('=')
         })
     }
 
     #[test]
     fn the_page_has_no_inline_script_or_style() {
-        let page = std::str::from_utf8(ASSETS[0].body).unwrap().to_ascii_lowercase();
+        let page = std::str::from_utf8(ASSETS[0].body)
+            .unwrap()
+            .to_ascii_lowercase();
         for forbidden in ["<script>", "style=", "<style", "javascript:"] {
             assert!(!page.contains(forbidden), "index.html has {forbidden:?}");
         }
-        assert!(!has_handler(&page), "index.html has an event handler attribute");
+        assert!(
+            !has_handler(&page),
+            "index.html has an event handler attribute"
+        );
         assert!(has_handler("<img src=x onerror =alert(1)>"));
         assert!(page.contains("<script type=\"module\" src=\"/console/app.js\"></script>"));
     }

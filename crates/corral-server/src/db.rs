@@ -169,9 +169,7 @@ impl Db {
             |r| r.get::<_, i64>(0).map(|n| n > 0),
         )?;
         if !has_operator {
-            conn.execute_batch(
-                "ALTER TABLE keys ADD COLUMN operator INTEGER NOT NULL DEFAULT 0",
-            )?;
+            conn.execute_batch("ALTER TABLE keys ADD COLUMN operator INTEGER NOT NULL DEFAULT 0")?;
         }
         Ok(Db {
             conn: Mutex::new(conn),
@@ -200,8 +198,9 @@ impl Db {
 
     pub fn list_keys(&self) -> Result<Vec<KeyInfo>, DbError> {
         let conn = self.conn();
-        let mut stmt =
-            conn.prepare("SELECT id, name, created_at, revoked_at, operator FROM keys ORDER BY created_at")?;
+        let mut stmt = conn.prepare(
+            "SELECT id, name, created_at, revoked_at, operator FROM keys ORDER BY created_at",
+        )?;
         let rows = stmt.query_map([], |r| {
             Ok(KeyInfo {
                 id: r.get(0)?,
@@ -530,19 +529,73 @@ mod tests {
         };
         assert_eq!(all(AuditQuery::default()), [3, 2, 1]);
         let key = |k: &str| Some(k.to_string());
-        assert_eq!(all(AuditQuery { key_id: key("a"), ..Default::default() }), [2, 1]);
-        assert_eq!(all(AuditQuery { session_id: key("s2"), ..Default::default() }), [3]);
-        assert_eq!(all(AuditQuery { kind: key("run"), ..Default::default() }), [2]);
-        assert_eq!(all(AuditQuery { status: key("ok"), ..Default::default() }), [3, 1]);
-        assert_eq!(all(AuditQuery { before: Some(3), ..Default::default() }), [2, 1]);
-        assert_eq!(all(AuditQuery { since: Some(now() + 60), ..Default::default() }), Vec::<i64>::new());
-        assert_eq!(all(AuditQuery { key_id: key("nobody"), ..Default::default() }), Vec::<i64>::new());
+        assert_eq!(
+            all(AuditQuery {
+                key_id: key("a"),
+                ..Default::default()
+            }),
+            [2, 1]
+        );
+        assert_eq!(
+            all(AuditQuery {
+                session_id: key("s2"),
+                ..Default::default()
+            }),
+            [3]
+        );
+        assert_eq!(
+            all(AuditQuery {
+                kind: key("run"),
+                ..Default::default()
+            }),
+            [2]
+        );
+        assert_eq!(
+            all(AuditQuery {
+                status: key("ok"),
+                ..Default::default()
+            }),
+            [3, 1]
+        );
+        assert_eq!(
+            all(AuditQuery {
+                before: Some(3),
+                ..Default::default()
+            }),
+            [2, 1]
+        );
+        assert_eq!(
+            all(AuditQuery {
+                since: Some(now() + 60),
+                ..Default::default()
+            }),
+            Vec::<i64>::new()
+        );
+        assert_eq!(
+            all(AuditQuery {
+                key_id: key("nobody"),
+                ..Default::default()
+            }),
+            Vec::<i64>::new()
+        );
         let page = db
-            .query_audit(&AuditQuery { limit: 1, ..Default::default() })
+            .query_audit(&AuditQuery {
+                limit: 1,
+                ..Default::default()
+            })
             .unwrap();
         assert_eq!(page.len(), 1);
-        assert_eq!(page[0].code_sha256, hex::encode(Sha256::digest(b"print(1)")));
+        assert_eq!(
+            page[0].code_sha256,
+            hex::encode(Sha256::digest(b"print(1)"))
+        );
         // A filter is a value, never SQL.
-        assert_eq!(all(AuditQuery { key_id: key("a' OR '1'='1"), ..Default::default() }), Vec::<i64>::new());
+        assert_eq!(
+            all(AuditQuery {
+                key_id: key("a' OR '1'='1"),
+                ..Default::default()
+            }),
+            Vec::<i64>::new()
+        );
     }
 }

@@ -264,7 +264,7 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(config.max_json_bytes))
         .merge(files)
         .merge(crate::e2b::router(&config))
-        .merge(crate::operator::router().layer(DefaultBodyLimit::max(config.max_json_bytes)))
+        .merge(crate::operator::router())
         .merge(crate::console::router())
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))

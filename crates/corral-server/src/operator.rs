@@ -3,7 +3,7 @@
 //! with `corral key create --operator`; keyless local use is never one (on a shared host any
 //! local user can reach a loopback server), and the API cannot make another operator key.
 
-use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::routing::{delete, get};
@@ -20,6 +20,8 @@ pub const AUDIT_LIMIT: usize = 1000;
 const AUDIT_DEFAULT: usize = 100;
 /// The longest key name, in bytes.
 pub const KEY_NAME_BYTES: usize = 64;
+/// The largest body these routes read (`{"name": ...}` is all they take).
+pub const BODY_BYTES: usize = 4096;
 
 /// A request of an operator key; any other tenant is refused with 403.
 pub struct Operator(pub Tenant);
@@ -66,6 +68,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/keys", get(list_keys).post(create_key))
         .route("/v1/keys/{id}", delete(revoke_key))
         .route("/v1/operator/sandboxes", get(all_sandboxes))
+        .layer(DefaultBodyLimit::max(BODY_BYTES))
 }
 
 /// Who the request acts as.
@@ -81,10 +84,15 @@ pub struct Whoami {
 /// Who the request acts as: its key's id and name, and whether it is an operator's.
 #[utoipa::path(get, path = "/v1/whoami", tag = "operators",
     responses((status = 200, body = Whoami), (status = 401, body = crate::error::ErrorBody)))]
-pub(crate) async fn whoami(State(state): State<AppState>, tenant: Tenant) -> Result<Json<Whoami>, ApiError> {
+pub(crate) async fn whoami(
+    State(state): State<AppState>,
+    tenant: Tenant,
+) -> Result<Json<Whoami>, ApiError> {
     let id = tenant.0.clone();
-    let (name, operator) =
-        with_db(&state, move |db| Ok((db.key_name(&id)?, db.is_operator(&id)?))).await?;
+    let (name, operator) = with_db(&state, move |db| {
+        Ok((db.key_name(&id)?, db.is_operator(&id)?))
+    })
+    .await?;
     Ok(Json(Whoami {
         key_id: tenant.0,
         name,
