@@ -56,15 +56,16 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("listening on {listen}"))?;
         let service = tokio::task::spawn_blocking(move || Service::start(config)).await??;
+        let address = listener.local_addr()?;
         eprintln!(
-            "corral: listening on http://{}{}",
-            listener.local_addr()?,
+            "corral: listening on http://{address}{}",
             if requires_keys {
                 " (API keys required)"
             } else {
                 " (loopback: requests without a key act as tenant `local`)"
             }
         );
+        eprintln!("corral: the web console is at http://{address}/ (docs/console.md)");
         corral_server::serve(service, listener).await
     })
 }
