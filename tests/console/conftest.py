@@ -10,8 +10,8 @@ Every page the browser opens gets a detector before any of its scripts runs: `al
 `confirm` and `prompt` are logged instead of shown, and messages posted to the page are
 recorded. A hostile payload proves it ran by logging a marker, posting it to its parent and
 top windows (what a script in a sandboxed frame of another origin can still do), setting
-`window.__pwned`, or fetching a URL of the test's own beacon server; `pwned()` reports
-anything any of those saw.
+`window.__pwned`, or fetching a URL of the test's own beacon server; `console_support.pwned()`
+reports anything any of those saw.
 """
 
 import http.server
@@ -33,9 +33,6 @@ START_TIMEOUT_S = 120
 STOP_TIMEOUT_S = 60
 CHROMIUM = os.environ.get("CORRAL_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("CORRAL_CHROMEDRIVER", "/usr/bin/chromedriver")
-# What a payload logs when it runs: built by concatenation in the payloads, so that the
-# marker appears in the browser's log only if a payload's code was executed.
-MARKER = "PWNED-FIRED"
 
 # Installed in every frame before its own scripts (DevTools'
 # Page.addScriptToEvaluateOnNewDocument): dialogs are recorded, not shown.
@@ -236,19 +233,3 @@ def browser(tmp_path_factory):
         yield driver
     finally:
         driver.quit()
-
-
-def browser_logs(driver):
-    """Every console message of every frame so far (kept across calls)."""
-    driver.seen_logs.extend(e["message"] for e in driver.get_log("browser"))
-    return driver.seen_logs
-
-
-def pwned(driver, beacon):
-    """What shows that a payload ran: marker logs, a dialog, `window.__pwned`, beacon hits."""
-    signs = [m for m in browser_logs(driver) if MARKER in m]
-    if driver.execute_script("return window.__pwned !== undefined"):
-        signs.append("window.__pwned was set")
-    signs += [f"posted: {m}" for m in driver.execute_script("return window.__pwnMessages || []")]
-    signs += [f"beacon hit {h}" for h in beacon.hits if h.startswith(("/hit", "/img"))]
-    return signs

@@ -8,11 +8,12 @@ detectors work."""
 
 import json
 
-import pytest
 from selenium.webdriver.common.by import By
 
-from conftest import MARKER, browser_logs, pwned
-from test_console import by_id, create_sandbox, file_names, new_cell, open_console, run_cell, wait
+from console_support import (
+    MARKER, browser_logs, by_id, create_sandbox, file_names, new_cell, open_console, pwned,
+    run_cell, wait,
+)
 
 
 def payloads(beacon_url):
