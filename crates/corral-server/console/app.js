@@ -152,31 +152,52 @@ async function refreshSandboxes() {
   }
   const mine = (s) => s.key_id === me.key_id;
   const metrics = await Promise.all(sandboxes.map((s) => (mine(s) && s.state !== "dead" ? latestMetric(s.id) : null)));
+  // Rows are kept from one refresh to the next (a button is not replaced under the pointer):
+  // a row is rebuilt only when its state or key changed, else its readings are updated.
   const body = $("sandboxes").tBodies[0];
-  clear(body);
+  const rows = new Map([...body.rows].map((r) => [r.dataset.id, r]));
   sandboxes.forEach((s, i) => {
     const m = metrics[i];
-    const actions = [];
-    if (mine(s)) {
-      actions.push(el("a", { href: "#/sandbox/" + encodeURIComponent(s.id), class: "open" }, "Open"));
-      if (s.state === "running") actions.push(el("button", { type: "button", class: "pause", onclick: () => act("pause", s.id) }, "Pause"));
-      if (s.state === "paused") actions.push(el("button", { type: "button", class: "resume", onclick: () => act("resume", s.id) }, "Resume"));
-      actions.push(el("button", { type: "button", class: "danger kill", onclick: () => kill(s.id) }, "Kill"));
+    const readings = [
+      age(s.created_at),
+      m ? bytes(m.memory_used_bytes) + " / " + bytes(m.memory_limit_bytes) : "—",
+      m ? m.cpu_used_pct.toFixed(1) + " %" : "—",
+      egress(s.network),
+    ];
+    let row = rows.get(s.id);
+    rows.delete(s.id);
+    if (row && row.dataset.state === s.state && row.dataset.key === s.key_id) {
+      row.querySelectorAll("td.reading").forEach((cell, j) => {
+        if (cell.textContent !== readings[j]) cell.textContent = readings[j];
+      });
+    } else {
+      const fresh = sandboxRow(s, readings, mine(s));
+      if (row) row.replaceWith(fresh);
+      row = fresh;
     }
-    body.append(el("tr", { "data-id": s.id },
-      el("td", { class: "mono" }, s.id),
-      el("td", { class: "mono op-only" }, s.key_id),
-      el("td", {}, s.image),
-      el("td", {}, s.language),
-      el("td", {}, el("span", { class: "pill " + s.state }, s.state)),
-      el("td", {}, age(s.created_at)),
-      el("td", {}, m ? bytes(m.memory_used_bytes) + " / " + bytes(m.memory_limit_bytes) : "—"),
-      el("td", {}, m ? m.cpu_used_pct.toFixed(1) + " %" : "—"),
-      el("td", {}, egress(s.network)),
-      el("td", { class: "row" }, actions),
-    ));
+    if (body.rows[i] !== row) body.insertBefore(row, body.rows[i] || null);
   });
+  rows.forEach((gone) => gone.remove());
   $("sandboxes-empty").classList.toggle("hidden", sandboxes.length > 0);
+}
+
+function sandboxRow(s, readings, mine) {
+  const actions = [];
+  if (mine) {
+    actions.push(el("a", { href: "#/sandbox/" + encodeURIComponent(s.id), class: "open" }, "Open"));
+    if (s.state === "running") actions.push(el("button", { type: "button", class: "pause", onclick: () => act("pause", s.id) }, "Pause"));
+    if (s.state === "paused") actions.push(el("button", { type: "button", class: "resume", onclick: () => act("resume", s.id) }, "Resume"));
+    actions.push(el("button", { type: "button", class: "danger kill", onclick: () => kill(s.id) }, "Kill"));
+  }
+  return el("tr", { "data-id": s.id, "data-state": s.state, "data-key": s.key_id },
+    el("td", { class: "mono" }, s.id),
+    el("td", { class: "mono op-only" }, s.key_id),
+    el("td", {}, s.image),
+    el("td", {}, s.language),
+    el("td", {}, el("span", { class: "pill " + s.state }, s.state)),
+    readings.map((text) => el("td", { class: "reading" }, text)),
+    el("td", { class: "row" }, actions),
+  );
 }
 
 async function act(what, id) {
