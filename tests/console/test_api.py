@@ -154,6 +154,8 @@ def test_the_audit_log_is_per_key_and_whole_for_an_operator(server):
         listed = body(server.call("GET", "/v1/operator/sandboxes", server.operator_key)[2])
         owners = {s["id"]: s["key_id"] for s in listed["sandboxes"]}
         assert owners[mine] == server.tenant_key_id and owners[local] == "local"
+        usage = {s["id"]: s["usage"] for s in listed["sandboxes"]}
+        assert usage[mine]["memory_used_bytes"] > 0 and usage[mine]["memory_limit_bytes"] > 0
         listed = body(server.call("GET", "/v1/operator/sandboxes?key=local", server.operator_key)[2])
         assert {s["key_id"] for s in listed["sandboxes"]} == {"local"}
         # Seeing is not driving: another key's sandbox is still 404 to the operator.

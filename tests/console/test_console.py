@@ -153,8 +153,9 @@ def test_an_operator_sees_health_every_key_the_audit_log_and_manages_keys(browse
         by_id(driver, "owner-filter").find_element(By.CSS_SELECTOR, 'option[value="*"]').click()
         row = f'#sandboxes tr[data-id="{theirs}"]'
         wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, row), message="not listed")
-        # Another key's sandbox is shown with its key, not driven: no buttons.
+        # Another key's sandbox is shown with its key and its memory, not driven: no buttons.
         wait(driver, lambda d: server.tenant_key_id in d.find_element(By.CSS_SELECTOR, row).text
+             and "MiB" in d.find_element(By.CSS_SELECTOR, row).text
              and not d.find_elements(By.CSS_SELECTOR, row + " button"))
         # One key's: that key's sandbox is listed, and not under another key.
         select = by_id(driver, "owner-filter")

@@ -151,7 +151,9 @@ async function refreshSandboxes() {
     return fail(e);
   }
   const mine = (s) => s.key_id === me.key_id;
-  const metrics = await Promise.all(sandboxes.map((s) => (mine(s) && s.state !== "dead" ? latestMetric(s.id) : null)));
+  // The operator's listing carries each sandbox's latest reading; a key's own is asked for.
+  const metrics = await Promise.all(sandboxes.map((s) =>
+    s.usage !== undefined ? s.usage : (s.state !== "dead" ? latestMetric(s.id) : null)));
   // Rows are kept from one refresh to the next (a button is not replaced under the pointer):
   // a row is rebuilt only when its state or key changed, else its readings are updated.
   const body = $("sandboxes").tBodies[0];

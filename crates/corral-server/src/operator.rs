@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::db::{AuditQuery, AuditRecord, Db, DbError};
 use crate::error::ApiError;
-use crate::http::{ApiJson, AppState};
-use crate::service::{ListQuery, SandboxInfo, Tenant};
+use crate::http::{blocking, ApiJson, AppState};
+use crate::service::{ListQuery, SandboxInfo, SandboxMetric, Tenant};
 
 /// The most audit-log lines one page holds, and the default.
 pub const AUDIT_LIMIT: usize = 1000;
@@ -278,10 +278,12 @@ pub struct AllSandboxesParams {
     key: Option<String>,
 }
 
-/// A sandbox and the key it belongs to.
+/// A sandbox, the key it belongs to, and its latest usage reading.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct OwnedSandbox {
     pub key_id: String,
+    /// The newest sample of `GET /v1/sandboxes/{id}/metrics` (absent for a dead sandbox).
+    pub usage: Option<SandboxMetric>,
     #[serde(flatten)]
     pub sandbox: SandboxInfo,
 }
@@ -291,7 +293,8 @@ pub struct OwnedSandboxList {
     sandboxes: Vec<OwnedSandbox>,
 }
 
-/// Every key's sandboxes, or one key's (operators only): what each is, not its contents.
+/// Every key's sandboxes, or one key's (operators only): what each is and its latest usage,
+/// not its contents.
 #[utoipa::path(get, path = "/v1/operator/sandboxes", tag = "operators", params(AllSandboxesParams),
     responses((status = 200, body = OwnedSandboxList), (status = 403, body = crate::error::ErrorBody)))]
 pub(crate) async fn all_sandboxes(
@@ -300,16 +303,31 @@ pub(crate) async fn all_sandboxes(
     query: Result<Query<AllSandboxesParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<OwnedSandboxList>, ApiError> {
     let Query(params) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let mut sandboxes = Vec::new();
-    for tenant in state.service.tenants() {
-        if params.key.as_ref().is_some_and(|k| *k != tenant.0) {
-            continue;
+    let service = state.service.clone();
+    let sandboxes = blocking(move || {
+        let mut sandboxes = Vec::new();
+        for tenant in service.tenants() {
+            if params.key.as_ref().is_some_and(|k| *k != tenant.0) {
+                continue;
+            }
+            for sandbox in service.list(&tenant, &ListQuery::default())?.sandboxes {
+                // A sandbox that ended meanwhile has no reading: it is listed without one.
+                let usage = match sandbox.state.as_str() {
+                    "dead" => None,
+                    _ => service
+                        .metrics(&tenant, &sandbox.id)
+                        .ok()
+                        .and_then(|mut samples| samples.pop()),
+                };
+                sandboxes.push(OwnedSandbox {
+                    key_id: tenant.0.clone(),
+                    usage,
+                    sandbox,
+                });
+            }
         }
-        let page = state.service.list(&tenant, &ListQuery::default())?;
-        sandboxes.extend(page.sandboxes.into_iter().map(|sandbox| OwnedSandbox {
-            key_id: tenant.0.clone(),
-            sandbox,
-        }));
-    }
+        Ok(sandboxes)
+    })
+    .await?;
     Ok(Json(OwnedSandboxList { sandboxes }))
 }
