@@ -33,6 +33,42 @@ pub struct KeyInfo {
     pub name: String,
     pub created_at: i64,
     pub revoked: bool,
+    /// An operator key also sees every key's sandboxes and audit log and manages keys
+    /// (docs/api.md, "Operators"). Made only by `corral key create --operator`.
+    pub operator: bool,
+}
+
+/// Which audit-log lines a query returns (docs/api.md, "Audit log"): every field narrows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditQuery {
+    pub key_id: Option<String>,
+    pub session_id: Option<String>,
+    pub kind: Option<String>,
+    pub status: Option<String>,
+    /// Only lines at or after this time (seconds since the Unix epoch).
+    pub since: Option<i64>,
+    /// Only lines older than this line id: the `next` of the previous page.
+    pub before: Option<i64>,
+    /// At most this many lines, newest first.
+    pub limit: usize,
+}
+
+/// One stored audit-log line, as a query returns it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct AuditRecord {
+    pub id: i64,
+    pub key_id: String,
+    pub session_id: Option<String>,
+    /// `run`, `execute` or `command`.
+    pub kind: String,
+    /// Seconds since the Unix epoch.
+    pub at: i64,
+    /// The SHA-256 of the code or command (the code itself is never stored).
+    pub code_sha256: String,
+    pub status: String,
+    pub execution_time_ms: i64,
+    pub cpu_time_ms: i64,
+    pub peak_memory_bytes: i64,
 }
 
 /// One audit-log line.
@@ -75,7 +111,8 @@ CREATE TABLE IF NOT EXISTS keys (
     name TEXT NOT NULL,
     hash TEXT NOT NULL UNIQUE,
     created_at INTEGER NOT NULL,
-    revoked_at INTEGER
+    revoked_at INTEGER,
+    operator INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY,
@@ -145,6 +182,15 @@ impl Db {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.execute_batch(SCHEMA)?;
+        // A database made before operator keys existed: its keys are not operators.
+        let has_operator: bool = conn.query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('keys') WHERE name = 'operator'",
+            [],
+            |r| r.get::<_, i64>(0).map(|n| n > 0),
+        )?;
+        if !has_operator {
+            conn.execute_batch("ALTER TABLE keys ADD COLUMN operator INTEGER NOT NULL DEFAULT 0")?;
+        }
         Ok(Db {
             conn: Mutex::new(conn),
         })
@@ -154,8 +200,9 @@ impl Db {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Makes a key; returns its id and the secret, which is shown once and stored only hashed.
-    pub fn create_key(&self, name: &str) -> Result<(String, String), DbError> {
+    /// Makes a key (an operator's when `operator`); returns its id and the secret, which is
+    /// shown once and stored only hashed.
+    pub fn create_key(&self, name: &str, operator: bool) -> Result<(String, String), DbError> {
         let mut bytes = [0u8; 24];
         rand::rng().fill_bytes(&mut bytes);
         let secret = format!("crl_{}", hex::encode(bytes));
@@ -163,8 +210,8 @@ impl Db {
         rand::rng().fill_bytes(&mut id_bytes);
         let id = format!("key-{}", hex::encode(id_bytes));
         self.conn().execute(
-            "INSERT INTO keys (id, name, hash, created_at) VALUES (?1, ?2, ?3, ?4)",
-            params![id, name, hash_key(&secret), now()],
+            "INSERT INTO keys (id, name, hash, created_at, operator) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![id, name, hash_key(&secret), now(), operator],
         )?;
         Ok((id, secret))
     }
@@ -198,14 +245,16 @@ impl Db {
 
     pub fn list_keys(&self) -> Result<Vec<KeyInfo>, DbError> {
         let conn = self.conn();
-        let mut stmt =
-            conn.prepare("SELECT id, name, created_at, revoked_at FROM keys ORDER BY created_at")?;
+        let mut stmt = conn.prepare(
+            "SELECT id, name, created_at, revoked_at, operator FROM keys ORDER BY created_at",
+        )?;
         let rows = stmt.query_map([], |r| {
             Ok(KeyInfo {
                 id: r.get(0)?,
                 name: r.get(1)?,
                 created_at: r.get(2)?,
                 revoked: r.get::<_, Option<i64>>(3)?.is_some(),
+                operator: r.get(4)?,
             })
         })?;
         rows.collect::<Result<_, _>>().map_err(DbError)
@@ -230,6 +279,58 @@ impl Db {
             )
             .optional()
             .map_err(DbError)
+    }
+
+    /// Whether `id` is a live operator key (the keyless tenant `local` is not one).
+    pub fn is_operator(&self, id: &str) -> Result<bool, DbError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT operator FROM keys WHERE id = ?1 AND revoked_at IS NULL",
+                params![id],
+                |r| r.get::<_, bool>(0),
+            )
+            .optional()?
+            .unwrap_or(false))
+    }
+
+    /// The audit-log lines `query` asks for, newest first.
+    pub fn query_audit(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT id, key_id, session_id, kind, at, code_sha256, status, execution_time_ms, \
+             cpu_time_ms, peak_memory_bytes FROM executions \
+             WHERE (?1 IS NULL OR key_id = ?1) AND (?2 IS NULL OR session_id = ?2) \
+             AND (?3 IS NULL OR kind = ?3) AND (?4 IS NULL OR status = ?4) \
+             AND (?5 IS NULL OR at >= ?5) AND (?6 IS NULL OR id < ?6) \
+             ORDER BY id DESC LIMIT ?7",
+        )?;
+        let rows = stmt.query_map(
+            params![
+                query.key_id,
+                query.session_id,
+                query.kind,
+                query.status,
+                query.since,
+                query.before,
+                query.limit as i64
+            ],
+            |r| {
+                Ok(AuditRecord {
+                    id: r.get(0)?,
+                    key_id: r.get(1)?,
+                    session_id: r.get(2)?,
+                    kind: r.get(3)?,
+                    at: r.get(4)?,
+                    code_sha256: r.get(5)?,
+                    status: r.get(6)?,
+                    execution_time_ms: r.get(7)?,
+                    cpu_time_ms: r.get(8)?,
+                    peak_memory_bytes: r.get(9)?,
+                })
+            },
+        )?;
+        rows.collect::<Result<_, _>>().map_err(DbError)
     }
 
     /// The name of key `id` (None when there is no such key: the keyless tenant `local`).
@@ -415,7 +516,7 @@ mod tests {
     fn keys_are_stored_hashed_verified_and_revoked() {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("c.db")).unwrap();
-        let (id, secret) = db.create_key("ci").unwrap();
+        let (id, secret) = db.create_key("ci", false).unwrap();
         assert_eq!(
             db.verify_key(&secret).unwrap().as_deref(),
             Some(id.as_str())
@@ -438,7 +539,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let first = Db::open(&dir.path().join("a.db")).unwrap();
         let second = Db::open(&dir.path().join("b.db")).unwrap();
-        let (id, secret) = first.create_key("team").unwrap();
+        let (id, secret) = first.create_key("team", false).unwrap();
         assert_eq!(second.add_key(&id, "team", &secret).unwrap(), KeyAdded::New);
         assert_eq!(
             second.verify_key(&secret).unwrap().as_deref(),
@@ -496,5 +597,138 @@ mod tests {
             .unwrap()
             .starts_with("orphaned"));
         assert_eq!(db.session_end_reason("mine").unwrap(), None);
+    }
+
+    #[test]
+    fn operator_keys_are_marked_and_old_databases_gain_the_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.db");
+        {
+            // A database of a server from before operator keys.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE keys (id TEXT PRIMARY KEY, name TEXT NOT NULL, hash TEXT NOT NULL \
+                 UNIQUE, created_at INTEGER NOT NULL, revoked_at INTEGER); \
+                 INSERT INTO keys VALUES ('key-old', 'old', 'h', 0, NULL);",
+            )
+            .unwrap();
+        }
+        let db = Db::open(&path).unwrap();
+        assert!(!db.is_operator("key-old").unwrap());
+        let (op, _) = db.create_key("ops", true).unwrap();
+        let (tenant, _) = db.create_key("t", false).unwrap();
+        assert!(db.is_operator(&op).unwrap());
+        assert!(!db.is_operator(&tenant).unwrap());
+        assert!(!db.is_operator("local").unwrap());
+        let keys = db.list_keys().unwrap();
+        assert_eq!(
+            keys.iter().map(|k| k.operator).collect::<Vec<_>>(),
+            [false, true, false]
+        );
+        // A revoked operator key is no operator.
+        assert!(db.revoke_key(&op).unwrap());
+        assert!(!db.is_operator(&op).unwrap());
+        // Opening it again does not add the column twice.
+        drop(db);
+        Db::open(&path).unwrap();
+    }
+
+    #[test]
+    fn the_audit_log_is_queried_by_every_filter_newest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("c.db")).unwrap();
+        let line = |key: &'static str, session, kind: &'static str, status: &'static str| {
+            db.audit(&AuditEntry {
+                key_id: key,
+                session_id: session,
+                kind,
+                code: "print(1)",
+                status,
+                execution_time_ms: 1,
+                cpu_time_ms: 1,
+                peak_memory_bytes: 1,
+            })
+            .unwrap()
+        };
+        line("a", Some("s1"), "execute", "ok");
+        line("a", None, "run", "error");
+        line("b", Some("s2"), "command", "ok");
+        let all = |q: AuditQuery| {
+            db.query_audit(&AuditQuery { limit: 10, ..q })
+                .unwrap()
+                .iter()
+                .map(|r| r.id)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(all(AuditQuery::default()), [3, 2, 1]);
+        let key = |k: &str| Some(k.to_string());
+        assert_eq!(
+            all(AuditQuery {
+                key_id: key("a"),
+                ..Default::default()
+            }),
+            [2, 1]
+        );
+        assert_eq!(
+            all(AuditQuery {
+                session_id: key("s2"),
+                ..Default::default()
+            }),
+            [3]
+        );
+        assert_eq!(
+            all(AuditQuery {
+                kind: key("run"),
+                ..Default::default()
+            }),
+            [2]
+        );
+        assert_eq!(
+            all(AuditQuery {
+                status: key("ok"),
+                ..Default::default()
+            }),
+            [3, 1]
+        );
+        assert_eq!(
+            all(AuditQuery {
+                before: Some(3),
+                ..Default::default()
+            }),
+            [2, 1]
+        );
+        assert_eq!(
+            all(AuditQuery {
+                since: Some(now() + 60),
+                ..Default::default()
+            }),
+            Vec::<i64>::new()
+        );
+        assert_eq!(
+            all(AuditQuery {
+                key_id: key("nobody"),
+                ..Default::default()
+            }),
+            Vec::<i64>::new()
+        );
+        let page = db
+            .query_audit(&AuditQuery {
+                limit: 1,
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(page.len(), 1);
+        assert_eq!(
+            page[0].code_sha256,
+            hex::encode(Sha256::digest(b"print(1)"))
+        );
+        // A filter is a value, never SQL.
+        assert_eq!(
+            all(AuditQuery {
+                key_id: key("a' OR '1'='1"),
+                ..Default::default()
+            }),
+            Vec::<i64>::new()
+        );
     }
 }

@@ -250,6 +250,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/pause", post(pause_sandbox))
         .route("/v1/sandboxes/{id}/metrics", get(sandbox_metrics))
         .route("/v1/sandboxes/{id}/resume", post(resume_sandbox))
+        .route("/v1/sandboxes/{id}/restart", post(restart_sandbox))
         .route("/v1/sandboxes/{id}/execute", post(execute))
         .route("/v1/sandboxes/{id}/commands", post(commands))
         .route(
@@ -305,6 +306,8 @@ pub fn router(state: AppState) -> Router {
         .merge(files)
         .merge(crate::ports::router(ports.clone()))
         .merge(crate::e2b::router(&config))
+        .merge(crate::operator::router())
+        .merge(crate::console::router())
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
@@ -328,6 +331,7 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             count_requests,
         ))
+        .layer(axum::middleware::from_fn(crate::console::security_headers))
         .with_state(state)
 }
 
@@ -811,6 +815,19 @@ async fn resume_sandbox(
     Ok(Json(blocking(move || service.resume(&tenant, &id)).await?))
 }
 
+/// Restart a session's kernel: its variables and processes are gone, its files stay.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/restart", tag = "sandboxes",
+    responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody),
+        (status = 409, description = "`sandbox_paused`", body = ErrorBody)))]
+async fn restart_sandbox(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    let service = state.service.clone();
+    Ok(Json(blocking(move || service.restart(&tenant, &id)).await?))
+}
+
 /// Kill a session: its sandbox is torn down and nothing of it remains.
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
     responses((status = 204), (status = 404, body = ErrorBody)))]
@@ -1082,6 +1099,7 @@ async fn metrics(State(state): State<AppState>, _tenant: Tenant) -> Response {
         kill_sandbox,
         pause_sandbox,
         resume_sandbox,
+        restart_sandbox,
         sandbox_metrics,
         execute,
         commands,
@@ -1090,7 +1108,13 @@ async fn metrics(State(state): State<AppState>, _tenant: Tenant) -> Response {
         remove_file,
         list_files,
         healthz,
-        metrics
+        metrics,
+        crate::operator::whoami,
+        crate::operator::audit,
+        crate::operator::list_keys,
+        crate::operator::create_key,
+        crate::operator::revoke_key,
+        crate::operator::all_sandboxes
     )
 )]
 pub struct ApiDoc;

@@ -6,6 +6,7 @@
 pub mod admission;
 pub mod config;
 pub mod connect;
+pub mod console;
 pub mod db;
 mod docs_page;
 pub mod e2b;
@@ -15,6 +16,7 @@ pub mod files_api;
 pub mod http;
 pub mod metrics;
 pub mod network;
+pub mod operator;
 pub mod persist;
 pub mod ports;
 pub mod service;

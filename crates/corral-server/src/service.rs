@@ -1608,6 +1608,31 @@ impl Service {
         Ok(Self::info(&info, &owned))
     }
 
+    /// Replaces the kernel of session `id`: its variables and processes are gone, its files
+    /// stay (docs/api.md, "Restart").
+    pub fn restart(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ServiceError> {
+        let owned = self.owned(tenant, id)?;
+        let info = self
+            .manager
+            .restart(id)
+            .map_err(|e| self.manager_error(id, e))?;
+        Ok(Self::info(&info, &owned))
+    }
+
+    /// Every tenant that has a session now, each once (for an operator's listing).
+    pub fn tenants(&self) -> Vec<Tenant> {
+        let mut tenants: Vec<Tenant> = self
+            .sessions
+            .lock()
+            .expect("lock")
+            .values()
+            .map(|o| o.tenant.clone())
+            .collect();
+        tenants.sort_by(|a, b| a.0.cmp(&b.0));
+        tenants.dedup();
+        tenants
+    }
+
     /// Interrupts the running execution of session `id`, if any.
     pub fn interrupt(&self, tenant: &Tenant, id: &str) -> Result<(), ServiceError> {
         self.owned(tenant, id)?;

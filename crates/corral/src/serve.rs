@@ -63,15 +63,16 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("listening on {listen}"))?;
         let service = tokio::task::spawn_blocking(move || Service::start(config)).await??;
+        let address = listener.local_addr()?;
         eprintln!(
-            "corral: listening on http://{}{}",
-            listener.local_addr()?,
+            "corral: listening on http://{address}{}",
             if requires_keys {
                 " (API keys required)"
             } else {
                 " (loopback: requests without a key act as tenant `local`)"
             }
         );
+        eprintln!("corral: the web console is at http://{address}/ (docs/console.md)");
         corral_server::serve(service, listener).await
     })
 }
@@ -94,6 +95,10 @@ enum KeyCommand {
     Create {
         #[arg(long, default_value = "default")]
         name: String,
+        /// An operator key: it also sees every key's sandboxes and audit log, and lists,
+        /// makes and revokes keys through the API (docs/api.md, "Operators").
+        #[arg(long)]
+        operator: bool,
     },
     /// Add a key made elsewhere (the same key on every node of a cluster): its secret is
     /// read from stdin (or --secret-file) and stored only hashed. Adding a key that is already there with the
@@ -138,9 +143,10 @@ pub fn key(args: KeyArgs) -> Result<()> {
     }
     let db = Db::open(&path).with_context(|| format!("opening {}", path.display()))?;
     match args.command {
-        KeyCommand::Create { name } => {
-            let (id, secret) = db.create_key(&name)?;
-            eprintln!("corral: created key {id} ({name}); the secret is shown only now:");
+        KeyCommand::Create { name, operator } => {
+            let (id, secret) = db.create_key(&name, operator)?;
+            let role = if operator { ", an operator key" } else { "" };
+            eprintln!("corral: created key {id} ({name}{role}); the secret is shown only now:");
             println!("{secret}");
         }
         KeyCommand::Add {
@@ -194,10 +200,11 @@ pub fn key(args: KeyArgs) -> Result<()> {
                 let created =
                     std::time::UNIX_EPOCH + std::time::Duration::from_secs(k.created_at as u64);
                 println!(
-                    "{}  {}  created {}{}",
+                    "{}  {}  created {}{}{}",
                     k.id,
                     k.name,
                     humantime::format_rfc3339_seconds(created),
+                    if k.operator { "  OPERATOR" } else { "" },
                     if k.revoked { "  REVOKED" } else { "" }
                 );
             }

@@ -1036,6 +1036,57 @@ fn off_loopback_every_request_needs_a_key() {
     }
 }
 
+/// Off loopback the console's page and files need no key (they hold no tenant's data), and
+/// the routes behind it do: who one is, the audit log, and the operator routes, which a plain
+/// key is refused (403) and an operator key (`corral key create --operator`) is given.
+#[test]
+fn off_loopback_the_console_is_public_and_operators_need_their_key() {
+    let s = Server::start_on("0.0.0.0", tempfile::tempdir().unwrap(), "");
+    for path in ["/", "/console/app.js", "/console/console.css"] {
+        let (status, _) = s.raw("GET", path, None, None);
+        assert_eq!(status, 200, "{path} needs no key");
+    }
+    for path in [
+        "/v1/whoami",
+        "/v1/audit",
+        "/v1/keys",
+        "/v1/operator/sandboxes",
+    ] {
+        let (status, answer) = s.call("GET", path, None, None);
+        assert_eq!(
+            (status, error_code(&answer)),
+            (401, "unauthorized"),
+            "{path}"
+        );
+    }
+    let plain = s.key("plain");
+    let out = Command::new(BIN)
+        .args(["key", "create", "--name", "ops", "--operator", "--db"])
+        .arg(&s.db)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let operator = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    for path in ["/v1/keys", "/v1/operator/sandboxes"] {
+        let (status, answer) = s.call("GET", path, Some(&plain), None);
+        assert_eq!((status, error_code(&answer)), (403, "forbidden"), "{path}");
+        let (status, _) = s.call("GET", path, Some(&operator), None);
+        assert_eq!(status, 200, "{path} for the operator");
+    }
+    let (status, me) = s.call("GET", "/v1/whoami", Some(&operator), None);
+    assert_eq!((status, &me["operator"]), (200, &json!(true)));
+    let (status, me) = s.call("GET", "/v1/whoami", Some(&plain), None);
+    assert_eq!((status, &me["operator"]), (200, &json!(false)));
+    // The key list names both, and never a secret.
+    let (_, keys) = s.call("GET", "/v1/keys", Some(&operator), None);
+    let text = keys.to_string();
+    assert!(
+        !text.contains(&plain) && !text.contains(&operator),
+        "{text}"
+    );
+    assert_eq!(keys["keys"].as_array().unwrap().len(), 2);
+}
+
 #[test]
 fn idle_sessions_expire_and_are_recorded() {
     let s = Server::start("");

@@ -1,0 +1,333 @@
+//! Who a key is, the audit log, and what only an operator may do (docs/api.md, "Operators"):
+//! list, make and revoke keys, and see every key's sandboxes. An operator is a live key made
+//! with `corral key create --operator`; keyless local use is never one (on a shared host any
+//! local user can reach a loopback server), and the API cannot make another operator key.
+
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::routing::{delete, get};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+
+use crate::db::{AuditQuery, AuditRecord, Db, DbError};
+use crate::error::ApiError;
+use crate::http::{blocking, ApiJson, AppState};
+use crate::service::{ListQuery, SandboxInfo, SandboxMetric, Tenant};
+
+/// The most audit-log lines one page holds, and the default.
+pub const AUDIT_LIMIT: usize = 1000;
+const AUDIT_DEFAULT: usize = 100;
+/// The longest key name, in bytes.
+pub const KEY_NAME_BYTES: usize = 64;
+/// The largest body these routes read (`{"name": ...}` is all they take).
+pub const BODY_BYTES: usize = 4096;
+
+/// A request of an operator key; any other tenant is refused with 403.
+pub struct Operator(pub Tenant);
+
+impl FromRequestParts<AppState> for Operator {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let tenant = Tenant::from_request_parts(parts, state).await?;
+        if is_operator(state, &tenant).await? {
+            Ok(Operator(tenant))
+        } else {
+            Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "this needs an operator key (make one on the server's host with \
+                 `corral key create --operator`)",
+            ))
+        }
+    }
+}
+
+/// Runs `f` on the server's database off the async runtime.
+async fn with_db<T: Send + 'static>(
+    state: &AppState,
+    f: impl FnOnce(&Db) -> Result<T, DbError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let service = state.service.clone();
+    tokio::task::spawn_blocking(move || f(service.db()))
+        .await
+        .map_err(|e| ApiError::internal(format!("internal error: {e}")))?
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+async fn is_operator(state: &AppState, tenant: &Tenant) -> Result<bool, ApiError> {
+    let id = tenant.0.clone();
+    with_db(state, move |db| db.is_operator(&id)).await
+}
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/whoami", get(whoami))
+        .route("/v1/audit", get(audit))
+        .route("/v1/keys", get(list_keys).post(create_key))
+        .route("/v1/keys/{id}", delete(revoke_key))
+        .route("/v1/operator/sandboxes", get(all_sandboxes))
+        .layer(DefaultBodyLimit::max(BODY_BYTES))
+}
+
+/// Who the request acts as.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Whoami {
+    /// The key's id, or `local` for keyless use on a loopback server.
+    pub key_id: String,
+    /// The key's name (absent for `local`).
+    pub name: Option<String>,
+    pub operator: bool,
+}
+
+/// Who the request acts as: its key's id and name, and whether it is an operator's.
+#[utoipa::path(get, path = "/v1/whoami", tag = "operators",
+    responses((status = 200, body = Whoami), (status = 401, body = crate::error::ErrorBody)))]
+pub(crate) async fn whoami(
+    State(state): State<AppState>,
+    tenant: Tenant,
+) -> Result<Json<Whoami>, ApiError> {
+    let id = tenant.0.clone();
+    let (name, operator) = with_db(&state, move |db| {
+        Ok((db.key_name(&id)?, db.is_operator(&id)?))
+    })
+    .await?;
+    Ok(Json(Whoami {
+        key_id: tenant.0,
+        name,
+        operator,
+    }))
+}
+
+/// The query of `GET /v1/audit`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct AuditParams {
+    /// Only this key's lines (`local`: keyless use). A key other than an operator may only
+    /// name itself.
+    key: Option<String>,
+    /// Only this session's lines.
+    session: Option<String>,
+    /// `run`, `execute` or `command`.
+    kind: Option<String>,
+    /// A result status: `ok`, `error`, `timeout`, ...
+    status: Option<String>,
+    /// Only lines at or after this time, in seconds since the Unix epoch.
+    since: Option<i64>,
+    /// Only lines older than this one: the `next` of the previous page.
+    before: Option<i64>,
+    /// 1 to 1000; default 100.
+    limit: Option<usize>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct AuditPage {
+    /// Newest first.
+    entries: Vec<AuditRecord>,
+    /// Present when there may be more: pass it as `before` for the next page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<i64>,
+}
+
+/// The audit log of executions, newest first: a key sees its own lines, an operator
+/// everyone's (filtered by `key` if given).
+#[utoipa::path(get, path = "/v1/audit", tag = "operators", params(AuditParams),
+    responses((status = 200, body = AuditPage), (status = 400, body = crate::error::ErrorBody),
+        (status = 403, description = "Another key's lines, asked for by a key that is not an operator's", body = crate::error::ErrorBody)))]
+pub(crate) async fn audit(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    query: Result<Query<AuditParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<AuditPage>, ApiError> {
+    let Query(params) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let limit = params.limit.unwrap_or(AUDIT_DEFAULT);
+    if limit == 0 || limit > AUDIT_LIMIT {
+        return Err(ApiError::bad_request(format!(
+            "`limit` must be between 1 and {AUDIT_LIMIT}"
+        )));
+    }
+    let key_id = if is_operator(&state, &tenant).await? {
+        params.key
+    } else {
+        match params.key {
+            Some(key) if key != tenant.0 => {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    "only an operator key sees another key's audit log",
+                ))
+            }
+            _ => Some(tenant.0),
+        }
+    };
+    let query = AuditQuery {
+        key_id,
+        session_id: params.session,
+        kind: params.kind,
+        status: params.status,
+        since: params.since,
+        before: params.before,
+        limit,
+    };
+    let entries = with_db(&state, move |db| db.query_audit(&query)).await?;
+    let next = (entries.len() == limit)
+        .then(|| entries.last().map(|e| e.id))
+        .flatten();
+    Ok(Json(AuditPage { entries, next }))
+}
+
+/// A key as the API shows it (never its secret).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct KeyView {
+    pub id: String,
+    pub name: String,
+    /// Seconds since the Unix epoch.
+    pub created_at: i64,
+    pub revoked: bool,
+    pub operator: bool,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct KeyList {
+    keys: Vec<KeyView>,
+}
+
+/// Every key, revoked ones too (operators only).
+#[utoipa::path(get, path = "/v1/keys", tag = "operators",
+    responses((status = 200, body = KeyList), (status = 403, body = crate::error::ErrorBody)))]
+pub(crate) async fn list_keys(
+    State(state): State<AppState>,
+    _operator: Operator,
+) -> Result<Json<KeyList>, ApiError> {
+    let keys = with_db(&state, |db| db.list_keys()).await?;
+    Ok(Json(KeyList {
+        keys: keys
+            .into_iter()
+            .map(|k| KeyView {
+                id: k.id,
+                name: k.name,
+                created_at: k.created_at,
+                revoked: k.revoked,
+                operator: k.operator,
+            })
+            .collect(),
+    }))
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateKeyRequest {
+    /// 1 to 64 bytes of printable text.
+    pub name: String,
+}
+
+/// A new key: its secret is in this answer only.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct CreatedKey {
+    pub id: String,
+    pub name: String,
+    pub secret: String,
+}
+
+/// Make a key that is not an operator's (operators only; an operator key is made on the
+/// server's host with `corral key create --operator`). The secret is shown once.
+#[utoipa::path(post, path = "/v1/keys", tag = "operators", request_body = CreateKeyRequest,
+    responses((status = 201, body = CreatedKey), (status = 400, body = crate::error::ErrorBody),
+        (status = 403, body = crate::error::ErrorBody)))]
+pub(crate) async fn create_key(
+    State(state): State<AppState>,
+    _operator: Operator,
+    ApiJson(req): ApiJson<CreateKeyRequest>,
+) -> Result<(StatusCode, Json<CreatedKey>), ApiError> {
+    let name = req.name;
+    if name.is_empty() || name.len() > KEY_NAME_BYTES || name.chars().any(char::is_control) {
+        return Err(ApiError::bad_request(format!(
+            "`name` must be 1 to {KEY_NAME_BYTES} bytes of printable text"
+        )));
+    }
+    let made = name.clone();
+    let (id, secret) = with_db(&state, move |db| db.create_key(&made, false)).await?;
+    Ok((StatusCode::CREATED, Json(CreatedKey { id, name, secret })))
+}
+
+/// Revoke a key (operators only): requests with it are refused from now on.
+#[utoipa::path(delete, path = "/v1/keys/{id}", tag = "operators",
+    responses((status = 204), (status = 403, body = crate::error::ErrorBody),
+        (status = 404, description = "No live key of that id", body = crate::error::ErrorBody)))]
+pub(crate) async fn revoke_key(
+    State(state): State<AppState>,
+    _operator: Operator,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let revoked = {
+        let id = id.clone();
+        with_db(&state, move |db| db.revoke_key(&id)).await?
+    };
+    if revoked {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!("no live key {id}")))
+    }
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct AllSandboxesParams {
+    /// Only this key's sandboxes (`local`: keyless use).
+    key: Option<String>,
+}
+
+/// A sandbox, the key it belongs to, and its latest usage reading.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct OwnedSandbox {
+    pub key_id: String,
+    /// The newest sample of `GET /v1/sandboxes/{id}/metrics` (absent for a dead sandbox).
+    pub usage: Option<SandboxMetric>,
+    #[serde(flatten)]
+    pub sandbox: SandboxInfo,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct OwnedSandboxList {
+    sandboxes: Vec<OwnedSandbox>,
+}
+
+/// Every key's sandboxes, or one key's (operators only): what each is and its latest usage,
+/// not its contents.
+#[utoipa::path(get, path = "/v1/operator/sandboxes", tag = "operators", params(AllSandboxesParams),
+    responses((status = 200, body = OwnedSandboxList), (status = 403, body = crate::error::ErrorBody)))]
+pub(crate) async fn all_sandboxes(
+    State(state): State<AppState>,
+    _operator: Operator,
+    query: Result<Query<AllSandboxesParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<OwnedSandboxList>, ApiError> {
+    let Query(params) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let service = state.service.clone();
+    let sandboxes = blocking(move || {
+        let mut sandboxes = Vec::new();
+        for tenant in service.tenants() {
+            if params.key.as_ref().is_some_and(|k| *k != tenant.0) {
+                continue;
+            }
+            for sandbox in service.list(&tenant, &ListQuery::default())?.sandboxes {
+                // A sandbox that ended meanwhile has no reading: it is listed without one.
+                let usage = match sandbox.state.as_str() {
+                    "dead" => None,
+                    _ => service
+                        .metrics(&tenant, &sandbox.id)
+                        .ok()
+                        .and_then(|mut samples| samples.pop()),
+                };
+                sandboxes.push(OwnedSandbox {
+                    key_id: tenant.0.clone(),
+                    usage,
+                    sandbox,
+                });
+            }
+        }
+        Ok(sandboxes)
+    })
+    .await?;
+    Ok(Json(OwnedSandboxList { sandboxes }))
+}
