@@ -168,6 +168,9 @@ def test_an_operator_sees_health_every_key_the_audit_log_and_manages_keys(browse
         wait(driver, lambda d: by_id(d, "health-status").text == "ok", message="no health")
         wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#pools tbody tr"))
         wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '#gauges [data-metric="corral_sessions_live"]'))
+        for queue in ("corral_runs_waiting", "corral_uploads_waiting"):
+            wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, f'#gauges [data-metric="{queue}"]'),
+                 message=f"the admission queue {queue} is not shown")
         wait(driver, lambda d: server.tenant_key_id in by_id(d, "per-key").text)
         wait(driver, lambda d: server.tenant_key_id in by_id(d, "audit").text,
              message="the plain key's execution is not in the operator's audit log")

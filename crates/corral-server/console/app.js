@@ -466,6 +466,8 @@ const GAUGES = [
   ["corral_sessions_live", "live sessions", String],
   ["corral_pool_ready", "pool ready", String],
   ["corral_runs_in_flight", "runs in flight", String],
+  ["corral_runs_waiting", "runs waiting (admission queue)", String],
+  ["corral_uploads_waiting", "uploads waiting (upload queue)", String],
   ["corral_memory_committed_bytes", "memory committed", bytes],
   ["corral_memory_budget_bytes", "memory budget", bytes],
   ["corral_result_bytes_held", "result bytes held", bytes],

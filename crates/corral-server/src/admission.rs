@@ -38,6 +38,9 @@ pub struct Admission {
     /// `/metrics` views of the state, kept up to date with it.
     committed_gauge: Gauge,
     runs_gauge: Gauge,
+    /// The queues: runs and uploads waiting now.
+    runs_waiting: Gauge,
+    uploads_waiting: Gauge,
     /// One permit per upload streaming now.
     uploads: Arc<tokio::sync::Semaphore>,
     max_uploads: usize,
@@ -127,6 +130,8 @@ impl Admission {
             freed: tokio::sync::Notify::new(),
             committed_gauge: metrics.memory_committed_bytes.clone(),
             runs_gauge: metrics.runs_in_flight.clone(),
+            runs_waiting: metrics.runs_waiting.clone(),
+            uploads_waiting: metrics.uploads_waiting.clone(),
             uploads: Arc::new(tokio::sync::Semaphore::new(config.max_uploads_in_flight)),
             max_uploads: config.max_uploads_in_flight,
         }
@@ -135,6 +140,10 @@ impl Admission {
     /// A slot for one upload, waited for at most `admission_wait_s`; then refused with 503
     /// and `Retry-After`.
     pub async fn admit_upload(&self) -> Result<UploadPermit, ServiceError> {
+        if let Ok(slot) = self.uploads.clone().try_acquire_owned() {
+            return Ok(UploadPermit { _slot: slot });
+        }
+        let _waiting = Waiting::new(&self.uploads_waiting);
         let permit = tokio::time::timeout(self.wait, self.uploads.clone().acquire_owned()).await;
         match permit {
             Ok(Ok(slot)) => Ok(UploadPermit { _slot: slot }),
@@ -250,6 +259,7 @@ impl Admission {
     ) -> Result<RunPermit, ServiceError> {
         self.check_fits(bytes)?;
         let deadline = Instant::now() + self.wait;
+        let mut waiting = None;
         loop {
             // Registered before the check, so that a release between the two is not missed.
             let freed = self.freed.notified();
@@ -264,6 +274,7 @@ impl Admission {
                     })
                 }
                 Err(refusal) => {
+                    waiting.get_or_insert_with(|| Waiting::new(&self.runs_waiting));
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() || tokio::time::timeout(left, freed).await.is_err() {
                         return Err(refusal.into_error());
@@ -271,6 +282,22 @@ impl Admission {
                 }
             }
         }
+    }
+}
+
+/// Counts a request in a queue's gauge for as long as it waits.
+struct Waiting<'a>(&'a Gauge);
+
+impl<'a> Waiting<'a> {
+    fn new(gauge: &'a Gauge) -> Waiting<'a> {
+        gauge.inc();
+        Waiting(gauge)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
@@ -335,10 +362,16 @@ mod tests {
         };
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiter.is_finished());
+        assert_eq!(
+            a.runs_waiting.get(),
+            1,
+            "the waiting run is in the queue's gauge"
+        );
         let started = Instant::now();
         drop(first);
         waiter.await.unwrap().unwrap();
         assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(a.runs_waiting.get(), 0);
     }
 
     #[tokio::test]
@@ -353,9 +386,21 @@ mod tests {
             a.admit_upload().await.unwrap(),
             a.admit_upload().await.unwrap(),
         ];
-        let refused = a.admit_upload().await.err().unwrap();
+        let a = Arc::new(a);
+        let waiter = {
+            let a = a.clone();
+            tokio::spawn(async move { a.admit_upload().await.err().unwrap() })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            a.uploads_waiting.get(),
+            1,
+            "the waiting upload is in the queue's gauge"
+        );
+        let refused = waiter.await.unwrap();
         assert!(refused.to_string().contains("max_uploads_in_flight"));
         assert_eq!(code(refused), "uploads_busy");
+        assert_eq!(a.uploads_waiting.get(), 0);
         drop(held);
         a.admit_upload().await.unwrap();
     }

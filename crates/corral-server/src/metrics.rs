@@ -56,6 +56,10 @@ pub struct Metrics {
     /// What that promise may reach (`memory_overcommit` × MemTotal, or `memory_budget_bytes`).
     pub memory_budget_bytes: Gauge,
     pub runs_in_flight: Gauge,
+    /// One-shot runs waiting for a slot or for memory budget (the run admission queue).
+    pub runs_waiting: Gauge,
+    /// Uploads waiting for one of the `max_uploads_in_flight` slots (the upload queue).
+    pub uploads_waiting: Gauge,
     /// Room taken now in the budget of rich results held at once (`max_result_bytes_in_flight`).
     pub result_bytes_held: Gauge,
     /// One-shot runs served by a sandbox forked from one of the warm pool's zygotes.
@@ -86,6 +90,8 @@ impl Default for Metrics {
             memory_committed_bytes: Gauge::default(),
             memory_budget_bytes: Gauge::default(),
             runs_in_flight: Gauge::default(),
+            runs_waiting: Gauge::default(),
+            uploads_waiting: Gauge::default(),
             result_bytes_held: Gauge::default(),
             runs_forked: Family::default(),
             executions: Family::default(),
@@ -122,6 +128,16 @@ impl Default for Metrics {
             "runs_in_flight",
             "One-shot runs running now",
             m.runs_in_flight.clone(),
+        );
+        registry.register(
+            "runs_waiting",
+            "One-shot runs waiting for a slot or for memory budget (at most admission_wait_s)",
+            m.runs_waiting.clone(),
+        );
+        registry.register(
+            "uploads_waiting",
+            "Uploads waiting for a slot of max_uploads_in_flight (at most admission_wait_s)",
+            m.uploads_waiting.clone(),
         );
         registry.register(
             "result_bytes_held",
@@ -294,6 +310,8 @@ mod tests {
             "corral_memory_committed_bytes 1073741824",
             "corral_memory_budget_bytes",
             "corral_runs_in_flight",
+            "corral_runs_waiting 0",
+            "corral_uploads_waiting 0",
             "corral_executions_total{kind=\"execute\",status=\"success\"} 1",
             "corral_execution_seconds_bucket",
             "corral_session_create_seconds_count",
