@@ -54,6 +54,17 @@ fn target(method: &Method, path: &str, headers: &HeaderMap) -> Target {
             face: Face::E2bSandbox,
         };
     }
+    if let Some(id) = headers
+        .get(axum::http::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .and_then(host_routed_sandbox)
+    {
+        // A port of a sandbox by host name (`{port}-{id}.{domain}`): its node proxies it.
+        return Target::Sandbox {
+            id,
+            face: Face::Native,
+        };
+    }
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let sandbox = |id: &str, face| Target::Sandbox {
         id: id.to_string(),
@@ -73,6 +84,19 @@ fn target(method: &Method, path: &str, headers: &HeaderMap) -> Target {
         }
         _ => Target::Any,
     }
+}
+
+/// The sandbox a host-routed port request names: a `Host` whose first label is
+/// `{port}-{id}` with an id that names a node (the nodes' `[ports] domain` makes the rest).
+fn host_routed_sandbox(host: &str) -> Option<String> {
+    let label = host.split('.').next()?.to_ascii_lowercase();
+    let (port, id) = label.split_once('-')?;
+    let port: u16 = port
+        .bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| port.parse().ok())
+        .flatten()?;
+    (port != 0 && node_of(id).is_some()).then(|| id.to_string())
 }
 
 #[derive(Clone)]
@@ -409,5 +433,39 @@ mod tests {
                 face: Face::E2bSandbox
             }
         );
+    }
+
+    #[test]
+    fn host_routed_ports_go_to_the_node_their_sandbox_names() {
+        let host = |h: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(axum::http::header::HOST, h.parse().unwrap());
+            target(&Method::GET, "/index.html", &headers)
+        };
+        assert_eq!(
+            host("8000-sbx-1a2b-node1.corral.example:8421"),
+            Target::Sandbox {
+                id: "sbx-1a2b-node1".into(),
+                face: Face::Native
+            }
+        );
+        assert_eq!(
+            host("8000-SBX-1A2B-NODE1.localhost"),
+            Target::Sandbox {
+                id: "sbx-1a2b-node1".into(),
+                face: Face::Native
+            }
+        );
+        // The router's own names, ids without a node, ports that are not ports.
+        for h in [
+            "corral-router.corral.svc:8421",
+            "localhost:8421",
+            "8000-sbx-1a2b.localhost",
+            "x-sbx-1a2b-node1.localhost",
+            "0-sbx-1a2b-node1.localhost",
+            "99999-sbx-1a2b-node1.localhost",
+        ] {
+            assert_eq!(host(h), Target::Any, "{h}");
+        }
     }
 }
