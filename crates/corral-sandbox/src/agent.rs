@@ -181,6 +181,12 @@ impl FrameReader {
         self.buf.extend_from_slice(bytes);
     }
 
+    /// How many bytes it holds that are not a whole frame yet: less than one frame's bound
+    /// once [`FrameReader::next_frame`] has taken every whole frame.
+    pub fn held(&self) -> usize {
+        self.buf.len()
+    }
+
     /// The next complete frame, if there is one.
     pub fn next_frame<T: for<'de> Deserialize<'de>>(
         &mut self,
