@@ -360,8 +360,11 @@ impl Agent {
 
     /// Sends a frame to the host, whole (the host always reads).
     fn send(&self, header: &Message, payload: &[u8]) -> io::Result<()> {
-        let bytes = encode(header, payload);
-        let mut at = 0;
+        self.send_from(&encode(header, payload), 0)
+    }
+
+    /// Sends `bytes[at..]` to the host, waiting while its socket is full.
+    fn send_from(&self, bytes: &[u8], mut at: usize) -> io::Result<()> {
         while at < bytes.len() {
             match send(
                 self.socket.as_raw_fd(),
@@ -672,23 +675,7 @@ impl Agent {
                 Err(e) => return Err(e.into()),
             }
         };
-        let mut at = sent;
-        while at < bytes.len() {
-            match send(
-                self.socket.as_raw_fd(),
-                &bytes[at..],
-                MsgFlags::MSG_NOSIGNAL,
-            ) {
-                Ok(n) => at += n,
-                Err(Errno::EAGAIN) => {
-                    let mut pfd = [PollFd::new(self.socket.as_fd(), PollFlags::POLLOUT)];
-                    let _ = poll(&mut pfd, PollTimeout::NONE);
-                }
-                Err(Errno::EINTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(())
+        self.send_from(&bytes, sent)
     }
 
     fn queue_input(&mut self, pid: i32, data: Vec<u8>) -> Result<(), AgentRefusal> {
