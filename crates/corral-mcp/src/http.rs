@@ -114,7 +114,10 @@ pub async fn serve(
     );
     let app = axum::Router::new()
         .nest_service("/mcp", mcp)
-        .layer(axum::middleware::from_fn_with_state(auth, authenticate));
+        .layer(axum::middleware::from_fn_with_state(auth, authenticate))
+        .layer(axum::middleware::from_fn(
+            corral_server::http::close_if_body_unread,
+        ));
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.await;

@@ -721,6 +721,47 @@ fn oversized(addr: &str, method: &str, path: &str, len: usize) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+/// A kept-alive POST of `body` whose header goes first and body a moment later (as a client
+/// that writes them apart does): the answer's head (lowercase), and whether the connection
+/// then still carries a second request.
+fn keep_alive_post(addr: &str, path: &str, key: Option<&str>, body: &str) -> (String, bool) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = stream.write_all(body.as_bytes());
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut head = String::new();
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        let line = line.to_ascii_lowercase();
+        if let Some(n) = line.strip_prefix("content-length:") {
+            length = n.trim().parse().unwrap();
+        }
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+        head.push_str(&line);
+    }
+    let mut answer = vec![0; length];
+    reader.read_exact(&mut answer).unwrap();
+    let second = write!(stream, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    let mut status = String::new();
+    let open = second.is_ok() && reader.read_line(&mut status).is_ok_and(|n| n > 0);
+    (head, open)
+}
+
 /// One GET of `path` with exactly the header lines given (raw bytes, so that they can be
 /// malformed), on a connection of its own: the status and the body, parsed as JSON when it is.
 fn get_with(addr: &str, path: &str, headers: &[&[u8]]) -> (u16, Value, String) {
@@ -1022,9 +1063,18 @@ fn off_loopback_every_request_needs_a_key() {
     assert_eq!((status, error_code(&answer)), (401, "unauthorized"));
     let (status, _) = s.call("GET", "/healthz", None, None);
     assert_eq!(status, 200, "health needs no key");
+    // Refused before its body was read, a kept-alive connection says that it closes, so that
+    // a client never sends its next request onto it; one whose body was read stays open.
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let (head, _) = keep_alive_post(&addr, "/v1/run", None, r#"{"code":"1"}"#);
+    assert!(head.starts_with("http/1.1 401"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    let key = s.key("remote");
+    let (head, open) = keep_alive_post(&addr, "/v1/run", Some(&key), "{not json");
+    assert!(head.starts_with("http/1.1 400"), "{head}");
+    assert!(!head.contains("connection: close") && open, "{head}");
     let (status, answer) = s.call("GET", "/metrics", None, None);
     assert_eq!((status, error_code(&answer)), (401, "unauthorized"));
-    let key = s.key("remote");
     let (status, list) = s.call("GET", "/v1/sandboxes", Some(&key), None);
     assert_eq!((status, &list["sandboxes"]), (200, &json!([])));
     let (status, _) = s.raw("GET", "/metrics", Some(&key), None);
