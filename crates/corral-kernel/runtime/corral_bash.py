@@ -22,9 +22,10 @@ import signal
 import subprocess
 import sys
 
-MAX_FRAME = 64 << 20
+# Beside this file in /run/corral: the frames and `command` frames as the Python kernel has them.
+import corral_kernel_lib as lib
+
 STARTED = "started"  # the status pipe's line when a cell begins
-WORKSPACE = "/workspace"  # where commands run unless told otherwise
 
 
 class Bash:
@@ -119,137 +120,51 @@ class Bash:
         self.process.wait()
 
 
-def run_command(argv, cwd, env):
-    """Runs a `command` frame's program with stdin /dev/null and stdout/stderr on fd 1/2,
-    in its own session (so its process group is its own), in `cwd` (relative to the
-    workspace), with this process's environment plus `env`. SIGINT kills the group.
-    Returns None after exit status 0, else the (name, value) of the error to report."""
-    child = None
-    interrupted = False
-
-    def kill_group():
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    def on_sigint(signum, frame):
-        nonlocal interrupted
-        interrupted = True
-        if child is not None:
-            kill_group()
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        try:
-            child = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                cwd=os.path.join(WORKSPACE, cwd or ""),
-                env={**os.environ, **(env or {})},
-                start_new_session=True,
-            )
-        except OSError as error:
-            text = error.strerror or str(error)
-            return "CommandError", text if error.filename is None else f"{text}: {error.filename!r}"
-        except ValueError as error:  # a NUL byte (the host never sends one)
-            return "CommandError", str(error)
-        if interrupted:
-            kill_group()
-        # Wait without reaping: until the child is reaped, its pid cannot name another
-        # process group, so an interrupt may still kill the group.
-        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    status = child.wait()
-    if interrupted and status == -signal.SIGKILL:
-        status = 128 + signal.SIGINT  # a shell's status for an interrupted command
-    elif status < 0:
-        status = 128 - status  # killed by a signal, as a shell reports it
-    return None if status == 0 else ("ExitCode", str(status))
-
-
-def read_exactly(fd, size):
-    """`size` bytes from `fd`, or None at end of file."""
-    data = bytearray()
-    while len(data) < size:
-        chunk = os.read(fd, min(size - len(data), 1 << 20))
-        if not chunk:
-            return None
-        data += chunk
-    return bytes(data)
-
-
-def send(fd, message):
-    payload = json.dumps(message, ensure_ascii=False).encode("utf-8", "replace")
-    data = memoryview(len(payload).to_bytes(4, "big") + payload)
-    while data:
-        data = data[os.write(fd, data) :]
-
-
-def log(text):
-    sys.stderr.write(f"corral kernel: {text}\n")
-    sys.stderr.flush()
-
-
-def is_command(message):
-    """True when `message` has the fields of a `command` frame, well typed."""
-    argv, cwd, env = message.get("argv"), message.get("cwd"), message.get("env")
-    return (
-        isinstance(message.get("id"), str)
-        and isinstance(argv, list)
-        and len(argv) > 0
-        and all(isinstance(arg, str) for arg in argv)
-        and (cwd is None or isinstance(cwd, str))
-        and (env is None or isinstance(env, dict) and all(isinstance(v, str) for v in env.values()))
-    )
-
-
 def read_frame(fd):
     """The next `execute` or `command` frame; None when the host hangs up. Other frames are
     logged and skipped."""
     while True:
-        header = read_exactly(fd, 4)
+        header = lib.read_exactly(fd, 4)
         if header is None:
             return None
         size = int.from_bytes(header, "big")
-        if size > MAX_FRAME:
-            log(f"the host sent a frame of {size} bytes")
+        if size > lib.MAX_FRAME:
+            lib.log(f"the host sent a frame of {size} bytes")
             sys.exit(2)
-        payload = read_exactly(fd, size)
+        payload = lib.read_exactly(fd, size)
         if payload is None:
             return None
         try:
             message = json.loads(payload)
         except ValueError as error:
-            log(f"ignoring a frame that is not JSON: {error}")
+            lib.log(f"ignoring a frame that is not JSON: {error}")
             continue
         kind = message.get("type") if isinstance(message, dict) else type(message).__name__
         if kind == "execute":
             if isinstance(message.get("id"), str) and isinstance(message.get("code"), str):
                 return message
-            log("ignoring an execute frame without a string id and code")
+            lib.log("ignoring an execute frame without a string id and code")
         elif kind == "command":
-            if is_command(message):
+            if lib.is_command(message):
                 return message
-            log("ignoring a command frame without a string id, argv, cwd and env")
+            lib.log("ignoring a command frame without a string id, argv, cwd and env")
         else:
-            log(f"ignoring a frame of unknown type {kind!r}")
+            lib.log(f"ignoring a frame of unknown type {kind!r}")
 
 
 def main(sock_fd=3):
     bash = Bash()
     signal.signal(signal.SIGINT, bash.on_sigint)
-    send(sock_fd, {"type": "ready", "language": "bash", "version": bash.version})
+    lib.send_message(sock_fd, {"type": "ready", "language": "bash", "version": bash.version})
     try:
         while (message := read_frame(sock_fd)) is not None:
             exec_id = message["id"]
             if message["type"] == "command":
-                failure = run_command(message["argv"], message.get("cwd"), message.get("env"))
+                failure = lib.run_command(message["argv"], message.get("cwd"), message.get("env"))
                 if failure is not None:
                     name, value = failure
-                    send(sock_fd, {"type": "error", "id": exec_id, "name": name, "value": value, "traceback": ""})
-                send(sock_fd, {"type": "done", "id": exec_id, "status": "ok" if failure is None else "error"})
+                    lib.send_message(sock_fd, {"type": "error", "id": exec_id, "name": name, "value": value, "traceback": ""})
+                lib.send_message(sock_fd, {"type": "done", "id": exec_id, "status": "ok" if failure is None else "error"})
                 continue
             status = bash.run(message["code"])
             exited = status is None
@@ -257,8 +172,8 @@ def main(sock_fd=3):
                 status = bash.process.wait()
             if status != 0:
                 error = {"type": "error", "id": exec_id, "name": "ExitCode", "value": str(status)}
-                send(sock_fd, {**error, "traceback": "bash exited" if exited else ""})
-            send(sock_fd, {"type": "done", "id": exec_id, "status": "ok" if status == 0 else "error"})
+                lib.send_message(sock_fd, {**error, "traceback": "bash exited" if exited else ""})
+            lib.send_message(sock_fd, {"type": "done", "id": exec_id, "status": "ok" if status == 0 else "error"})
             if exited:
                 return status
     except BrokenPipeError:

@@ -1,5 +1,5 @@
 """Corral's Python kernel library: the frame protocol, the IPython session and one-shot
-result reporting (see the entry points corral_kernel.py and corral_oneshot.py, and
+result reporting (see the entry points corral_kernel.py, corral_oneshot.py and corral_bash.py, and
 docs/kernel-protocol.md).
 
 Importing this module has no side effects; IPython and friends are imported by prepare().
@@ -44,7 +44,12 @@ def _send_frame(fd, payload):
     _write_all(fd, len(payload).to_bytes(4, "big") + payload)
 
 
-def _read_exactly(fd, size):
+def send_message(fd, message):
+    """Sends `message` (a dict) as one frame."""
+    _send_frame(fd, _encode(message))
+
+
+def read_exactly(fd, size):
     """`size` bytes from `fd`, or None at end of file."""
     data = bytearray()
     while len(data) < size:
@@ -214,7 +219,7 @@ class _Kernel:
         """Checks every execution against the code policy `rules` (a `policy` frame's) from now
         on, and installs its import hook (docs/code-policy.md). Only the first one counts."""
         if self.policy is not None:
-            _log("ignoring a second policy frame")
+            log("ignoring a second policy frame")
             return
         import corral_policy
 
@@ -316,14 +321,14 @@ class _Kernel:
     def run(self):
         """Serves until the host closes the socket or the code calls exit()."""
         while True:
-            header = _read_exactly(self.sock_fd, 4)
+            header = read_exactly(self.sock_fd, 4)
             if header is None:
                 return
             size = int.from_bytes(header, "big")
             if size > MAX_FRAME:
-                _log(f"the host sent a frame of {size} bytes")
+                log(f"the host sent a frame of {size} bytes")
                 raise SystemExit(2)
-            payload = _read_exactly(self.sock_fd, size)
+            payload = read_exactly(self.sock_fd, size)
             if payload is None:
                 return
             message = _decode_host_frame(payload)
@@ -346,7 +351,7 @@ class _Kernel:
                 return
 
 
-def _is_command(message):
+def is_command(message):
     """True when `message` has the fields of a `command` frame, well typed."""
     argv, cwd, env = message.get("argv"), message.get("cwd"), message.get("env")
     return (
@@ -365,7 +370,7 @@ def _set_environment(env):
         try:
             os.environ[name] = value
         except ValueError as error:  # a NUL byte or `=` (the host never sends one)
-            _log(f"ignoring the environment variable {name!r}: {error}")
+            log(f"ignoring the environment variable {name!r}: {error}")
 
 
 def _names(value):
@@ -377,7 +382,7 @@ def _decode_host_frame(payload):
     try:
         message = json.loads(payload)
     except ValueError as error:
-        _log(f"ignoring a frame that is not JSON: {error}")
+        log(f"ignoring a frame that is not JSON: {error}")
         return None
     kind = message.get("type") if isinstance(message, dict) else type(message).__name__
     if kind in ("execute", "warm_up"):
@@ -388,23 +393,23 @@ def _decode_host_frame(payload):
             and (env is None or isinstance(env, dict) and all(isinstance(v, str) for v in env.values()))
         ):
             return message
-        _log(f"ignoring a frame of type {kind!r} without a string id and code (and env of strings)")
+        log(f"ignoring a frame of type {kind!r} without a string id and code (and env of strings)")
     elif kind == "command":
-        if _is_command(message):
+        if is_command(message):
             return message
-        _log("ignoring a command frame without a string id, argv, cwd and env")
+        log("ignoring a command frame without a string id, argv, cwd and env")
     elif kind == "environment":
         env = message.get("env")
         if isinstance(env, dict) and all(isinstance(v, str) for v in env.values()):
             return message
-        _log("ignoring an environment frame without an env of strings")
+        log("ignoring an environment frame without an env of strings")
     elif kind == "policy":
         allowed = message.get("allowed_modules")
         if (allowed is None or _names(allowed)) and _names(message.get("denied_modules", [])):
             return message
-        _log("ignoring a policy frame without lists of module names")
+        log("ignoring a policy frame without lists of module names")
     else:
-        _log(f"ignoring a frame of unknown type {kind!r}")
+        log(f"ignoring a frame of unknown type {kind!r}")
     return None
 
 
@@ -423,7 +428,7 @@ def _violations(error):
     return {}
 
 
-def _log(text):
+def log(text):
     sys.stderr.write(f"corral kernel: {text}\n")
 
 
@@ -726,7 +731,7 @@ def _call_repr(value, method, **kwargs):
     try:
         data = getattr(value, method)(**kwargs)
     except Exception as error:
-        _log(f"{type(value).__name__}.{method} failed: {error!r}")
+        log(f"{type(value).__name__}.{method} failed: {error!r}")
         return None
     return data[0] if isinstance(data, tuple) else data  # (data, metadata) is allowed
 
@@ -742,7 +747,7 @@ def _open_figures_as_png():
         try:
             pyplot.figure(number).savefig(buffer, format="png", bbox_inches="tight")
         except Exception as error:
-            _log(f"figure {number} could not be drawn: {error!r}")
+            log(f"figure {number} could not be drawn: {error!r}")
             continue
         images.append(buffer.getvalue())
     return images

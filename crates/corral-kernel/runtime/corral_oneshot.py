@@ -255,8 +255,8 @@ def run_forked(path, env, ready_frame, frames_fd=3):
     library.reseed()
     sys.orig_argv = [sys.orig_argv[0], __file__, path]
     library._write_all(frames_fd, ready_frame)
-    go = library._read_exactly(frames_fd, 4)
-    go = go and library._read_exactly(frames_fd, int.from_bytes(go, "big"))
+    go = library.read_exactly(frames_fd, 4)
+    go = go and library.read_exactly(frames_fd, int.from_bytes(go, "big"))
     if go is None:
         os._exit(1)  # the host gave up on this run
     rules = json.loads(go).get("policy")

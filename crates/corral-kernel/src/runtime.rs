@@ -78,7 +78,7 @@ pub fn support_files(language: Language) -> Vec<(String, Vec<u8>)> {
     let files: &[(&str, &str)] = match language {
         Language::Python => &[PYTHON_KERNEL, PYTHON_KERNEL_LIB, PYTHON_POLICY],
         Language::Javascript => &[JAVASCRIPT_KERNEL, JAVASCRIPT_POLICY],
-        Language::Bash => &[BASH_KERNEL],
+        Language::Bash => &[BASH_KERNEL, PYTHON_KERNEL_LIB],
     };
     as_support_files(files.iter().copied())
 }

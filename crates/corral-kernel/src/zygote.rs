@@ -101,10 +101,13 @@ impl Zygote {
     ) -> Result<Zygote, KernelError> {
         let mut argv = vec!["python3".into(), format!("/run/corral/{}", ZYGOTE.0)];
         let mut files = match kind {
-            // Its sessions' code contexts may be of any language (crate::context).
+            // Its sessions' code contexts may be of any language (crate::context); the
+            // languages share some files (bash's kernel uses the Python kernel's library).
             ZygoteKind::Full => [Language::Python, Language::Javascript, Language::Bash]
                 .into_iter()
                 .flat_map(support_files)
+                .collect::<std::collections::BTreeMap<_, _>>()
+                .into_iter()
                 .collect(),
             ZygoteKind::Lean => {
                 argv.push("lean".into());
