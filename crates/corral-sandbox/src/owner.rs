@@ -431,22 +431,13 @@ pub(crate) enum WireError {
     TooManyEntries {
         path: Vec<u8>,
         max: usize,
-        removal: bool,
+        what: crate::workspace::Walk,
     },
     TooDeep {
         path: Vec<u8>,
         max: usize,
-        removal: bool,
+        what: crate::workspace::Walk,
     },
-}
-
-/// What a walk that passed a bound was doing, as [`WorkspaceError`] says it.
-fn walk_what(removal: bool) -> &'static str {
-    if removal {
-        crate::workspace::REMOVING
-    } else {
-        crate::workspace::LISTING
-    }
 }
 
 fn bytes(path: &Path) -> Vec<u8> {
@@ -484,12 +475,12 @@ impl WireError {
             WorkspaceError::TooManyEntries { path, max, what } => WireError::TooManyEntries {
                 path: bytes(path),
                 max: *max,
-                removal: *what == crate::workspace::REMOVING,
+                what: *what,
             },
             WorkspaceError::TooDeep { path, max, what } => WireError::TooDeep {
                 path: bytes(path),
                 max: *max,
-                removal: *what == crate::workspace::REMOVING,
+                what: *what,
             },
         }
     }
@@ -520,23 +511,15 @@ impl WireError {
             },
             WireError::NotADirectory(p) => WorkspaceError::NotADirectory(path(p)),
             WireError::Exists(p) => WorkspaceError::Exists(path(p)),
-            WireError::TooManyEntries {
-                path: p,
-                max,
-                removal,
-            } => WorkspaceError::TooManyEntries {
+            WireError::TooManyEntries { path: p, max, what } => WorkspaceError::TooManyEntries {
                 path: path(p),
                 max,
-                what: walk_what(removal),
+                what,
             },
-            WireError::TooDeep {
-                path: p,
-                max,
-                removal,
-            } => WorkspaceError::TooDeep {
+            WireError::TooDeep { path: p, max, what } => WorkspaceError::TooDeep {
                 path: path(p),
                 max,
-                what: walk_what(removal),
+                what,
             },
         }
     }

@@ -88,7 +88,7 @@ pub enum WorkspaceError {
     TooManyEntries {
         path: PathBuf,
         max: usize,
-        what: &'static str,
+        what: Walk,
     },
     /// A listing or removal passed the bound on directory levels.
     #[error(
@@ -98,7 +98,7 @@ pub enum WorkspaceError {
     TooDeep {
         path: PathBuf,
         max: usize,
-        what: &'static str,
+        what: Walk,
     },
 }
 
@@ -510,9 +510,22 @@ pub fn checked_components(path: &Path) -> Result<Vec<&std::ffi::OsStr>, Workspac
     Ok(parts)
 }
 
-/// What [`WorkspaceError::TooManyEntries`] and [`WorkspaceError::TooDeep`] say a walk was for.
-pub(crate) const LISTING: &str = "to list";
-pub(crate) const REMOVING: &str = "to remove";
+/// What a walk that [`WorkspaceError::TooManyEntries`] or [`WorkspaceError::TooDeep`] stopped
+/// was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Walk {
+    Listing,
+    Removing,
+}
+
+impl std::fmt::Display for Walk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Walk::Listing => "to list",
+            Walk::Removing => "to remove",
+        })
+    }
+}
 
 /// What an entry of the workspace is. A link is reported as a link: its target is never
 /// looked at.
@@ -598,7 +611,7 @@ fn dir_names(
     shown: &Path,
     room: usize,
     max: usize,
-    what: &'static str,
+    what: Walk,
 ) -> Result<Vec<std::ffi::OsString>, WorkspaceError> {
     let fd = open_beneath(
         dir.as_raw_fd(),
@@ -638,7 +651,7 @@ fn walk_entries(
     below: usize,
     out: &mut Vec<EntryInfo>,
 ) -> Result<(), WorkspaceError> {
-    const WHAT: &str = LISTING;
+    const WHAT: Walk = Walk::Listing;
     let names = dir_names(dir, prefix, MAX_ENTRIES - out.len(), MAX_ENTRIES, WHAT)?;
     for name in names {
         if out.len() >= MAX_ENTRIES {
@@ -715,7 +728,7 @@ fn remove_at(
 ) -> Result<(), WorkspaceError> {
     use nix::errno::Errno;
     use nix::unistd::{unlinkat, UnlinkatFlags};
-    const WHAT: &str = REMOVING;
+    const WHAT: Walk = Walk::Removing;
     loop {
         if *count >= MAX_REMOVE_ENTRIES {
             return Err(WorkspaceError::TooManyEntries {
