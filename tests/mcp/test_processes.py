@@ -97,8 +97,14 @@ async def exercise(client: Client) -> None:
     assert "served by a background program" in texts(fetched), texts(fetched)
     running = await call(client, "list_processes", {})
     assert any(p["pid"] == spid and p["running"] for p in running.structured_content["processes"]), texts(running)
-    log = await call(client, "read_process_output", {"pid": spid, "wait_s": 5})
-    assert "GET /index.html" in texts(log), texts(log)
+    seen, cursor = "", 0
+    for _ in range(20):  # the server logs the request (stderr) after it answered
+        log = await call(client, "read_process_output", {"pid": spid, "cursor": cursor, "wait_s": 1})
+        seen += texts(log)
+        cursor = log.structured_content["next_cursor"]
+        if "GET /index.html" in seen:
+            break
+    assert "GET /index.html" in seen, seen
     killed = await call(client, "kill_process", {"pid": spid, "signal": "SIGTERM"})
     assert "killed by signal 15" in texts(killed), texts(killed)
     after = await call(client, "list_processes", {})
@@ -205,7 +211,8 @@ async def test_another_key_reaches_no_program(tmp_path: Path, start_listening: A
         )
         keys.append(made.stdout.strip())
     port = free_port()
-    start_listening(["mcp", "--db", str(db), "--pool-size", "0", "--http", f"0.0.0.0:{port}"], port)
+    # A warm pool: programs run in sessions forked from its zygote.
+    start_listening(["mcp", "--db", str(db), "--pool-size", "1", "--http", f"0.0.0.0:{port}"], port)
     url = f"http://127.0.0.1:{port}/mcp"
 
     import httpx2  # the HTTP client the mcp package uses

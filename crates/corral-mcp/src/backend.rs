@@ -279,7 +279,9 @@ impl Remote {
                     // A missing file is the tool's error; the session is still there.
                     (404, "file_not_found" | "process_not_found") => BackendError::Other(message),
                     (404, _) => BackendError::NotFound(message),
-                    (409, _) => BackendError::Dead(message),
+                    // As in-process: only a dead session is; a paused one, or a program
+                    // without stdin, is the tool's error, never a reason to replace the session.
+                    (409, "sandbox_dead") => BackendError::Dead(message),
                     _ => BackendError::Other(message),
                 })
             }
