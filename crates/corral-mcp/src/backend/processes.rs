@@ -105,8 +105,11 @@ pub trait ProcessBackend {
         id: &str,
         pid: i32,
     ) -> Result<Box<dyn OutputSource>, BackendError>;
-    fn list_processes(&self, caller: &Caller, id: &str)
-        -> Result<Vec<RunningProcess>, BackendError>;
+    fn list_processes(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<Vec<RunningProcess>, BackendError>;
     fn send_process_input(
         &self,
         caller: &Caller,
@@ -114,8 +117,7 @@ pub trait ProcessBackend {
         pid: i32,
         data: &[u8],
     ) -> Result<(), BackendError>;
-    fn close_process_stdin(&self, caller: &Caller, id: &str, pid: i32)
-        -> Result<(), BackendError>;
+    fn close_process_stdin(&self, caller: &Caller, id: &str, pid: i32) -> Result<(), BackendError>;
     fn signal_process(
         &self,
         caller: &Caller,
@@ -190,12 +192,7 @@ impl ProcessBackend for InProcess {
         agent.send_input(pid, data).map_err(agent_error)
     }
 
-    fn close_process_stdin(
-        &self,
-        caller: &Caller,
-        id: &str,
-        pid: i32,
-    ) -> Result<(), BackendError> {
+    fn close_process_stdin(&self, caller: &Caller, id: &str, pid: i32) -> Result<(), BackendError> {
         let agent = self.service.process_agent(&caller.tenant, id)?;
         agent.close_stdin(pid).map_err(agent_error)
     }
@@ -270,12 +267,11 @@ impl OutputSource for RemoteStream {
         if let Some(exit) = self.ended {
             return Some(ProcessEvent::End(exit));
         }
-        let output = |stream, data: String| match base64::engine::general_purpose::STANDARD
-            .decode(data)
-        {
-            Ok(data) => Some(ProcessEvent::Output { stream, data }),
-            Err(_) => None,
-        };
+        let output =
+            |stream, data: String| match base64::engine::general_purpose::STANDARD.decode(data) {
+                Ok(data) => Some(ProcessEvent::Output { stream, data }),
+                Err(_) => None,
+            };
         let event = match self.line() {
             None | Some(StreamLine::Start { .. }) => None,
             Some(StreamLine::Keepalive) => return None,
@@ -403,12 +399,7 @@ impl ProcessBackend for Remote {
             .map(drop)
     }
 
-    fn close_process_stdin(
-        &self,
-        caller: &Caller,
-        id: &str,
-        pid: i32,
-    ) -> Result<(), BackendError> {
+    fn close_process_stdin(&self, caller: &Caller, id: &str, pid: i32) -> Result<(), BackendError> {
         let path = Self::process_path(id, &format!("/{pid}/close-stdin"));
         self.send(
             self.request(caller, "POST", &path)

@@ -176,16 +176,21 @@ struct Followed {
     serial: u64,
 }
 
-/// The programs one connection follows, by session and pid.
+/// The programs of a connection by session and pid, and the serial of the last one followed.
+type FollowedMap = (u64, BTreeMap<(String, i32), Followed>);
+
+/// The programs one connection follows.
 #[derive(Default)]
 pub struct Followers {
-    map: Mutex<(u64, BTreeMap<(String, i32), Followed>)>,
+    map: Mutex<FollowedMap>,
 }
 
 impl Followers {
     fn log(&self, session: &str, pid: i32) -> Option<Arc<ProcessLog>> {
         let map = self.map.lock().expect("lock");
-        map.1.get(&(session.to_string(), pid)).map(|f| f.log.clone())
+        map.1
+            .get(&(session.to_string(), pid))
+            .map(|f| f.log.clone())
     }
 
     /// Whether another program can be followed: fewer than [`MAX_FOLLOWED`], or one ended.
@@ -313,10 +318,7 @@ fn text_of(data: &[u8], more_may_come: bool) -> (String, usize) {
         Ok(text) => (text.to_string(), data.len()),
         Err(e) if e.error_len().is_none() && e.valid_up_to() > 0 && more_may_come => {
             let valid = e.valid_up_to();
-            (
-                String::from_utf8_lossy(&data[..valid]).into_owned(),
-                valid,
-            )
+            (String::from_utf8_lossy(&data[..valid]).into_owned(), valid)
         }
         Err(_) => (String::from_utf8_lossy(data).into_owned(), data.len()),
     }
@@ -515,11 +517,15 @@ impl CorralMcp {
                     )));
                 }
                 let (pid, source) = b.start_process(c, id, &req)?;
-                let log = followers.follow(id, pid, source).map_err(|e| {
-                    BackendError::Other(format!("started pid {pid}, but {e}"))
-                })?;
+                let log = followers
+                    .follow(id, pid, source)
+                    .map_err(|e| BackendError::Other(format!("started pid {pid}, but {e}")))?;
                 log.wait_end(START_WAIT);
-                Ok((id.to_string(), pid, log.read(0, READ_DEFAULT, Duration::ZERO)))
+                Ok((
+                    id.to_string(),
+                    pid,
+                    log.read(0, READ_DEFAULT, Duration::ZERO),
+                ))
             })
             .await
             .map(|((session, pid, chunk), mut notes)| {
@@ -681,7 +687,10 @@ mod tests {
         let c = log.read(0, 5, Duration::ZERO);
         assert_eq!((c.from, c.data.as_slice(), c.more), (0, &b"hello"[..], 6));
         let c = log.read(5, READ_MAX, Duration::ZERO);
-        assert_eq!((c.data.as_slice(), c.more, c.end), (&b" world"[..], 0, None));
+        assert_eq!(
+            (c.data.as_slice(), c.more, c.end),
+            (&b" world"[..], 0, None)
+        );
         // Past the end: nothing, at the end.
         let c = log.read(99, READ_MAX, Duration::ZERO);
         assert_eq!((c.from, c.data.len(), c.skipped), (11, 0, 0));
@@ -757,7 +766,13 @@ mod tests {
     fn a_connection_follows_at_most_max_followed_running_programs() {
         let followers = Followers::default();
         let done = followers.follow("s", 1, ended_source()).unwrap();
-        assert_eq!(done.wait_end(Duration::from_secs(5)).unwrap().unwrap().exit_code, Some(0));
+        assert_eq!(
+            done.wait_end(Duration::from_secs(5))
+                .unwrap()
+                .unwrap()
+                .exit_code,
+            Some(0)
+        );
         for pid in 2..=MAX_FOLLOWED as i32 {
             followers.follow("s", pid, running_source()).unwrap();
         }

@@ -46,8 +46,14 @@ fn template_names(path: &str) -> Vec<&str> {
 /// A path parameter `name`, as the routes of this server use them.
 fn path_parameter(name: &str) -> Parameter {
     let (kind, description) = match name {
-        "id" => (Type::String, "A sandbox's id (an API key's id on `/v1/keys/{id}`)"),
-        "path" => (Type::String, "A path relative to `/workspace` (or the sandbox program's URL path), `/`s included"),
+        "id" => (
+            Type::String,
+            "A sandbox's id (an API key's id on `/v1/keys/{id}`)",
+        ),
+        "path" => (
+            Type::String,
+            "A path relative to `/workspace` (or the sandbox program's URL path), `/`s included",
+        ),
         "pid" => (Type::Integer, "A program's pid inside the sandbox"),
         "port" => (Type::Integer, "A TCP port inside the sandbox (1 to 65535)"),
         "context" => (Type::String, "A code context's id"),
@@ -227,7 +233,10 @@ mod tests {
             "/v1/sandboxes/{id}/ports/{port}/{*path}",
             "/v1/whoami",
         ] {
-            assert!(registered.contains_key(known), "{known} not found in the source");
+            assert!(
+                registered.contains_key(known),
+                "{known} not found in the source"
+            );
         }
         assert_eq!(
             registered["/v1/sandboxes/{id}/contexts"],

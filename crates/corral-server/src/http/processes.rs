@@ -67,14 +67,24 @@ impl From<TerminalSize> for PtySize {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum OutputEvent {
     /// First: the program runs, with this pid inside the sandbox.
-    Start { pid: i32 },
+    Start {
+        pid: i32,
+    },
     /// Output, in base64.
-    Stdout { data: String },
-    Stderr { data: String },
+    Stdout {
+        data: String,
+    },
+    Stderr {
+        data: String,
+    },
     /// A terminal's output (a program started with `pty`).
-    Pty { data: String },
+    Pty {
+        data: String,
+    },
     /// Output this stream did not read in time and that was dropped.
-    Lost { bytes: u64 },
+    Lost {
+        bytes: u64,
+    },
     /// Nothing happened for 20 s.
     Keepalive,
     /// Last: how the program ended; `error` when the sandbox's process agent went away first.
