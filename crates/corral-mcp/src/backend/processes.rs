@@ -421,3 +421,69 @@ impl ProcessBackend for Remote {
             .map(drop)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream(bytes: Vec<u8>) -> RemoteStream {
+        RemoteStream {
+            reader: BufReader::new(Box::new(std::io::Cursor::new(bytes))),
+            ended: None,
+        }
+    }
+
+    fn next(s: &mut RemoteStream) -> Option<ProcessEvent> {
+        OutputSource::next(s, Duration::ZERO)
+    }
+
+    #[test]
+    fn a_remote_stream_is_read_as_events() {
+        let mut s = stream(
+            concat!(
+                "{\"type\":\"keepalive\"}\n",
+                "{\"type\":\"stdout\",\"data\":\"aGk=\"}\n",
+                "{\"type\":\"lost\",\"bytes\":7}\n",
+                "{\"type\":\"end\",\"exit_code\":3,\"signal\":null}\n",
+            )
+            .into(),
+        );
+        assert_eq!(next(&mut s), None);
+        assert_eq!(
+            next(&mut s),
+            Some(ProcessEvent::Output {
+                stream: OutputStream::Stdout,
+                data: b"hi".to_vec()
+            })
+        );
+        assert_eq!(next(&mut s), Some(ProcessEvent::Lost { bytes: 7 }));
+        let end = ProcessEvent::End(Some(ProcessExit {
+            exit_code: Some(3),
+            signal: None,
+        }));
+        assert_eq!(next(&mut s), Some(end.clone()));
+        assert_eq!(next(&mut s), Some(end));
+    }
+
+    #[test]
+    fn a_broken_or_overlong_remote_stream_ends_without_a_status() {
+        let overlong = [
+            b"{\"type\":\"stdout\",\"data\":\"".to_vec(),
+            vec![b'A'; MAX_LINE as usize],
+            b"\"}\n".to_vec(),
+        ]
+        .concat();
+        for bytes in [
+            overlong,
+            b"{\"type\":\"stdout\",\"data\":\"not base64!\"}\n".to_vec(),
+            b"not json\n".to_vec(),
+            b"{\"type\":\"stdout\",\"data\":\"aGk=\"}".to_vec(), // cut before its newline
+            b"{\"type\":\"end\",\"exit_code\":null,\"signal\":null,\"error\":\"gone\"}\n".to_vec(),
+            Vec::new(),
+        ] {
+            let mut s = stream(bytes);
+            assert_eq!(next(&mut s), Some(ProcessEvent::End(None)));
+            assert_eq!(next(&mut s), Some(ProcessEvent::End(None)));
+        }
+    }
+}
