@@ -139,6 +139,23 @@ async def exercise(client: Client) -> None:
     tail = await call(client, "read_process_output", {"pid": bpid, "cursor": total - 4})
     assert texts(tail).startswith("END\n"), texts(tail)
 
+    # A program that floods its output for as long as it runs: what is kept stays bounded, reads
+    # stay capped, and it is stopped.
+    flood = await call(client, "start_process", {"command": "exec yes flood"})
+    fpid = flood.structured_content["pid"]
+    for _ in range(30):
+        r = await call(client, "read_process_output", {"pid": fpid, "cursor": 0, "max_bytes": 10**9, "wait_s": 1})
+        if r.structured_content["skipped_bytes"] > 4 * LOG_KEEP:
+            break
+    s = r.structured_content
+    assert s["running"] and s["skipped_bytes"] > 4 * LOG_KEEP, s
+    assert s["next_cursor"] - s["cursor"] <= READ_MAX and s["more_bytes"] <= LOG_KEEP, s
+    assert "are gone" in r.content[0].text, texts(r)
+    words = r.content[1].text.split()  # the first and last may be cut mid-word
+    assert len(words) > 1000 and set(words[1:-1]) == {"flood"}, words[:5]
+    stopped = await call(client, "kill_process", {"pid": fpid})
+    assert "killed by signal 9" in texts(stopped), texts(stopped)
+
     # Errors are tool errors the model reads.
     for tool, args in [
         ("read_process_output", {"pid": 999_999}),
