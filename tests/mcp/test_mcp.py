@@ -28,6 +28,11 @@ TOOLS = {
     "read_file",
     "list_files",
     "run_command",
+    "start_process",
+    "list_processes",
+    "read_process_output",
+    "send_process_input",
+    "kill_process",
 }
 CALL_TIMEOUT_S = 120
 

@@ -14,6 +14,9 @@ use corral_server::service::{
 use corral_server::{Service, Tenant};
 use serde::Deserialize;
 
+mod processes;
+pub use processes::{OutputSource, ProcessBackend, ProcessSignal, ProcessStart, RunningProcess};
+
 /// Who a tool call acts for: the tenant (in-process) and the API key it came with, if any
 /// (passed on to a remote server).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,8 +60,9 @@ impl From<ServiceError> for BackendError {
     }
 }
 
-/// The operations the MCP tools need, on sessions owned by `caller`.
-pub trait Backend: Send + Sync {
+/// The operations the MCP tools need, on sessions owned by `caller` (those on a session's
+/// programs: [`ProcessBackend`]).
+pub trait Backend: ProcessBackend + Send + Sync {
     fn create_session(
         &self,
         caller: &Caller,
@@ -273,9 +277,11 @@ impl Remote {
                 };
                 Err(match (status, code.as_str()) {
                     // A missing file is the tool's error; the session is still there.
-                    (404, "file_not_found") => BackendError::Other(message),
+                    (404, "file_not_found" | "process_not_found") => BackendError::Other(message),
                     (404, _) => BackendError::NotFound(message),
-                    (409, _) => BackendError::Dead(message),
+                    // As in-process: only a dead session is; a paused one, or a program
+                    // without stdin, is the tool's error, never a reason to replace the session.
+                    (409, "sandbox_dead") => BackendError::Dead(message),
                     _ => BackendError::Other(message),
                 })
             }

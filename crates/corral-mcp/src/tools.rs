@@ -21,6 +21,8 @@ use serde::Deserialize;
 
 use crate::backend::{Backend, BackendError, Caller};
 
+mod processes;
+
 /// The network of every sandbox the tools make: the server's default policy (`[network]
 /// default`; none when it has none). Tool arguments, which a model writes, never widen it.
 fn server_network() -> NetworkRequest {
@@ -88,7 +90,9 @@ variables. Returns stdout, stderr and the exit code; a non-zero exit is reported
 
 const INSTRUCTIONS: &str = "Corral runs code in locked-down sandboxes. Use run_code for \
 Python (state persists between calls in the default session), write_file/read_file/list_files \
-for /workspace, run_command for shell commands. Plots made with matplotlib come back as images \
+for /workspace, run_command for shell commands, start_process/read_process_output/\
+send_process_input/kill_process for programs that run in the background (a server, a long \
+job). Plots made with matplotlib come back as images \
 (plt.show()). The sandbox has no network.";
 
 /// Largest file `read_file` returns.
@@ -232,6 +236,8 @@ pub struct Conn {
     /// Held while a default session is being created, so concurrent calls share one.
     defaults: tokio::sync::Mutex<HashMap<Language, String>>,
     created: Mutex<Vec<String>>,
+    /// The background programs it follows (the process tools).
+    processes: processes::Followers,
 }
 
 impl Conn {
@@ -250,6 +256,7 @@ impl Conn {
 
     /// Forgets every session of this connection; returns them, with their caller.
     fn drain(&self) -> Option<(Caller, Vec<String>)> {
+        self.processes.forget(None);
         let caller = self.caller.lock().expect("lock").clone()?;
         let mut ids: Vec<String> = std::mem::take(&mut *self.created.lock().expect("lock"));
         if let Ok(mut defaults) = self.defaults.try_lock() {
@@ -331,7 +338,7 @@ pub struct CorralMcp {
 
 /// The tools as MCP lists them: the one source of the exported function-calling schemas too.
 pub fn tool_list() -> Vec<rmcp::model::Tool> {
-    CorralMcp::tool_router().list_all()
+    CorralMcp::all_tools().list_all()
 }
 
 impl Drop for CorralMcp {
@@ -462,8 +469,13 @@ impl CorralMcp {
         CorralMcp {
             shared,
             own: Arc::new(Conn::default()),
-            tool_router: Self::tool_router(),
+            tool_router: Self::all_tools(),
         }
+    }
+
+    /// Every tool: those of sessions, code and files, and the process tools.
+    fn all_tools() -> ToolRouter<CorralMcp> {
+        Self::tool_router() + Self::process_tools()
     }
 
     /// The code policy a session of `language` asks for: the server's own (`--allow-module`
@@ -705,6 +717,7 @@ impl CorralMcp {
             .lock()
             .await
             .retain(|_, id| *id != p.session_id);
+        conn.processes.forget(Some(&p.session_id));
         let backend = self.shared.backend.clone();
         let id = p.session_id.clone();
         Ok(

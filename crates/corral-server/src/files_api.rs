@@ -94,6 +94,7 @@ impl From<&EntryInfo> for Entry {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct PathQuery {
     /// A workspace path (empty or absent: the workspace itself).
@@ -102,6 +103,7 @@ struct PathQuery {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct ListQuery {
     /// A workspace directory (empty or absent: the workspace itself).
@@ -152,7 +154,7 @@ async fn stat(
 
 /// The entries of a workspace directory, `depth` levels of them, each directory followed by
 /// its entries, names sorted; links are listed, never entered.
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/files:list", tag = "files", params(ListQuery),
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files:list", operation_id = "list_entries", tag = "files", params(ListQuery),
     responses((status = 200, body = EntryList), (status = 400, body = ErrorBody),
         (status = 404, body = ErrorBody)))]
 async fn list(
@@ -220,7 +222,7 @@ async fn move_entry(
 
 /// Removes a file, a link (as itself) or a directory with everything in it (at most 100,000
 /// names and 128 levels).
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/files:remove", tag = "files",
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files:remove", operation_id = "remove_path", tag = "files",
     request_body = PathBody,
     responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn remove(

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod contexts;
+mod openapi;
 mod processes;
 
 use axum::body::{Body, Bytes, HttpBody as _};
@@ -799,6 +800,13 @@ fn list_query(pairs: Vec<(String, String)>) -> Result<ListQuery, ApiError> {
 /// comma-separated), `image` and `metadata.KEY=VALUE`, at most `limit` (1 to 1000, default 1000) a
 /// page, from after `after` (the `next` of the previous page).
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
+    params(
+        ("state" = Option<String>, Query, description = "`running`, `paused`, `dead`, comma-separated"),
+        ("image" = Option<String>, Query, description = "Only sessions of this image"),
+        ("metadata.KEY" = Option<String>, Query, description = "Only sessions whose metadata has KEY with this value (any KEY, repeatable)"),
+        ("limit" = Option<u32>, Query, description = "At most this many a page (1 to 1000, default 1000)"),
+        ("after" = Option<String>, Query, description = "The `next` of the previous page"),
+    ),
     responses((status = 200, body = SandboxList), (status = 400, body = ErrorBody)))]
 async fn list_sandboxes(
     State(state): State<AppState>,
@@ -1055,6 +1063,7 @@ async fn remove_file(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct FilesQuery {
     /// A directory of the workspace (default: all of it).
@@ -1177,9 +1186,14 @@ async fn metrics(State(state): State<AppState>, _tenant: Tenant) -> Response {
 )]
 pub struct ApiDoc;
 
-/// The whole OpenAPI document: [`ApiDoc`] and the filesystem calls of [`crate::files_api`].
+/// The whole OpenAPI document: [`ApiDoc`], the filesystem calls of [`crate::files_api`] and
+/// the programs, contexts and ports of [`openapi::SandboxProgramsDoc`].
 fn api_doc() -> utoipa::openapi::OpenApi {
-    ApiDoc::openapi().merge_from(crate::files_api::FilesApiDoc::openapi())
+    let mut doc = ApiDoc::openapi()
+        .merge_from(crate::files_api::FilesApiDoc::openapi())
+        .merge_from(openapi::SandboxProgramsDoc::openapi());
+    openapi::complete(&mut doc);
+    doc
 }
 
 async fn openapi() -> Json<utoipa::openapi::OpenApi> {

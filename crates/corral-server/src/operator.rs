@@ -102,6 +102,7 @@ pub(crate) async fn whoami(
 
 /// The query of `GET /v1/audit`.
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct AuditParams {
     /// Only this key's lines (`local`: keyless use). A key other than an operator may only
@@ -272,6 +273,7 @@ pub(crate) async fn revoke_key(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct AllSandboxesParams {
     /// Only this key's sandboxes (`local`: keyless use).

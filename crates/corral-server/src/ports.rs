@@ -41,7 +41,7 @@ use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::http::{authenticate, presented_key, AppState};
 use crate::service::Tenant;
 
@@ -249,7 +249,20 @@ fn local_origin(origin: &str) -> bool {
                 .is_ok_and(|ip| ip.is_loopback()))
 }
 
-async fn native(
+/// Reach a server a program runs in the sandbox on `port`: the request (any method, with its
+/// query; `path` may be empty) goes to `127.0.0.1:{port}/{path}` inside the sandbox, and its
+/// answer comes back as the program sent it. An `Upgrade` (WebSocket) is passed through. The
+/// credential that authenticated the request is not passed on.
+#[utoipa::path(method(get, post, put, delete, patch, head, options),
+    path = "/v1/sandboxes/{id}/ports/{port}/{path}", operation_id = "port", tag = "ports",
+    responses(
+        (status = 200, description = "The program's answer, whatever its status"),
+        (status = 400, description = "not a port", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 429, description = "`too_many_connections`", body = ErrorBody),
+        (status = 502, description = "`port_closed` (nothing listens) or `port_error`", body = ErrorBody),
+        (status = 504, description = "`port_timeout`", body = ErrorBody)))]
+pub(crate) async fn native(
     State(app): State<AppState>,
     axum::Extension(proxy): axum::Extension<Arc<Proxy>>,
     req: Request,

@@ -6,19 +6,40 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use corral_kernel::ContextInfo;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 
 use super::{blocking, ApiJson, AppState};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::service::Tenant;
 
-fn context_json(info: &ContextInfo) -> Value {
-    json!({"id": info.id, "language": info.language.name(), "cwd": info.cwd})
+/// A code context: an interpreter of the sandbox.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Context {
+    /// `default-<language>` for the session's own kernels, else generated.
+    id: String,
+    language: &'static str,
+    /// Its working directory, relative to `/workspace` (null: `/workspace`).
+    cwd: Option<String>,
+}
+
+impl From<&ContextInfo> for Context {
+    fn from(info: &ContextInfo) -> Context {
+        Context {
+            id: info.id.clone(),
+            language: info.language.name(),
+            cwd: info.cwd.clone(),
+        }
+    }
+}
+
+/// `GET /v1/sandboxes/{id}/contexts`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ContextList {
+    contexts: Vec<Context>,
 }
 
 /// `POST /v1/sandboxes/{id}/contexts`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateContextRequest {
     language: String,
@@ -26,29 +47,45 @@ pub struct CreateContextRequest {
     cwd: Option<String>,
 }
 
+/// Start a new interpreter of `language` in the sandbox, on its files; run code in it with
+/// `execute`'s `context`.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/contexts", operation_id = "create_context", tag = "contexts",
+    request_body = CreateContextRequest,
+    responses((status = 201, body = Context),
+        (status = 400, description = "a bad `cwd`, or too many contexts", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "`sandbox_paused`", body = ErrorBody),
+        (status = 422, description = "`unsupported_language`", body = ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<CreateContextRequest>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Context>), ApiError> {
     let service = state.service.clone();
     let info =
         blocking(move || service.create_context(&tenant, &id, &req.language, req.cwd)).await?;
-    Ok((StatusCode::CREATED, Json(context_json(&info))))
+    Ok((StatusCode::CREATED, Json(Context::from(&info))))
 }
 
+/// The session's contexts, its own kernel's first.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/contexts", operation_id = "list_contexts", tag = "contexts",
+    responses((status = 200, body = ContextList), (status = 404, body = ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ContextList>, ApiError> {
     let service = state.service.clone();
     let contexts = blocking(move || service.list_contexts(&tenant, &id)).await?;
-    let contexts: Vec<Value> = contexts.iter().map(context_json).collect();
-    Ok(Json(json!({ "contexts": contexts })))
+    let contexts = contexts.iter().map(Context::from).collect();
+    Ok(Json(ContextList { contexts }))
 }
 
+/// Restart a context's interpreter: its variables are gone, the sandbox's files stay.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/contexts/{context}/restart", operation_id = "restart_context", tag = "contexts",
+    responses((status = 204),
+        (status = 404, description = "no such sandbox or context", body = ErrorBody)))]
 pub async fn restart(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -60,6 +97,10 @@ pub async fn restart(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Stop a context's interpreter and forget the context.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/contexts/{context}", operation_id = "remove_context", tag = "contexts",
+    responses((status = 204),
+        (status = 404, description = "no such sandbox or context", body = ErrorBody)))]
 pub async fn remove(
     State(state): State<AppState>,
     tenant: Tenant,

@@ -17,17 +17,17 @@ use corral_kernel::agent::{
 };
 use corral_sandbox::Reservation;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::{blocking, stream_frames, ApiJson, AppState};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::service::{ServiceError, Tenant};
 
 /// How often an output stream without output sends a `keepalive` line.
 const KEEPALIVE: Duration = Duration::from_secs(20);
 
 /// `POST /v1/sandboxes/{id}/processes`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StartProcessRequest {
     /// The program (looked up in `PATH` unless it holds a `/`).
@@ -46,7 +46,7 @@ pub struct StartProcessRequest {
     pty: Option<TerminalSize>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TerminalSize {
     rows: u16,
@@ -62,8 +62,42 @@ impl From<TerminalSize> for PtySize {
     }
 }
 
-fn line(value: &Value) -> Bytes {
-    let mut bytes = serde_json::to_vec(value).expect("JSON values serialize");
+/// A line of a program's output stream.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutputEvent {
+    /// First: the program runs, with this pid inside the sandbox.
+    Start {
+        pid: i32,
+    },
+    /// Output, in base64.
+    Stdout {
+        data: String,
+    },
+    Stderr {
+        data: String,
+    },
+    /// A terminal's output (a program started with `pty`).
+    Pty {
+        data: String,
+    },
+    /// Output this stream did not read in time and that was dropped.
+    Lost {
+        bytes: u64,
+    },
+    /// Nothing happened for 20 s.
+    Keepalive,
+    /// Last: how the program ended; `error` when the sandbox's process agent went away first.
+    End {
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+}
+
+fn line(event: &OutputEvent) -> Bytes {
+    let mut bytes = serde_json::to_vec(event).expect("events serialize");
     bytes.push(b'\n');
     Bytes::from(bytes)
 }
@@ -77,33 +111,31 @@ fn output_stream(sub: Subscription) -> Response {
     stream_frames(
         "application/x-ndjson",
         move |send| {
-            send(line(&json!({"type": "start", "pid": sub.pid()})));
+            send(line(&OutputEvent::Start { pid: sub.pid() }));
             while !gone.load(Ordering::Relaxed) {
                 let event = match sub.next(KEEPALIVE) {
-                    None => json!({"type": "keepalive"}),
-                    Some(ProcessEvent::Lost { bytes }) => json!({"type": "lost", "bytes": bytes}),
+                    None => OutputEvent::Keepalive,
+                    Some(ProcessEvent::Lost { bytes }) => OutputEvent::Lost { bytes },
                     Some(ProcessEvent::Output { stream, data }) => {
-                        let kind = match stream {
-                            OutputStream::Stdout => "stdout",
-                            OutputStream::Stderr => "stderr",
-                            OutputStream::Pty => "pty",
-                        };
                         let data = base64::engine::general_purpose::STANDARD.encode(data);
-                        json!({"type": kind, "data": data})
+                        match stream {
+                            OutputStream::Stdout => OutputEvent::Stdout { data },
+                            OutputStream::Stderr => OutputEvent::Stderr { data },
+                            OutputStream::Pty => OutputEvent::Pty { data },
+                        }
                     }
                     Some(ProcessEvent::End(exit)) => {
                         let end = match exit {
-                            Some(exit) => json!({
-                                "type": "end",
-                                "exit_code": exit.exit_code,
-                                "signal": exit.signal,
-                            }),
-                            None => json!({
-                                "type": "end",
-                                "exit_code": null,
-                                "signal": null,
-                                "error": "the sandbox's process agent went away",
-                            }),
+                            Some(exit) => OutputEvent::End {
+                                exit_code: exit.exit_code,
+                                signal: exit.signal,
+                                error: None,
+                            },
+                            None => OutputEvent::End {
+                                exit_code: None,
+                                signal: None,
+                                error: Some("the sandbox's process agent went away".into()),
+                            },
                         };
                         send(line(&end));
                         break;
@@ -117,7 +149,18 @@ fn output_stream(sub: Subscription) -> Response {
     )
 }
 
-/// Starts a program in the sandbox, beside its interpreter: an NDJSON stream of its output.
+/// Start a program in the sandbox, beside its interpreter (no shell: `cmd` is the program):
+/// an NDJSON stream of its output that leaves it running when the client goes away.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes", operation_id = "start_process", tag = "processes",
+    request_body = StartProcessRequest,
+    responses(
+        (status = 200, description = "NDJSON output events (application/x-ndjson): `start`, \
+            output, `end` last", body = OutputEvent, content_type = "application/x-ndjson"),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "`sandbox_paused`", body = ErrorBody),
+        (status = 422, description = "`process_not_started` (no such program…)", body = ErrorBody),
+        (status = 429, description = "`too_many_processes` (32 run)", body = ErrorBody),
+        (status = 501, description = "`processes_unsupported`", body = ErrorBody)))]
 pub async fn start(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -148,7 +191,7 @@ pub async fn start(
 }
 
 /// A running program, as listed.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ProcessJson {
     pid: i32,
     tag: Option<String>,
@@ -159,12 +202,21 @@ pub struct ProcessJson {
     pty: bool,
 }
 
+/// `GET /v1/sandboxes/{id}/processes`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ProcessList {
+    processes: Vec<ProcessJson>,
+}
+
 /// The sandbox's running programs.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/processes", operation_id = "list_processes", tag = "processes",
+    responses((status = 200, body = ProcessList), (status = 404, body = ErrorBody),
+        (status = 409, description = "`sandbox_paused`", body = ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ProcessList>, ApiError> {
     let service = state.service.clone();
     let agent = blocking(move || service.process_agent(&tenant, &id)).await?;
     let processes: Vec<ProcessJson> = agent
@@ -183,7 +235,7 @@ pub async fn list(
             }
         })
         .collect();
-    Ok(Json(json!({ "processes": processes })))
+    Ok(Json(ProcessList { processes }))
 }
 
 /// Runs `call` with the agent of `tenant`'s sandbox `id` on a blocking thread.
@@ -201,7 +253,13 @@ async fn with_agent<T: Send + 'static>(
     .await
 }
 
-/// A running program's output from now on.
+/// A running program's output from now on (at most 4 streams per program at once).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}/output", operation_id = "process_output", tag = "processes",
+    responses(
+        (status = 200, description = "NDJSON output events, as from starting it",
+            body = OutputEvent, content_type = "application/x-ndjson"),
+        (status = 404, description = "`not_found` or `process_not_found`", body = ErrorBody),
+        (status = 429, description = "`too_many_streams`", body = ErrorBody)))]
 pub async fn output(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -212,13 +270,21 @@ pub async fn output(
 }
 
 /// `POST …/processes/{pid}/input`: `data` (text) or `data_base64` (bytes).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InputRequest {
     data: Option<String>,
     data_base64: Option<String>,
 }
 
+/// Input for a program started with `stdin` or `pty`: exactly one of `data` and
+/// `data_base64`. At most 64 KiB wait for a program that does not read (then 429).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/input", operation_id = "process_input", tag = "processes",
+    request_body = InputRequest,
+    responses((status = 204), (status = 400, body = ErrorBody),
+        (status = 404, description = "`not_found` or `process_not_found`", body = ErrorBody),
+        (status = 409, description = "`process_has_no_input`", body = ErrorBody),
+        (status = 429, description = "`process_input_full`", body = ErrorBody)))]
 pub async fn input(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -243,6 +309,11 @@ pub async fn input(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Close a program's stdin (it reads end of file).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/close-stdin", operation_id = "close_process_stdin", tag = "processes",
+    responses((status = 204),
+        (status = 404, description = "`not_found` or `process_not_found`", body = ErrorBody),
+        (status = 409, description = "`process_has_no_input`", body = ErrorBody)))]
 pub async fn close_stdin(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -254,10 +325,23 @@ pub async fn close_stdin(
 }
 
 /// `POST …/processes/{pid}/signal`: a signal by name (`SIGTERM`, `TERM`) or number.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SignalRequest {
+    /// A name (`SIGTERM`, `term`) or a number.
+    #[schema(schema_with = signal_schema)]
     signal: Value,
+}
+
+/// A signal's schema: a name or a number.
+fn signal_schema() -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
+    Schema::OneOf(
+        OneOfBuilder::new()
+            .item(ObjectBuilder::new().schema_type(Type::String))
+            .item(ObjectBuilder::new().schema_type(Type::Integer))
+            .build(),
+    )
 }
 
 fn signal_number(value: &Value) -> Option<i32> {
@@ -278,6 +362,11 @@ fn signal_number(value: &Value) -> Option<i32> {
     Some(signal as i32)
 }
 
+/// Send a signal to a program's process group.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/signal", operation_id = "signal_process", tag = "processes",
+    request_body = SignalRequest,
+    responses((status = 204), (status = 400, description = "not a signal", body = ErrorBody),
+        (status = 404, description = "`not_found` or `process_not_found`", body = ErrorBody)))]
 pub async fn signal(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -297,6 +386,12 @@ pub async fn signal(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Resize a program's terminal.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/resize", operation_id = "resize_process", tag = "processes",
+    request_body = TerminalSize,
+    responses((status = 204),
+        (status = 404, description = "`not_found` or `process_not_found`", body = ErrorBody),
+        (status = 409, description = "`process_has_no_input` (no terminal)", body = ErrorBody)))]
 pub async fn resize(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -313,6 +408,7 @@ pub async fn resize(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn signals_are_named_or_numbered() {

@@ -10,6 +10,7 @@ See README.md for more; the HTTP API it speaks is docs/api.md.
 """
 
 from ._async import AsyncCommands, AsyncFiles, AsyncSandbox, async_run
+from ._async_processes import AsyncProcesses, AsyncProcessHandle
 from ._common import DEFAULT_TIMEOUT, DEFAULT_URL, __version__
 from ._errors import (
     AuthenticationError,
@@ -76,6 +77,8 @@ __all__ = [
     "AsyncSandbox",
     "AsyncFiles",
     "AsyncCommands",
+    "AsyncProcesses",
+    "AsyncProcessHandle",
     "async_run",
     # data
     "Limits",

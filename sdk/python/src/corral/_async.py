@@ -41,6 +41,7 @@ from ._common import (
     stream_timeout,
     wrap_transport_errors,
 )
+from ._async_processes import AsyncProcesses
 from ._errors import CommandExitError, CorralError, NotFoundError
 from ._models import (
     CommandResult,
@@ -54,6 +55,7 @@ from ._models import (
     SandboxInfo,
     SandboxMetric,
 )
+from ._processes import CodeContext, context_body, context_url, parse_context_list
 
 __all__ = ["AsyncSandbox", "AsyncFiles", "AsyncCommands", "async_run"]
 
@@ -152,6 +154,7 @@ class AsyncSandbox:
         self._info: Optional[SandboxInfo] = None
         self.files = AsyncFiles(self)
         self.commands = AsyncCommands(self)
+        self.processes = AsyncProcesses(self)
 
     @classmethod
     async def create(
@@ -304,15 +307,39 @@ class AsyncSandbox:
         on_stderr: Optional[StdCallback] = None,
         on_result: Optional[ResultCallback] = None,
         on_error: Optional[ErrorCallback] = None,
+        *,
+        context: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
     ) -> Execution:
         """See :meth:`corral.Sandbox.run_code`."""
         folder = await self._conn.stream(
             sandbox_url(self.id, "/execute"),
-            execute_body(code, language, timeout_s),
+            execute_body(code, language, timeout_s, context, env),
             timeout_s,
             callback_map(on_stdout, on_stderr, on_result, on_error),
         )
         return folder.execution()
+
+    async def create_context(
+        self, language: str = "python", cwd: Optional[str] = None
+    ) -> CodeContext:
+        """See :meth:`corral.Sandbox.create_context`."""
+        payload = await self._conn.json(
+            "POST", sandbox_url(self.id, "/contexts"), json=context_body(language, cwd)
+        )
+        return CodeContext.from_dict(payload)
+
+    async def list_contexts(self) -> List[CodeContext]:
+        """See :meth:`corral.Sandbox.list_contexts`."""
+        return parse_context_list(await self._conn.json("GET", sandbox_url(self.id, "/contexts")))
+
+    async def restart_context(self, context_id: str) -> None:
+        """See :meth:`corral.Sandbox.restart_context`."""
+        await self._conn.request("POST", context_url(self.id, context_id, "/restart"))
+
+    async def remove_context(self, context_id: str) -> None:
+        """See :meth:`corral.Sandbox.remove_context`."""
+        await self._conn.request("DELETE", context_url(self.id, context_id))
 
     async def kill(self) -> bool:
         """Kills the session; ``False`` if the server no longer knew it."""

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import base64
 import json
+from urllib.parse import quote
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import httpx
 
 from ._common import check_response, sandbox_url, wrap_transport_errors
-from ._errors import NotFoundError
+from ._errors import NotFoundError, StreamError
 
 if TYPE_CHECKING:
     from ._sync import Sandbox
@@ -88,6 +89,116 @@ class ProcessInfo:
 Input = Union[str, bytes]
 
 
+# ---- what the sync and async clients share (no I/O) ----------------------------------------
+
+
+def context_body(language: str, cwd: Optional[str]) -> Dict[str, Any]:
+    """The body of ``POST …/contexts``."""
+    body: Dict[str, Any] = {"language": language}
+    if cwd is not None:
+        body["cwd"] = cwd
+    return body
+
+
+def parse_context_list(payload: Any) -> List[CodeContext]:
+    return [CodeContext.from_dict(c) for c in payload["contexts"]]
+
+
+def context_url(sandbox_id: str, context_id: str, suffix: str = "") -> str:
+    return sandbox_url(sandbox_id, f"/contexts/{quote(context_id, safe='')}{suffix}")
+
+
+def process_url(sandbox_id: str, suffix: str = "") -> str:
+    return sandbox_url(sandbox_id, "/processes" + suffix)
+
+
+def start_body(
+    cmd: str,
+    args: Optional[Sequence[str]],
+    cwd: Optional[str],
+    env: Optional[Mapping[str, str]],
+    tag: Optional[str],
+    stdin: bool,
+    pty: Optional[Sequence[int]],
+) -> Dict[str, Any]:
+    """The body of ``POST …/processes``."""
+    body: Dict[str, Any] = {"cmd": cmd, "args": list(args or []), "stdin": stdin}
+    if cwd is not None:
+        body["cwd"] = cwd
+    if env:
+        body["env"] = dict(env)
+    if tag is not None:
+        body["tag"] = tag
+    if pty is not None:
+        rows, cols = pty
+        body["pty"] = {"rows": rows, "cols": cols}
+    return body
+
+
+def input_body(data: Input) -> Dict[str, str]:
+    """The body of ``POST …/processes/{pid}/input``: text as is, bytes in base64."""
+    if isinstance(data, str):
+        return {"data": data}
+    return {"data_base64": base64.b64encode(data).decode()}
+
+
+def signal_body(signal: Union[str, int]) -> Dict[str, Union[str, int]]:
+    return {"signal": signal}
+
+
+def resize_body(rows: int, cols: int) -> Dict[str, int]:
+    return {"rows": rows, "cols": cols}
+
+
+def output_timeout(client_timeout: httpx.Timeout) -> httpx.Timeout:
+    """An output stream's timeout: the client's to connect, none to read (the stream says it
+    is alive every 20 s, but a program may be silent much longer)."""
+    return httpx.Timeout(client_timeout.connect, read=None)
+
+
+def parse_event(line: str) -> Optional[Dict[str, Any]]:
+    """A line of a process's output stream (``None``: a blank line)."""
+    if not line.strip():
+        return None
+    event = json.loads(line)
+    if not isinstance(event, dict):
+        raise StreamError(f"the process stream sent {line[:200]!r}, not an event")
+    return event
+
+
+def start_pid(start: Optional[Mapping[str, Any]]) -> int:
+    """The pid of a stream's first event, which must be ``start``."""
+    if start is None or start.get("type") != "start":
+        raise StreamError(f"the process stream did not start: {start!r}")
+    return int(start["pid"])
+
+
+class OutputFolder:
+    """Folds a process's output events into :class:`ProcessOutput` chunks and its
+    :class:`ProcessExit`."""
+
+    def __init__(self) -> None:
+        self.exit: Optional[ProcessExit] = None
+        self._lost = 0
+
+    def feed(self, event: Mapping[str, Any]) -> Optional[ProcessOutput]:
+        """The chunk an event carries, if any; an ``end`` event sets :attr:`exit`."""
+        kind = event.get("type")
+        if kind in ("stdout", "stderr", "pty"):
+            return ProcessOutput(str(kind), base64.b64decode(event["data"]))
+        if kind == "lost":
+            self._lost += int(event.get("bytes", 0))
+        elif kind == "end":
+            self.exit = ProcessExit(
+                event.get("exit_code"), event.get("signal"), self._lost, event.get("error")
+            )
+        return None
+
+    def cut_off(self) -> None:
+        """The stream ended without an ``end`` event."""
+        self.exit = ProcessExit(None, None, self._lost, "the stream ended without an end")
+
+
 class ProcessHandle:
     """A started (or connected-to) program and its output stream.
 
@@ -98,36 +209,30 @@ class ProcessHandle:
         self._processes = processes
         self._response = response
         self._lines = response.iter_lines()
-        self._exit: Optional[ProcessExit] = None
-        self._lost = 0
-        start = self._next_event()
-        if start is None or start.get("type") != "start":
+        self._folder = OutputFolder()
+        try:
+            self.pid: int = start_pid(self._next_event())
+        except BaseException:
             response.close()
-            raise RuntimeError(f"the process stream did not start: {start!r}")
-        self.pid: int = int(start["pid"])
+            raise
 
     def _next_event(self) -> Optional[Dict[str, Any]]:
         with wrap_transport_errors():
             for line in self._lines:
-                if line.strip():
-                    return json.loads(line)
+                event = parse_event(line)
+                if event is not None:
+                    return event
         return None
 
     def __iter__(self) -> Iterator[ProcessOutput]:
-        while self._exit is None:
+        while self._folder.exit is None:
             event = self._next_event()
             if event is None:
-                self._exit = ProcessExit(None, None, self._lost, "the stream ended without an end")
+                self._folder.cut_off()
                 break
-            kind = event.get("type")
-            if kind in ("stdout", "stderr", "pty"):
-                yield ProcessOutput(kind, base64.b64decode(event["data"]))
-            elif kind == "lost":
-                self._lost += int(event.get("bytes", 0))
-            elif kind == "end":
-                self._exit = ProcessExit(
-                    event.get("exit_code"), event.get("signal"), self._lost, event.get("error")
-                )
+            chunk = self._folder.feed(event)
+            if chunk is not None:
+                yield chunk
         self._response.close()
 
     def wait(self, on_output: Optional[Callable[[ProcessOutput], Any]] = None) -> ProcessExit:
@@ -135,8 +240,8 @@ class ProcessHandle:
         for chunk in self:
             if on_output is not None:
                 on_output(chunk)
-        assert self._exit is not None
-        return self._exit
+        assert self._folder.exit is not None
+        return self._folder.exit
 
     def send_stdin(self, data: Input) -> None:
         self._processes.send_stdin(self.pid, data)
@@ -162,9 +267,6 @@ class Processes:
     def __init__(self, sandbox: "Sandbox") -> None:
         self._sb = sandbox
 
-    def _url(self, suffix: str = "") -> str:
-        return sandbox_url(self._sb.id, "/processes" + suffix)
-
     def _open(self, method: str, url: str, body: Optional[Dict[str, Any]]) -> ProcessHandle:
         client = self._sb._conn.client
         request = client.build_request(
@@ -172,8 +274,7 @@ class Processes:
             url,
             json=body,
             headers={"Accept": "application/x-ndjson"},
-            # The stream says it is alive every 20 s; a program may be silent much longer.
-            timeout=httpx.Timeout(client.timeout.connect, read=None),
+            timeout=output_timeout(client.timeout),
         )
         with wrap_transport_errors():
             response = client.send(request, stream=True)
@@ -197,46 +298,37 @@ class Processes:
         """Starts the program ``cmd`` with ``args`` (no shell: use ``"bash", ["-c", line]``).
         ``stdin=True`` gives it a stdin to :meth:`send_stdin` to; ``pty=(rows, cols)`` a
         terminal instead of pipes. Returns at once, with the output stream open."""
-        body: Dict[str, Any] = {"cmd": cmd, "args": list(args or []), "stdin": stdin}
-        if cwd is not None:
-            body["cwd"] = cwd
-        if env:
-            body["env"] = dict(env)
-        if tag is not None:
-            body["tag"] = tag
-        if pty is not None:
-            rows, cols = pty
-            body["pty"] = {"rows": rows, "cols": cols}
-        return self._open("POST", self._url(), body)
+        body = start_body(cmd, args, cwd, env, tag, stdin, pty)
+        return self._open("POST", process_url(self._sb.id), body)
 
     def list(self) -> List[ProcessInfo]:
-        payload = self._sb._conn.json("GET", self._url())
+        payload = self._sb._conn.json("GET", process_url(self._sb.id))
         return [ProcessInfo.from_dict(p) for p in payload["processes"]]
 
     def connect(self, pid: int) -> ProcessHandle:
         """The running program ``pid``'s output from now on."""
-        return self._open("GET", self._url(f"/{pid}/output"), None)
+        return self._open("GET", process_url(self._sb.id, f"/{pid}/output"), None)
 
     def send_stdin(self, pid: int, data: Input) -> None:
         """Input for ``pid``; a program that does not read makes this fail (429) once 64 KiB
         wait for it."""
-        if isinstance(data, str):
-            body = {"data": data}
-        else:
-            body = {"data_base64": base64.b64encode(data).decode()}
-        self._sb._conn.request("POST", self._url(f"/{pid}/input"), json=body)
+        self._sb._conn.request("POST", process_url(self._sb.id, f"/{pid}/input"), json=input_body(data))
 
     def close_stdin(self, pid: int) -> None:
-        self._sb._conn.request("POST", self._url(f"/{pid}/close-stdin"), json={})
+        self._sb._conn.request("POST", process_url(self._sb.id, f"/{pid}/close-stdin"), json={})
 
     def resize(self, pid: int, rows: int, cols: int) -> None:
-        self._sb._conn.request("POST", self._url(f"/{pid}/resize"), json={"rows": rows, "cols": cols})
+        self._sb._conn.request(
+            "POST", process_url(self._sb.id, f"/{pid}/resize"), json=resize_body(rows, cols)
+        )
 
     def kill(self, pid: int, signal: Union[str, int] = "SIGKILL") -> bool:
         """Sends ``signal`` to the program's process group: ``True``, or ``False`` when ``pid``
         is not a running program of this sandbox."""
         try:
-            self._sb._conn.request("POST", self._url(f"/{pid}/signal"), json={"signal": signal})
+            self._sb._conn.request(
+                "POST", process_url(self._sb.id, f"/{pid}/signal"), json=signal_body(signal)
+            )
         except NotFoundError:
             return False
         return True

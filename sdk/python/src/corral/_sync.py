@@ -37,7 +37,7 @@ from ._common import (
     wrap_transport_errors,
 )
 from ._errors import CommandExitError, NotFoundError
-from ._processes import CodeContext, Processes
+from ._processes import CodeContext, Processes, context_body, context_url, parse_context_list
 from ._models import (
     CommandResult,
     EntryInfo,
@@ -281,21 +281,22 @@ class Sandbox:
     def create_context(self, language: str = "python", cwd: Optional[str] = None) -> CodeContext:
         """A new interpreter of ``language`` in the sandbox, on its files (``cwd``: an absolute
         path, default ``/workspace``); pass its ``id`` as ``run_code(context=)``."""
-        body: Dict[str, Any] = {"language": language}
-        if cwd is not None:
-            body["cwd"] = cwd
-        return CodeContext.from_dict(self._conn.json("POST", sandbox_url(self.id, "/contexts"), json=body))
+        payload = self._conn.json(
+            "POST", sandbox_url(self.id, "/contexts"), json=context_body(language, cwd)
+        )
+        return CodeContext.from_dict(payload)
 
     def list_contexts(self) -> List[CodeContext]:
         """The session's contexts: its own kernel's (``default-<language>``) first."""
-        payload = self._conn.json("GET", sandbox_url(self.id, "/contexts"))
-        return [CodeContext.from_dict(c) for c in payload["contexts"]]
+        return parse_context_list(self._conn.json("GET", sandbox_url(self.id, "/contexts")))
 
     def restart_context(self, context_id: str) -> None:
-        self._conn.request("POST", sandbox_url(self.id, f"/contexts/{context_id}/restart"))
+        """Restarts context ``context_id``'s interpreter: its variables are gone."""
+        self._conn.request("POST", context_url(self.id, context_id, "/restart"))
 
     def remove_context(self, context_id: str) -> None:
-        self._conn.request("DELETE", sandbox_url(self.id, f"/contexts/{context_id}"))
+        """Stops context ``context_id``'s interpreter and forgets the context."""
+        self._conn.request("DELETE", context_url(self.id, context_id))
 
     # ---- lifetime -------------------------------------------------------------------------
 
