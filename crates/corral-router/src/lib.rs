@@ -10,8 +10,11 @@
 //! unchanged and never answers for a key itself, so there is one answer to "is this key
 //! valid". Every node must hold the same keys (`corral key add`).
 
+mod gather;
 mod list;
+mod metrics;
 mod nodes;
+mod operator;
 mod proxy;
 mod route;
 
@@ -19,6 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use metrics::MAX_METRICS_BYTES;
 pub use nodes::{NodeSource, Nodes};
 pub use route::app;
 

@@ -34,12 +34,12 @@ struct NativePage {
 /// Where a page begins: at node `node` (or the first node after it, if it is gone), after
 /// the node's cursor `after` (at its start if empty).
 #[derive(Debug, PartialEq, Eq)]
-struct Cursor {
-    node: NodeName,
-    after: String,
+pub(crate) struct Cursor {
+    pub node: NodeName,
+    pub after: String,
 }
 
-fn parse_cursor(token: &str) -> Option<Cursor> {
+pub(crate) fn parse_cursor(token: &str) -> Option<Cursor> {
     let (node, after) = token.split_once(SEPARATOR)?;
     Some(Cursor {
         node: node.parse().ok()?,
@@ -47,7 +47,7 @@ fn parse_cursor(token: &str) -> Option<Cursor> {
     })
 }
 
-fn cursor(node: &NodeName, after: &str) -> String {
+pub(crate) fn cursor(node: &NodeName, after: &str) -> String {
     format!("{node}{SEPARATOR}{after}")
 }
 

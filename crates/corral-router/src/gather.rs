@@ -1,0 +1,101 @@
+//! Reading one whole answer from one node, bounded, for the routes that gather every node's
+//! answer into one (the operator's routes, `/metrics`): the client's headers (its key) go to
+//! the node unchanged, so each node decides on the key as it would alone.
+
+use std::net::SocketAddr;
+
+use axum::body::{Body, Bytes};
+use axum::extract::Request;
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::response::Response;
+use http_body_util::BodyExt as _;
+
+use crate::nodes::Nodes;
+use crate::proxy::{forward, ForwardError};
+use crate::route::{error, Face};
+
+/// Why a node's answer is not there to gather.
+pub(crate) enum Missing {
+    /// The node does not take the connection: it is down (and is marked so).
+    Down,
+    /// What to answer the client instead: the node's own refusal (401, 403, 400, …), passed
+    /// on as it is, or the router's 502 for an answer it could not read.
+    Answer(Response),
+}
+
+/// The body of node `addr`'s answer to `method path_and_query` with `headers`, when it is 200
+/// and at most `max` bytes.
+pub(crate) async fn fetch(
+    nodes: &Nodes,
+    addr: SocketAddr,
+    method: Method,
+    path_and_query: &str,
+    headers: &HeaderMap,
+    max: usize,
+) -> Result<Bytes, Missing> {
+    let mut request = Request::new(Body::empty());
+    *request.method_mut() = method;
+    *request.uri_mut() = path_and_query.parse().map_err(|e| {
+        Missing::Answer(error(
+            Face::Native,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("{e}"),
+        ))
+    })?;
+    *request.headers_mut() = headers.clone();
+    request.headers_mut().remove(header::CONTENT_LENGTH);
+    request.headers_mut().remove(header::CONTENT_TYPE);
+    let answer = match forward(nodes.client(), nodes.config(), addr, request).await {
+        Ok(answer) => answer,
+        Err(ForwardError::Unreachable { .. }) => return Err(Missing::Down),
+        Err(e) => return Err(Missing::Answer(node_error(e.to_string()))),
+    };
+    if answer.status() != StatusCode::OK {
+        return Err(Missing::Answer(answer));
+    }
+    http_body_util::Limited::new(answer.into_body(), max)
+        .collect()
+        .await
+        .map(|collected| collected.to_bytes())
+        .map_err(|e| {
+            Missing::Answer(node_error(format!(
+                "reading node {addr}'s answer (at most {max} bytes): {e}"
+            )))
+        })
+}
+
+/// The router's 502: a node's answer it could not read or use.
+pub(crate) fn node_error(message: String) -> Response {
+    error(Face::Native, StatusCode::BAD_GATEWAY, "node_error", message)
+}
+
+/// A node as the gathered answers report it.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct NodeReport {
+    pub name: String,
+    /// `ok`; `degraded` (a zygote of its pool is being replaced); `unreachable` (its last
+    /// probe, or the last request sent to it, did not reach it: what it holds is missing from
+    /// the answer).
+    pub status: &'static str,
+    pub sessions_live: u64,
+    pub max_sessions: u64,
+}
+
+/// Every node this router knows, by name.
+pub(crate) fn report(nodes: &Nodes) -> Vec<NodeReport> {
+    nodes
+        .known()
+        .into_iter()
+        .map(|(name, m)| NodeReport {
+            name: name.to_string(),
+            status: match (m.up, m.degraded) {
+                (false, _) => "unreachable",
+                (true, true) => "degraded",
+                (true, false) => "ok",
+            },
+            sessions_live: m.live,
+            max_sessions: m.max,
+        })
+        .collect()
+}
