@@ -33,9 +33,7 @@ pub(crate) async fn fetch(
     headers: &HeaderMap,
     max: usize,
 ) -> Result<Bytes, Missing> {
-    let mut request = Request::new(Body::empty());
-    *request.method_mut() = method;
-    *request.uri_mut() = path_and_query.parse().map_err(|e| {
+    let uri: axum::http::Uri = path_and_query.parse().map_err(|e| {
         Missing::Answer(error(
             Face::Native,
             StatusCode::BAD_REQUEST,
@@ -43,10 +41,16 @@ pub(crate) async fn fetch(
             format!("{e}"),
         ))
     })?;
-    *request.headers_mut() = headers.clone();
-    request.headers_mut().remove(header::CONTENT_LENGTH);
-    request.headers_mut().remove(header::CONTENT_TYPE);
-    let answer = match forward(nodes.client(), nodes.config(), addr, request).await {
+    let request = || {
+        let mut request = Request::new(Body::empty());
+        *request.method_mut() = method.clone();
+        *request.uri_mut() = uri.clone();
+        *request.headers_mut() = headers.clone();
+        request.headers_mut().remove(header::CONTENT_LENGTH);
+        request.headers_mut().remove(header::CONTENT_TYPE);
+        request
+    };
+    let answer = match forward_again(nodes, addr, request).await {
         Ok(answer) => answer,
         Err(ForwardError::Unreachable { .. }) => return Err(Missing::Down),
         Err(e) => return Err(Missing::Answer(node_error(e.to_string()))),
@@ -63,6 +67,22 @@ pub(crate) async fn fetch(
                 "reading node {addr}'s answer (at most {max} bytes): {e}"
             )))
         })
+}
+
+/// Forwards `request()` to node `addr`, twice if the first fails on a kept-alive connection
+/// the node closed (it stopped, or restarted): for requests that may be repeated (a read, a
+/// revocation), so that a node's restart is not taken for a failure.
+pub(crate) async fn forward_again(
+    nodes: &Nodes,
+    addr: SocketAddr,
+    request: impl Fn() -> Request,
+) -> Result<Response, ForwardError> {
+    match forward(nodes.client(), nodes.config(), addr, request()).await {
+        Err(ForwardError::Failed { .. }) => {
+            forward(nodes.client(), nodes.config(), addr, request()).await
+        }
+        first => first,
+    }
 }
 
 /// The router's 502: a node's answer it could not read or use.

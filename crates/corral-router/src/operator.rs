@@ -25,10 +25,10 @@ use corral_server::service::LIST_LIMIT;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::gather::{fetch, node_error, report, Missing};
+use crate::gather::{fetch, forward_again, node_error, report, Missing};
 use crate::list::{cursor, parse_cursor};
 use crate::nodes::{Lookup, Nodes};
-use crate::proxy::{forward, ForwardError};
+use crate::proxy::ForwardError;
 use crate::route::{error, no_nodes, Face};
 
 /// An audit page holds 100 lines unless asked otherwise, as on a node.
@@ -481,17 +481,21 @@ async fn revoke_key(nodes: &Nodes, id: &str, headers: &HeaderMap) -> Response {
             if !member.up {
                 return Revoked::Failed("does not answer".into());
             }
-            let mut request = Request::new(axum::body::Body::empty());
-            *request.method_mut() = Method::DELETE;
-            *request.headers_mut() = headers.clone();
-            request
-                .headers_mut()
-                .remove(axum::http::header::CONTENT_LENGTH);
-            match path.parse() {
-                Ok(uri) => *request.uri_mut() = uri,
+            let uri: axum::http::Uri = match path.parse() {
+                Ok(uri) => uri,
                 Err(e) => return Revoked::Failed(format!("the path: {e}")),
-            }
-            match forward(nodes.client(), nodes.config(), member.addr, request).await {
+            };
+            let request = || {
+                let mut request = Request::new(axum::body::Body::empty());
+                *request.method_mut() = Method::DELETE;
+                *request.uri_mut() = uri.clone();
+                *request.headers_mut() = headers.clone();
+                request
+                    .headers_mut()
+                    .remove(axum::http::header::CONTENT_LENGTH);
+                request
+            };
+            match forward_again(nodes, member.addr, request).await {
                 Ok(answer) => match answer.status() {
                     StatusCode::NO_CONTENT => Revoked::Done,
                     StatusCode::NOT_FOUND => Revoked::NotLive,
