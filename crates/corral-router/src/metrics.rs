@@ -135,7 +135,12 @@ pub(crate) async fn metrics(nodes: &Nodes, headers: &HeaderMap) -> Response {
     node_up.samples = nodes
         .known()
         .into_iter()
-        .map(|(name, m)| format!("corral_router_node_up{{node=\"{name}\"}} {}", u8::from(m.up)))
+        .map(|(name, m)| {
+            format!(
+                "corral_router_node_up{{node=\"{name}\"}} {}",
+                u8::from(m.up)
+            )
+        })
         .collect();
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], exposition.render()).into_response()
 }

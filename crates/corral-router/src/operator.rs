@@ -49,7 +49,7 @@ pub(crate) async fn answer(nodes: &Nodes, route: OperatorRoute, request: Request
     let headers = request.headers().clone();
     let query = match Query::parse(request.uri().query()) {
         Ok(query) => query,
-        Err(answer) => return answer,
+        Err(message) => return bad_request(message),
     };
     match route {
         OperatorRoute::Sandboxes => sandboxes(nodes, query, &headers).await,
@@ -61,7 +61,12 @@ pub(crate) async fn answer(nodes: &Nodes, route: OperatorRoute, request: Request
 }
 
 fn bad_request(message: String) -> Response {
-    error(Face::Native, StatusCode::BAD_REQUEST, "bad_request", message)
+    error(
+        Face::Native,
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+        message,
+    )
 }
 
 /// A request's query: the router's own parameters taken out, the rest passed to the nodes.
@@ -70,10 +75,11 @@ struct Query {
 }
 
 impl Query {
-    fn parse(query: Option<&str>) -> Result<Query, Response> {
+    /// The query, or why it is not one (a 400's message).
+    fn parse(query: Option<&str>) -> Result<Query, String> {
         serde_urlencoded::from_str(query.unwrap_or(""))
             .map(|pairs| Query { pairs })
-            .map_err(|e| bad_request(format!("the query: {e}")))
+            .map_err(|e| format!("the query: {e}"))
     }
 
     /// Takes parameter `name` out (its last value).
@@ -104,13 +110,12 @@ impl Query {
     }
 }
 
-fn limit(given: Option<String>, default: usize, max: usize) -> Result<usize, Response> {
+/// The page size asked for, or why it is not one (a 400's message).
+fn limit(given: Option<String>, default: usize, max: usize) -> Result<usize, String> {
     match given.map(|v| v.parse::<usize>()) {
         None => Ok(default),
         Some(Ok(n)) if (1..=max).contains(&n) => Ok(n),
-        Some(_) => Err(bad_request(format!(
-            "`limit` must be between 1 and {max}"
-        ))),
+        Some(_) => Err(format!("`limit` must be between 1 and {max}")),
     }
 }
 
@@ -145,7 +150,7 @@ struct SandboxList {
 async fn sandboxes(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Response {
     let limit = match limit(query.take("limit"), LIST_LIMIT, LIST_LIMIT) {
         Ok(limit) => limit,
-        Err(answer) => return answer,
+        Err(message) => return bad_request(message),
     };
     let start = match query.take("after").map(|token| parse_cursor(&token)) {
         None => None,
@@ -243,7 +248,12 @@ fn parse_audit_cursor(token: &str) -> Option<Vec<(NodeName, Option<i64>)>> {
 fn audit_cursor(resume: &[(NodeName, Option<i64>)]) -> Option<String> {
     let pairs: Vec<(&str, String)> = resume
         .iter()
-        .map(|(node, before)| (node.as_str(), before.map_or(String::new(), |b| b.to_string())))
+        .map(|(node, before)| {
+            (
+                node.as_str(),
+                before.map_or(String::new(), |b| b.to_string()),
+            )
+        })
         .collect();
     serde_urlencoded::to_string(pairs).ok()
 }
@@ -261,10 +271,14 @@ struct Source {
 async fn audit(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Response {
     let limit = match limit(query.take("limit"), AUDIT_DEFAULT, AUDIT_LIMIT) {
         Ok(limit) => limit,
-        Err(answer) => return answer,
+        Err(message) => return bad_request(message),
     };
     let from: Vec<(NodeName, Option<i64>)> = match query.take("before") {
-        None => nodes.up().into_iter().map(|(name, _)| (name, None)).collect(),
+        None => nodes
+            .up()
+            .into_iter()
+            .map(|(name, _)| (name, None))
+            .collect(),
         Some(token) => match parse_audit_cursor(&token) {
             Some(from) => from,
             None => return bad_request("`before` is not a cursor this service gave".into()),

@@ -76,7 +76,9 @@ fn target(method: &Method, path: &str, headers: &HeaderMap) -> Target {
     match (method, segments.as_slice()) {
         (_, ["healthz"]) => Target::Health,
         (&Method::GET, ["metrics"]) => Target::Metrics,
-        (&Method::GET, ["v1", "operator", "sandboxes"]) => Target::Operator(OperatorRoute::Sandboxes),
+        (&Method::GET, ["v1", "operator", "sandboxes"]) => {
+            Target::Operator(OperatorRoute::Sandboxes)
+        }
         (&Method::GET, ["v1", "audit"]) => Target::Operator(OperatorRoute::Audit),
         (&Method::GET, ["v1", "keys"]) => Target::Operator(OperatorRoute::Keys),
         (&Method::POST, ["v1", "keys"]) => Target::Operator(OperatorRoute::CreateKey),

@@ -44,15 +44,19 @@ fn refused() -> Response {
         .into_response()
 }
 
-fn operator(headers: &HeaderMap) -> Result<(), Response> {
+/// The node's refusal of a request that is not an operator's: 403 for the plain key, 401
+/// for any other.
+fn refusal(headers: &HeaderMap) -> Option<Response> {
     match headers.get("authorization").and_then(|v| v.to_str().ok()) {
-        Some("Bearer op") => Ok(()),
-        Some("Bearer plain") => Err(refused()),
-        _ => Err((
-            StatusCode::UNAUTHORIZED,
-            Json(json!({"error": {"code": "unauthorized", "message": "no such key"}})),
-        )
-            .into_response()),
+        Some("Bearer op") => None,
+        Some("Bearer plain") => Some(refused()),
+        _ => Some(
+            (
+                StatusCode::UNAUTHORIZED,
+                Json(json!({"error": {"code": "unauthorized", "message": "no such key"}})),
+            )
+                .into_response(),
+        ),
     }
 }
 
@@ -79,7 +83,9 @@ async fn fake_node(
             "/v1/operator/sandboxes",
             get(
                 move |headers: HeaderMap, Query(q): Query<Vec<(String, String)>>| async move {
-                    operator(&headers)?;
+                    if let Some(refusal) = refusal(&headers) {
+                        return Err(refusal);
+                    }
                     if let Some((k, _)) = q.iter().find(|(k, _)| k != "key") {
                         return Err((
                             StatusCode::BAD_REQUEST,
@@ -104,7 +110,7 @@ async fn fake_node(
                 move |headers: HeaderMap, Query(q): Query<Vec<(String, String)>>| async move {
                     let who = headers.get("authorization").and_then(|v| v.to_str().ok());
                     if who.is_none() {
-                        return Err(operator(&headers).unwrap_err());
+                        return Err(refusal(&headers).unwrap());
                     }
                     let param = |n: &str| q.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
                     let limit: usize = param("limit").unwrap().parse().unwrap();
@@ -125,7 +131,9 @@ async fn fake_node(
             get(move |headers: HeaderMap| {
                 let keys = keys.clone();
                 async move {
-                    operator(&headers)?;
+                    if let Some(refusal) = refusal(&headers) {
+                        return Err(refusal);
+                    }
                     let keys: Vec<Value> = keys
                         .lock()
                         .unwrap()
@@ -141,7 +149,9 @@ async fn fake_node(
             delete(move |headers: HeaderMap, Path(id): Path<String>| {
                 let keys = revoked.clone();
                 async move {
-                    operator(&headers)?;
+                    if let Some(refusal) = refusal(&headers) {
+                        return Err(refusal);
+                    }
                     let mut keys = keys.lock().unwrap();
                     match keys.iter_mut().find(|(k, revoked)| *k == id && !*revoked) {
                         Some(key) => {
@@ -157,7 +167,7 @@ async fn fake_node(
             "/metrics",
             get(move |headers: HeaderMap| async move {
                 if !headers.contains_key("authorization") {
-                    return Err(operator(&headers).unwrap_err());
+                    return Err(refusal(&headers).unwrap());
                 }
                 Ok(format!(
                     "# HELP corral_sessions_live Live sessions.\n# TYPE corral_sessions_live gauge\n\
@@ -250,9 +260,7 @@ fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
 }
 
 /// Three nodes: a with 3 sandboxes, b with 2, c with 4.
-async fn three_nodes(
-    calls: &Calls,
-) -> (Vec<SocketAddr>, Vec<tokio::task::JoinHandle<()>>) {
+async fn three_nodes(calls: &Calls) -> (Vec<SocketAddr>, Vec<tokio::task::JoinHandle<()>>) {
     let mut addrs = Vec::new();
     let mut tasks = Vec::new();
     for (name, sandboxes) in [
@@ -318,7 +326,10 @@ async fn the_operator_list_holds_every_nodes_sandboxes_paged_and_reports_a_node_
     );
     // One page by default; the key filter reaches the nodes; what the nodes refuse is refused.
     let (status, body) = get_as(&app, "/v1/operator/sandboxes?key=key-a", "op").await;
-    assert_eq!((status, body["sandboxes"].as_array().unwrap().len()), (StatusCode::OK, 9));
+    assert_eq!(
+        (status, body["sandboxes"].as_array().unwrap().len()),
+        (StatusCode::OK, 9)
+    );
     assert!(body.get("next").is_none());
     let (status, body) = get_as(&app, "/v1/operator/sandboxes?bogus=1", "op").await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
@@ -328,7 +339,10 @@ async fn the_operator_list_holds_every_nodes_sandboxes_paged_and_reports_a_node_
     }
     // A plain key is refused as a node refuses it; no key at all is the node's 401.
     let (status, body) = get_as(&app, "/v1/operator/sandboxes", "plain").await;
-    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::FORBIDDEN, Some("forbidden")));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("forbidden"))
+    );
     let (status, _) = get_as(&app, "/v1/operator/sandboxes", "nobody").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     // node-b stops: it is reported unreachable, and the others are still listed.
@@ -345,7 +359,11 @@ async fn the_operator_list_holds_every_nodes_sandboxes_paged_and_reports_a_node_
     assert!(ids.iter().all(|id| !id.ends_with("node-b")), "{body}");
     assert_eq!(
         statuses(&body),
-        pairs(&[("node-a", "ok"), ("node-b", "unreachable"), ("node-c", "ok")])
+        pairs(&[
+            ("node-a", "ok"),
+            ("node-b", "unreachable"),
+            ("node-c", "ok")
+        ])
     );
 }
 
@@ -371,7 +389,10 @@ async fn an_operator_list_beyond_the_bound_is_refused_and_one_within_it_is_merge
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     assert_eq!(body["error"]["code"], "node_error");
     assert!(
-        body["error"]["message"].as_str().unwrap().contains("1048576 bytes"),
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("1048576 bytes"),
         "{body}"
     );
 }
@@ -438,7 +459,11 @@ async fn the_audit_log_is_merged_newest_first_paged_and_bounded() {
     assert_eq!(body["entries"].as_array().unwrap().len(), 6, "{body}");
     assert_eq!(
         statuses(&body),
-        pairs(&[("node-a", "ok"), ("node-b", "ok"), ("node-c", "unreachable")])
+        pairs(&[
+            ("node-a", "ok"),
+            ("node-b", "ok"),
+            ("node-c", "unreachable")
+        ])
     );
 }
 
@@ -456,7 +481,13 @@ async fn an_audit_answer_beyond_the_bound_is_refused() {
     assert_eq!(status, StatusCode::OK, "{body}");
     let (status, body) = get_as(&app, "/v1/audit?limit=1000", "op").await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("32768 bytes"), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("32768 bytes"),
+        "{body}"
+    );
 }
 
 #[tokio::test]
@@ -488,7 +519,10 @@ async fn keys_are_listed_from_every_node_revoked_on_every_node_and_not_made_here
         }
     }
     // A plain key is refused, listing as revoking or making.
-    assert_eq!(get_as(&app, "/v1/keys", "plain").await.0, StatusCode::FORBIDDEN);
+    assert_eq!(
+        get_as(&app, "/v1/keys", "plain").await.0,
+        StatusCode::FORBIDDEN
+    );
     let (status, body) = call_as(&app, Method::DELETE, "/v1/keys/key-000000000001", "plain").await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     let (status, body) = call_as(&app, Method::POST, "/v1/keys", "plain").await;
@@ -497,13 +531,26 @@ async fn keys_are_listed_from_every_node_revoked_on_every_node_and_not_made_here
     let (status, body) = call_as(&app, Method::POST, "/v1/keys", "op").await;
     assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{body}");
     assert_eq!(body["error"]["code"], "keys_on_nodes");
-    assert!(body["error"]["message"].as_str().unwrap().contains("corral key add"));
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("corral key add"));
     // Revoked on every node; again, it is no live key anywhere.
     let (status, body) = call_as(&app, Method::DELETE, "/v1/keys/key-000000000001", "op").await;
     assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
     let (_, body) = get_as(&app, "/v1/keys", "op").await;
-    let one = body["keys"].as_array().unwrap().iter().find(|k| k["id"] == "key-000000000001").unwrap().clone();
-    assert_eq!((one["revoked"].as_bool(), one.get("differs_on")), (Some(true), None), "{body}");
+    let one = body["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["id"] == "key-000000000001")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (one["revoked"].as_bool(), one.get("differs_on")),
+        (Some(true), None),
+        "{body}"
+    );
     let (status, _) = call_as(&app, Method::DELETE, "/v1/keys/key-000000000001", "op").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     // A key only some nodes hold is revoked where it is live: consistent, 204.
@@ -520,7 +567,11 @@ async fn keys_are_listed_from_every_node_revoked_on_every_node_and_not_made_here
     let (_, body) = get_as(&app, "/v1/keys", "op").await;
     assert_eq!(
         statuses(&body),
-        pairs(&[("node-a", "ok"), ("node-b", "ok"), ("node-c", "unreachable")])
+        pairs(&[
+            ("node-a", "ok"),
+            ("node-b", "ok"),
+            ("node-c", "unreachable")
+        ])
     );
 }
 
@@ -550,13 +601,24 @@ async fn metrics_are_every_nodes_labelled_and_bounded() {
     tasks[0].abort();
     let (_, body) = get_as(&app, "/metrics", "op").await;
     let text = body.as_str().unwrap();
-    assert!(text.lines().any(|l| l == "corral_router_node_up{node=\"node-a\"} 0"), "{text}");
-    assert!(!text.contains("corral_sessions_live{node=\"node-a\"}"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l == "corral_router_node_up{node=\"node-a\"} 0"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("corral_sessions_live{node=\"node-a\"}"),
+        "{text}"
+    );
     // The router's health lists every node.
     let (_, health) = get_as(&app, "/healthz", "").await;
     assert_eq!(
         statuses(&health),
-        pairs(&[("node-a", "unreachable"), ("node-b", "ok"), ("node-c", "ok")])
+        pairs(&[
+            ("node-a", "unreachable"),
+            ("node-b", "ok"),
+            ("node-c", "ok")
+        ])
     );
     // One node's metrics beyond the bound: the router's 502.
     let spec = Spec {

@@ -246,9 +246,7 @@ impl Db {
             .optional()?;
         Ok(match existing {
             Some((_, _, Some(_), _)) => KeyAdded::Revoked,
-            Some((n, h, None, o)) if n == name && h == hash && o == operator => {
-                KeyAdded::Unchanged
-            }
+            Some((n, h, None, o)) if n == name && h == hash && o == operator => KeyAdded::Unchanged,
             _ => KeyAdded::Differs,
         })
     }
@@ -550,7 +548,10 @@ mod tests {
         let first = Db::open(&dir.path().join("a.db")).unwrap();
         let second = Db::open(&dir.path().join("b.db")).unwrap();
         let (id, secret) = first.create_key("team", false).unwrap();
-        assert_eq!(second.add_key(&id, "team", &secret, false).unwrap(), KeyAdded::New);
+        assert_eq!(
+            second.add_key(&id, "team", &secret, false).unwrap(),
+            KeyAdded::New
+        );
         assert_eq!(
             second.verify_key(&secret).unwrap().as_deref(),
             Some(id.as_str())
@@ -570,7 +571,9 @@ mod tests {
             KeyAdded::Differs
         );
         assert_eq!(
-            second.add_key("key-000000000000", "x", &secret, false).unwrap(),
+            second
+                .add_key("key-000000000000", "x", &secret, false)
+                .unwrap(),
             KeyAdded::Differs
         );
         // Nor is a key added again as an operator's made one.
