@@ -9,6 +9,7 @@ Runs last in its module: the kill test changes the cluster.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -168,6 +169,67 @@ def operator_list(router: str, key: str, limit: int = 1000) -> tuple:
     raise AssertionError("the operator's list did not end")
 
 
+def console_through(router: str, key: str, ids: set, names: set) -> None:
+    """Opens the web console through `router` with operator key `key` in a headless Chromium
+    (as tests/console does) and checks that it shows the whole cluster: every key's sandboxes
+    of every node (`ids`), the router's table of the nodes (`names`) in place of one server's
+    pools, the gauges, every node's audit lines, and key creation refused with its reason."""
+    import shutil
+    import tempfile
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    chromium = os.environ.get("CORRAL_CHROMIUM", "/usr/bin/chromium")
+    chromedriver = os.environ.get("CORRAL_CHROMEDRIVER", "/usr/bin/chromedriver")
+    for path in (chromium, chromedriver):
+        if not shutil.which(path):
+            pytest.fail(f"{path} is missing: run scripts/setup", pytrace=False)
+    profile = tempfile.mkdtemp(prefix="corral-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--no-first-run",
+                "--disable-background-networking", "--window-size=1440,1100",
+                f"--user-data-dir={profile}"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=chromedriver))
+
+    def wait(condition, message: str) -> None:
+        WebDriverWait(driver, 30).until(lambda d: condition(), message=message)
+
+    def text(element_id: str) -> str:
+        return driver.find_element(By.ID, element_id).text
+
+    try:
+        driver.get(router + "/#/")
+        driver.execute_script(f"sessionStorage.setItem('corral.key', {json.dumps(key)});")
+        driver.refresh()
+        wait(lambda: "(operator)" in text("who"), "the console did not take the operator key")
+        driver.find_element(By.CSS_SELECTOR, '#owner-filter option[value="*"]').click()
+        for sandbox in ids:
+            wait(lambda: driver.find_elements(By.CSS_SELECTOR, f'#sandboxes tr[data-id="{sandbox}"]'),
+                 f"{sandbox} is not in the console's list of every key's sandboxes")
+        driver.get(router + "/#/ops")
+        wait(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#nodes tbody tr")) == len(names),
+             "the ops page shows no table of the nodes")
+        rows = [r.text for r in driver.find_elements(By.CSS_SELECTOR, "#nodes tbody tr")]
+        assert sorted(r.split()[0] for r in rows) == sorted(names) and all(" ok " in f" {r} " for r in rows), rows
+        assert not driver.find_element(By.ID, "pools").is_displayed()
+        wait(lambda: driver.find_elements(By.CSS_SELECTOR, '#gauges [data-metric="corral_sessions_live"]'),
+             "no gauges")
+        live = int(driver.find_element(By.CSS_SELECTOR, '#gauges [data-metric="corral_sessions_live"]').text)
+        assert live >= len(ids), live
+        wait(lambda: all(i in text("audit") for i in ids), "the audit log lacks some node's lines")
+        driver.find_element(By.ID, "key-name").send_keys("through-the-router")
+        driver.find_element(By.ID, "key-form").submit()
+        wait(lambda: "corral key add" in text("banner"), "making a key here is not refused with its reason")
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
 def test_the_operator_sees_the_whole_cluster_through_either_router(cluster: Cluster) -> None:
     names = {n.name for n in cluster.nodes}
     made: List[Sandbox] = []
@@ -241,6 +303,8 @@ def test_the_operator_sees_the_whole_cluster_through_either_router(cluster: Clus
                 assert f'corral_sessions_live{{node="{name}"}}' in metrics.text
             health = httpx.get(f"{router}/healthz").json()
             assert {n["name"]: n["status"] for n in health["nodes"]} == {n: "ok" for n in names}
+        # The console, opened through a router, shows the same.
+        console_through(cluster.routers[0], cluster.operator_key, ids, names)
         # Restart, pause, resume and delete reach the sandbox's node through a router.
         sb = made[0]
         sb.run_code("kept = 1")
