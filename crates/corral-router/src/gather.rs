@@ -24,18 +24,34 @@ pub(crate) enum Missing {
 }
 
 /// The body of node `addr`'s answer to `method path_and_query` with `headers`, when it is 200
-/// and at most `max` bytes.
+/// and at most `max` bytes; the router's own errors in `face`'s shape.
 pub(crate) async fn fetch(
     nodes: &Nodes,
+    face: Face,
     addr: SocketAddr,
     method: Method,
     path_and_query: &str,
     headers: &HeaderMap,
     max: usize,
 ) -> Result<Bytes, Missing> {
+    fetch_answer(nodes, face, addr, method, path_and_query, headers, max)
+        .await
+        .map(|(_, body)| body)
+}
+
+/// As [`fetch`], with the answer's headers.
+pub(crate) async fn fetch_answer(
+    nodes: &Nodes,
+    face: Face,
+    addr: SocketAddr,
+    method: Method,
+    path_and_query: &str,
+    headers: &HeaderMap,
+    max: usize,
+) -> Result<(HeaderMap, Bytes), Missing> {
     let uri: axum::http::Uri = path_and_query.parse().map_err(|e| {
         Missing::Answer(error(
-            Face::Native,
+            face,
             StatusCode::BAD_REQUEST,
             "bad_request",
             format!("{e}"),
@@ -53,19 +69,21 @@ pub(crate) async fn fetch(
     let answer = match forward_again(nodes, addr, request).await {
         Ok(answer) => answer,
         Err(ForwardError::Unreachable { .. }) => return Err(Missing::Down),
-        Err(e) => return Err(Missing::Answer(node_error(e.to_string()))),
+        Err(e) => return Err(Missing::Answer(node_error(face, e.to_string()))),
     };
     if answer.status() != StatusCode::OK {
         return Err(Missing::Answer(answer));
     }
-    http_body_util::Limited::new(answer.into_body(), max)
+    let (parts, body) = answer.into_parts();
+    http_body_util::Limited::new(body, max)
         .collect()
         .await
-        .map(|collected| collected.to_bytes())
+        .map(|collected| (parts.headers, collected.to_bytes()))
         .map_err(|e| {
-            Missing::Answer(node_error(format!(
-                "reading node {addr}'s answer (at most {max} bytes): {e}"
-            )))
+            Missing::Answer(node_error(
+                face,
+                format!("reading node {addr}'s answer (at most {max} bytes): {e}"),
+            ))
         })
 }
 
@@ -86,8 +104,8 @@ pub(crate) async fn forward_again(
 }
 
 /// The router's 502: a node's answer it could not read or use.
-pub(crate) fn node_error(message: String) -> Response {
-    error(Face::Native, StatusCode::BAD_GATEWAY, "node_error", message)
+pub(crate) fn node_error(face: Face, message: String) -> Response {
+    error(face, StatusCode::BAD_GATEWAY, "node_error", message)
 }
 
 /// A node as the gathered answers report it.

@@ -106,6 +106,7 @@ pub(crate) async fn metrics(nodes: &Nodes, headers: &HeaderMap) -> Response {
     let answers = futures_util::future::join_all(up.iter().map(|(_, addr)| {
         fetch(
             nodes,
+            Face::Native,
             *addr,
             Method::GET,
             "/metrics",
@@ -119,7 +120,12 @@ pub(crate) async fn metrics(nodes: &Nodes, headers: &HeaderMap) -> Response {
         match answer {
             Ok(bytes) => match std::str::from_utf8(&bytes) {
                 Ok(text) => exposition.add(&name, text),
-                Err(e) => return node_error(format!("node {name}'s metrics are not text: {e}")),
+                Err(e) => {
+                    return node_error(
+                        Face::Native,
+                        format!("node {name}'s metrics are not text: {e}"),
+                    )
+                }
             },
             Err(Missing::Down) => nodes.mark_down(&name),
             Err(Missing::Answer(answer)) => return answer,

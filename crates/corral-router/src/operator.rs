@@ -169,7 +169,8 @@ async fn sandboxes(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Resp
     let mut items: Vec<Value> = Vec::new();
     let mut next = None;
     for (i, (name, addr)) in up.iter().enumerate().skip(first) {
-        let bytes = match fetch(nodes, *addr, Method::GET, &path, headers, max).await {
+        let bytes = match fetch(nodes, Face::Native, *addr, Method::GET, &path, headers, max).await
+        {
             Ok(bytes) => bytes,
             Err(Missing::Down) => {
                 nodes.mark_down(name);
@@ -180,9 +181,10 @@ async fn sandboxes(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Resp
         let mut rows = match serde_json::from_slice::<SandboxList>(&bytes) {
             Ok(list) => list.sandboxes,
             Err(e) => {
-                return node_error(format!(
-                    "node {name}'s operator list is not a list of sandboxes: {e}"
-                ))
+                return node_error(
+                    Face::Native,
+                    format!("node {name}'s operator list is not a list of sandboxes: {e}"),
+                )
             }
         };
         rows.sort_by(|a, b| creation_order(id_of(a)).cmp(&creation_order(id_of(b))));
@@ -233,7 +235,7 @@ fn parse_audit_cursor(token: &str) -> Option<Vec<(NodeName, Option<i64>)>> {
     if pairs.is_empty() {
         return None;
     }
-    pairs
+    let resume: Vec<(NodeName, Option<i64>)> = pairs
         .into_iter()
         .map(|(node, before)| {
             let before = match before.as_str() {
@@ -242,7 +244,10 @@ fn parse_audit_cursor(token: &str) -> Option<Vec<(NodeName, Option<i64>)>> {
             };
             Some((node.parse().ok()?, before))
         })
-        .collect()
+        .collect::<Option<_>>()?;
+    // Each node once: a router writes no other.
+    let distinct: std::collections::BTreeSet<&NodeName> = resume.iter().map(|(n, _)| n).collect();
+    (distinct.len() == resume.len()).then_some(resume)
 }
 
 fn audit_cursor(resume: &[(NodeName, Option<i64>)]) -> Option<String> {
@@ -303,7 +308,7 @@ async fn audit(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Response
             extra.push(("before", before.to_string()));
         }
         let path = query.path("/v1/audit", &extra);
-        async move { fetch(nodes, *addr, Method::GET, &path, headers, max).await }
+        async move { fetch(nodes, Face::Native, *addr, Method::GET, &path, headers, max).await }
     }))
     .await;
     let mut sources = Vec::new();
@@ -318,7 +323,12 @@ async fn audit(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Response
         };
         let page: AuditPage = match serde_json::from_slice(&bytes) {
             Ok(page) => page,
-            Err(e) => return node_error(format!("node {node}'s audit log is not one: {e}")),
+            Err(e) => {
+                return node_error(
+                    Face::Native,
+                    format!("node {node}'s audit log is not one: {e}"),
+                )
+            }
         };
         let mut lines = VecDeque::new();
         for row in page.entries {
@@ -326,7 +336,10 @@ async fn audit(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Response
                 row.get("at").and_then(Value::as_i64),
                 row.get("id").and_then(Value::as_i64),
             ) else {
-                return node_error(format!("node {node}'s audit line has no `at` or `id`"));
+                return node_error(
+                    Face::Native,
+                    format!("node {node}'s audit line has no `at` or `id`"),
+                );
             };
             lines.push_back(Line { at, id, row });
         }
@@ -388,10 +401,17 @@ async fn keys(nodes: &Nodes, headers: &HeaderMap) -> Response {
         return no_nodes(Face::Native);
     }
     let max = nodes.config().max_list_bytes;
-    let answers = futures_util::future::join_all(
-        up.iter()
-            .map(|(_, addr)| fetch(nodes, *addr, Method::GET, "/v1/keys", headers, max)),
-    )
+    let answers = futures_util::future::join_all(up.iter().map(|(_, addr)| {
+        fetch(
+            nodes,
+            Face::Native,
+            *addr,
+            Method::GET,
+            "/v1/keys",
+            headers,
+            max,
+        )
+    }))
     .await;
     let mut held: Vec<(NodeName, BTreeMap<String, Value>)> = Vec::new();
     let mut order: Vec<String> = Vec::new();
@@ -406,12 +426,20 @@ async fn keys(nodes: &Nodes, headers: &HeaderMap) -> Response {
         };
         let list: KeyList = match serde_json::from_slice(&bytes) {
             Ok(list) => list,
-            Err(e) => return node_error(format!("node {name}'s keys are not a key list: {e}")),
+            Err(e) => {
+                return node_error(
+                    Face::Native,
+                    format!("node {name}'s keys are not a key list: {e}"),
+                )
+            }
         };
         let mut by_id = BTreeMap::new();
         for key in list.keys {
             let Some(id) = key.get("id").and_then(Value::as_str).map(str::to_string) else {
-                return node_error(format!("node {name} lists a key without an id"));
+                return node_error(
+                    Face::Native,
+                    format!("node {name} lists a key without an id"),
+                );
             };
             if !order.contains(&id) {
                 order.push(id.clone());
@@ -450,7 +478,17 @@ async fn create_key(nodes: &Nodes, headers: &HeaderMap) -> Response {
         return no_nodes(Face::Native);
     };
     let max = nodes.config().max_list_bytes;
-    match fetch(nodes, addr, Method::GET, "/v1/keys", headers, max).await {
+    match fetch(
+        nodes,
+        Face::Native,
+        addr,
+        Method::GET,
+        "/v1/keys",
+        headers,
+        max,
+    )
+    .await
+    {
         Ok(_) => error(
             Face::Native,
             StatusCode::NOT_IMPLEMENTED,
@@ -582,7 +620,14 @@ mod tests {
         let resume = vec![(a.clone(), Some(42)), (b.clone(), None)];
         let token = audit_cursor(&resume).unwrap();
         assert_eq!(parse_audit_cursor(&token), Some(resume));
-        for bad in ["", "X", "Node=1", "node-a=x", "node-a=1&-b=2"] {
+        for bad in [
+            "",
+            "X",
+            "Node=1",
+            "node-a=x",
+            "node-a=1&-b=2",
+            "node-a=1&node-a=2",
+        ] {
             assert_eq!(parse_audit_cursor(bad), None, "{bad:?}");
         }
     }
