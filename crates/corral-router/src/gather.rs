@@ -8,6 +8,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::Response;
+use corral_kernel::NodeName;
 use http_body_util::BodyExt as _;
 
 use crate::nodes::Nodes;
@@ -114,26 +115,67 @@ pub(crate) struct NodeReport {
     pub name: String,
     /// `ok`; `degraded` (a zygote of its pool is being replaced); `unreachable` (its last
     /// probe, or the last request sent to it, did not reach it: what it holds is missing from
-    /// the answer).
+    /// the answer); `refused` (it refused the key that other nodes took: the nodes' keys
+    /// differ, and what it holds is missing from the answer).
     pub status: &'static str,
     pub sessions_live: u64,
     pub max_sessions: u64,
 }
 
-/// Every node this router knows, by name.
-pub(crate) fn report(nodes: &Nodes) -> Vec<NodeReport> {
+/// Every node this router knows, by name; those in `refused` refused the request's key.
+pub(crate) fn report(nodes: &Nodes, refused: &[NodeName]) -> Vec<NodeReport> {
     nodes
         .known()
         .into_iter()
         .map(|(name, m)| NodeReport {
-            name: name.to_string(),
             status: match (m.up, m.degraded) {
                 (false, _) => "unreachable",
+                _ if refused.contains(&name) => "refused",
                 (true, true) => "degraded",
                 (true, false) => "ok",
             },
+            name: name.to_string(),
             sessions_live: m.live,
             max_sessions: m.max,
         })
         .collect()
+}
+
+/// The nodes that refused a request's key (401, 403) while gathering. Keys are the same on every
+/// node, so a key is refused by all or none; when some node refuses a key others take, the
+/// nodes' keys differ: the answer holds what the others gave and names the refusing nodes.
+#[derive(Default)]
+pub(crate) struct Refusals {
+    first: Option<Response>,
+    pub nodes: Vec<NodeName>,
+    taken: bool,
+}
+
+impl Refusals {
+    /// Keeps `answer` when it is node `node`'s refusal of the key; else gives it back.
+    pub fn keep(&mut self, node: &NodeName, answer: Response) -> Option<Response> {
+        if !matches!(
+            answer.status(),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+        ) {
+            return Some(answer);
+        }
+        self.nodes.push(node.clone());
+        self.first.get_or_insert(answer);
+        None
+    }
+
+    /// A node took the key.
+    pub fn taken(&mut self) {
+        self.taken = true;
+    }
+
+    /// The refusal to answer with: a node's, when no node took the key.
+    pub fn refusal(&mut self) -> Option<Response> {
+        if self.taken {
+            None
+        } else {
+            self.first.take()
+        }
+    }
 }

@@ -10,8 +10,9 @@
 //! - `POST /v1/keys`: refused (a key one node makes is unknown to the others).
 //!
 //! Each answer has a `nodes` section: every node this router knows and whether it answers, so
-//! that a node that is down is reported, not silently missing. Every node's answer is read
-//! whole, at most `max_list_bytes`.
+//! that a node that is down (or that refuses a key the others take: their keys differ) is
+//! reported, not silently missing. A key every node refuses gets a node's refusal. Every
+//! node's answer is read whole, at most `max_list_bytes`.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -25,7 +26,7 @@ use corral_server::service::LIST_LIMIT;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::gather::{fetch, forward_again, node_error, report, Missing};
+use crate::gather::{fetch, forward_again, node_error, report, Missing, Refusals};
 use crate::list::{cursor, parse_cursor};
 use crate::nodes::{Lookup, Nodes};
 use crate::proxy::ForwardError;
@@ -168,6 +169,7 @@ async fn sandboxes(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Resp
         .map_or(0, |c| up.partition_point(|(name, _)| *name < c.node));
     let mut items: Vec<Value> = Vec::new();
     let mut next = None;
+    let mut refusals = Refusals::default();
     for (i, (name, addr)) in up.iter().enumerate().skip(first) {
         let bytes = match fetch(nodes, Face::Native, *addr, Method::GET, &path, headers, max).await
         {
@@ -176,8 +178,12 @@ async fn sandboxes(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Resp
                 nodes.mark_down(name);
                 continue;
             }
-            Err(Missing::Answer(answer)) => return answer,
+            Err(Missing::Answer(answer)) => match refusals.keep(name, answer) {
+                None => continue,
+                Some(answer) => return answer,
+            },
         };
+        refusals.taken();
         let mut rows = match serde_json::from_slice::<SandboxList>(&bytes) {
             Ok(list) => list.sandboxes,
             Err(e) => {
@@ -208,7 +214,10 @@ async fn sandboxes(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Resp
             break;
         }
     }
-    let mut body = json!({ "sandboxes": items, "nodes": report(nodes) });
+    if let Some(refusal) = refusals.refusal() {
+        return refusal;
+    }
+    let mut body = json!({ "sandboxes": items, "nodes": report(nodes, &refusals.nodes) });
     if let Some(next) = next {
         body["next"] = next.into();
     }
@@ -312,6 +321,7 @@ async fn audit(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Response
     }))
     .await;
     let mut sources = Vec::new();
+    let mut refusals = Refusals::default();
     for ((node, _, before), answer) in targets.into_iter().zip(answers) {
         let bytes = match answer {
             Ok(bytes) => bytes,
@@ -319,8 +329,12 @@ async fn audit(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Response
                 nodes.mark_down(&node);
                 continue;
             }
-            Err(Missing::Answer(answer)) => return answer,
+            Err(Missing::Answer(answer)) => match refusals.keep(&node, answer) {
+                None => continue,
+                Some(answer) => return answer,
+            },
         };
+        refusals.taken();
         let page: AuditPage = match serde_json::from_slice(&bytes) {
             Ok(page) => page,
             Err(e) => {
@@ -376,7 +390,10 @@ async fn audit(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Response
         .filter(|s| !s.lines.is_empty() || s.more)
         .map(|s| (s.node, s.last_taken.or(s.before)))
         .collect();
-    let mut body = json!({ "entries": entries, "nodes": report(nodes) });
+    if let Some(refusal) = refusals.refusal() {
+        return refusal;
+    }
+    let mut body = json!({ "entries": entries, "nodes": report(nodes, &refusals.nodes) });
     if !resume.is_empty() {
         if let Some(next) = audit_cursor(&resume) {
             body["next"] = next.into();
@@ -415,6 +432,7 @@ async fn keys(nodes: &Nodes, headers: &HeaderMap) -> Response {
     .await;
     let mut held: Vec<(NodeName, BTreeMap<String, Value>)> = Vec::new();
     let mut order: Vec<String> = Vec::new();
+    let mut refusals = Refusals::default();
     for ((name, _), answer) in up.into_iter().zip(answers) {
         let bytes = match answer {
             Ok(bytes) => bytes,
@@ -422,8 +440,12 @@ async fn keys(nodes: &Nodes, headers: &HeaderMap) -> Response {
                 nodes.mark_down(&name);
                 continue;
             }
-            Err(Missing::Answer(answer)) => return answer,
+            Err(Missing::Answer(answer)) => match refusals.keep(&name, answer) {
+                None => continue,
+                Some(answer) => return answer,
+            },
         };
+        refusals.taken();
         let list: KeyList = match serde_json::from_slice(&bytes) {
             Ok(list) => list,
             Err(e) => {
@@ -467,7 +489,10 @@ async fn keys(nodes: &Nodes, headers: &HeaderMap) -> Response {
             Some(shown)
         })
         .collect();
-    Json(json!({ "keys": keys, "nodes": report(nodes) })).into_response()
+    if let Some(refusal) = refusals.refusal() {
+        return refusal;
+    }
+    Json(json!({ "keys": keys, "nodes": report(nodes, &refusals.nodes) })).into_response()
 }
 
 /// A key made through a router would be made by one node, with a secret the others do not

@@ -371,7 +371,7 @@ fn health(nodes: &Nodes) -> Response {
         "status": if up > 0 { "ok" } else { "no_nodes" },
         "nodes_up": up,
         "nodes_known": known.len(),
-        "nodes": crate::gather::report(nodes),
+        "nodes": crate::gather::report(nodes, &[]),
     });
     (status, axum::Json(body)).into_response()
 }

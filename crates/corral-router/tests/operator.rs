@@ -44,11 +44,12 @@ fn refused() -> Response {
         .into_response()
 }
 
-/// The node's refusal of a request that is not an operator's: 403 for the plain key, 401
-/// for any other.
-fn refusal(headers: &HeaderMap) -> Option<Response> {
+/// Node `node`'s refusal of a request that is not an operator's: 403 for the plain key, 401
+/// for any other; the operator key `drifted` is unknown to `node-b` (the nodes' keys differ).
+fn refusal(node: &str, headers: &HeaderMap) -> Option<Response> {
     match headers.get("authorization").and_then(|v| v.to_str().ok()) {
         Some("Bearer op") => None,
+        Some("Bearer drifted") if node != "node-b" => None,
         Some("Bearer plain") => Some(refused()),
         _ => Some(
             (
@@ -83,7 +84,7 @@ async fn fake_node(
             "/v1/operator/sandboxes",
             get(
                 move |headers: HeaderMap, Query(q): Query<Vec<(String, String)>>| async move {
-                    if let Some(refusal) = refusal(&headers) {
+                    if let Some(refusal) = refusal(name, &headers) {
                         return Err(refusal);
                     }
                     if let Some((k, _)) = q.iter().find(|(k, _)| k != "key") {
@@ -108,9 +109,10 @@ async fn fake_node(
             "/v1/audit",
             get(
                 move |headers: HeaderMap, Query(q): Query<Vec<(String, String)>>| async move {
-                    let who = headers.get("authorization").and_then(|v| v.to_str().ok());
-                    if who.is_none() {
-                        return Err(refusal(&headers).unwrap());
+                    // Any key the node holds sees (its own) lines; an unknown key is 401.
+                    match refusal(name, &headers) {
+                        Some(r) if r.status() == StatusCode::UNAUTHORIZED => return Err(r),
+                        _ => {}
                     }
                     let param = |n: &str| q.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
                     let limit: usize = param("limit").unwrap().parse().unwrap();
@@ -131,7 +133,7 @@ async fn fake_node(
             get(move |headers: HeaderMap| {
                 let keys = keys.clone();
                 async move {
-                    if let Some(refusal) = refusal(&headers) {
+                    if let Some(refusal) = refusal(name, &headers) {
                         return Err(refusal);
                     }
                     let keys: Vec<Value> = keys
@@ -149,7 +151,7 @@ async fn fake_node(
             delete(move |headers: HeaderMap, Path(id): Path<String>| {
                 let keys = revoked.clone();
                 async move {
-                    if let Some(refusal) = refusal(&headers) {
+                    if let Some(refusal) = refusal(name, &headers) {
                         return Err(refusal);
                     }
                     let mut keys = keys.lock().unwrap();
@@ -167,7 +169,7 @@ async fn fake_node(
             "/metrics",
             get(move |headers: HeaderMap| async move {
                 if !headers.contains_key("authorization") {
-                    return Err(refusal(&headers).unwrap());
+                    return Err(refusal(name, &headers).unwrap());
                 }
                 Ok(format!(
                     "# HELP corral_sessions_live Live sessions.\n# TYPE corral_sessions_live gauge\n\
@@ -345,6 +347,18 @@ async fn the_operator_list_holds_every_nodes_sandboxes_paged_and_reports_a_node_
     );
     let (status, _) = get_as(&app, "/v1/operator/sandboxes", "nobody").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // A key node-b does not hold (the nodes' keys differ): the others' sandboxes, node-b
+    // named as refusing it. The same for the audit log and the keys.
+    let (status, body) = get_as(&app, "/v1/operator/sandboxes", "drifted").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["sandboxes"].as_array().unwrap().len(), 7, "{body}");
+    let expected = pairs(&[("node-a", "ok"), ("node-b", "refused"), ("node-c", "ok")]);
+    assert_eq!(statuses(&body), expected);
+    for path in ["/v1/audit", "/v1/keys"] {
+        let (status, body) = get_as(&app, path, "drifted").await;
+        assert_eq!(status, StatusCode::OK, "{path}: {body}");
+        assert_eq!(statuses(&body), expected, "{path}");
+    }
     // node-b stops: it is reported unreachable, and the others are still listed.
     tasks[1].abort();
     let (status, body) = get_as(&app, "/v1/operator/sandboxes", "op").await;
