@@ -149,6 +149,70 @@ def test_a_second_tenant_reaches_nothing_of_the_first(cluster: Cluster) -> None:
         sb.kill()
 
 
+def wait_until_idle(cluster: Cluster, timeout: float = 30) -> None:
+    """Until every node is `ok` with no live sandbox (those of the tests before are gone), and
+    the routers have read that: they probe each node's load once a second, and place by what
+    they read last (a node still counting a killed sandbox, or replacing a zygote, is passed
+    over)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = [httpx.get(f"{node.url}/healthz").json() for node in cluster.nodes]
+        if all(h["status"] == "ok" and h["sessions_live"] == 0 for h in seen):
+            break
+        assert time.monotonic() < deadline, f"the nodes did not become idle: {seen}"
+        time.sleep(0.2)
+    time.sleep(1.5)
+
+
+def test_the_e2b_sdk_through_the_routers(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The control plane through one router, the sandbox plane through the other.
+    monkeypatch.setenv("E2B_API_URL", cluster.routers[0])
+    monkeypatch.setenv("E2B_SANDBOX_URL", cluster.routers[1])
+    monkeypatch.setenv("E2B_API_KEY", cluster.key)
+    monkeypatch.setenv("E2B_DEBUG", "false")
+    monkeypatch.delenv("E2B_DOMAIN", raising=False)
+    from e2b_code_interpreter import Sandbox as E2bSandbox
+
+    # Three creations through one router on three idle nodes: one on each, as that router
+    # counts what it placed until its next probe.
+    wait_until_idle(cluster)
+    made = [E2bSandbox.create() for _ in range(3)]
+    try:
+        assert {node_of(s.sandbox_id) for s in made} == {n.name for n in cluster.nodes}
+        for i, sbx in enumerate(made):
+            execution = sbx.run_code(f"{i} + 40")
+            assert execution.text == str(i + 40), execution
+            sbx.files.write("/home/user/hello.txt", f"hello {i}")
+            assert sbx.files.read("/home/user/hello.txt") == f"hello {i}"
+            assert sbx.commands.run("cat hello.txt").stdout == f"hello {i}"
+            again = E2bSandbox.connect(sbx.sandbox_id)
+            assert "".join(again.run_code("print('again')").logs.stdout) == "again\n"
+    finally:
+        for sbx in made:
+            sbx.kill()
+    assert not made[0].is_running()
+
+
+@pytest.mark.anyio
+async def test_the_mcp_server_through_a_router(cluster: Cluster) -> None:
+    from mcp import Client, StdioServerParameters
+
+    env = {k: v for k, v in os.environ.items() if k != "CORRAL_API_KEY"}
+    args = ["mcp", "--server", cluster.routers[1], "--api-key", cluster.key]
+    async with Client(StdioServerParameters(command=str(corral_bin()), args=args, env=env)) as client:
+        with anyio.fail_after(CALL_TIMEOUT_S):
+            made = await client.call_tool("create_session", {})
+            assert not made.is_error, made
+            session = made.structured_content["id"]
+            assert node_of(session) in {n.name for n in cluster.nodes}
+            first = await client.call_tool("run_code", {"code": "y = 21", "session_id": session})
+            assert not first.is_error, first
+            second = await client.call_tool("run_code", {"code": "y * 2", "session_id": session})
+            assert second.structured_content["results"][0]["text"] == "42"
+            closed = await client.call_tool("close_session", {"session_id": session})
+            assert not closed.is_error, closed
+
+
 def operator_list(router: str, key: str, limit: int = 1000) -> tuple:
     """Every row of the operator's list through `router`, a page of `limit` at a time, and the
     `nodes` section of the last page."""
@@ -199,32 +263,35 @@ def console_through(router: str, key: str, ids: set, names: set) -> None:
     def wait(condition, message: str) -> None:
         WebDriverWait(driver, 30).until(lambda d: condition(), message=message)
 
-    def text(element_id: str) -> str:
-        return driver.find_element(By.ID, element_id).text
+    def texts(css: str) -> List[str]:
+        # Read in the page at once: the ops page rebuilds its tables every few seconds.
+        return driver.execute_script(
+            "return [...document.querySelectorAll(arguments[0])].map((e) => e.innerText);", css)
 
     try:
         driver.get(router + "/#/")
         driver.execute_script(f"sessionStorage.setItem('corral.key', {json.dumps(key)});")
         driver.refresh()
-        wait(lambda: "(operator)" in text("who"), "the console did not take the operator key")
-        driver.find_element(By.CSS_SELECTOR, '#owner-filter option[value="*"]').click()
+        wait(lambda: "(operator)" in "".join(texts("#who")), "the console did not take the operator key")
+        driver.execute_script("const s = document.getElementById('owner-filter'); s.value = '*';"
+                              "s.dispatchEvent(new Event('change'));")
         for sandbox in ids:
-            wait(lambda: driver.find_elements(By.CSS_SELECTOR, f'#sandboxes tr[data-id="{sandbox}"]'),
+            wait(lambda: texts(f'#sandboxes tr[data-id="{sandbox}"]'),
                  f"{sandbox} is not in the console's list of every key's sandboxes")
         driver.get(router + "/#/ops")
-        wait(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#nodes tbody tr")) == len(names),
-             "the ops page shows no table of the nodes")
-        rows = [r.text for r in driver.find_elements(By.CSS_SELECTOR, "#nodes tbody tr")]
-        assert sorted(r.split()[0] for r in rows) == sorted(names) and all(" ok " in f" {r} " for r in rows), rows
+        wait(lambda: len(texts("#nodes tbody tr")) == len(names), "the ops page shows no table of the nodes")
+        rows = texts("#nodes tbody tr")
+        assert sorted(r.split()[0] for r in rows) == sorted(names), rows
+        assert all(r.split()[1] == "ok" for r in rows), rows
         assert not driver.find_element(By.ID, "pools").is_displayed()
-        wait(lambda: driver.find_elements(By.CSS_SELECTOR, '#gauges [data-metric="corral_sessions_live"]'),
-             "no gauges")
-        live = int(driver.find_element(By.CSS_SELECTOR, '#gauges [data-metric="corral_sessions_live"]').text)
-        assert live >= len(ids), live
-        wait(lambda: all(i in text("audit") for i in ids), "the audit log lacks some node's lines")
+        live = '#gauges [data-metric="corral_sessions_live"]'
+        wait(lambda: texts(live), "no gauges")
+        assert int(texts(live)[0]) >= len(ids), texts(live)
+        wait(lambda: all(i in "".join(texts("#audit")) for i in ids), "the audit log lacks some node's lines")
         driver.find_element(By.ID, "key-name").send_keys("through-the-router")
         driver.find_element(By.ID, "key-form").submit()
-        wait(lambda: "corral key add" in text("banner"), "making a key here is not refused with its reason")
+        wait(lambda: "corral key add" in "".join(texts("#banner")),
+             "making a key here is not refused with its reason")
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
@@ -326,70 +393,6 @@ def test_the_operator_sees_the_whole_cluster_through_either_router(cluster: Clus
     finally:
         for sb in made + [other]:
             sb.kill()
-
-
-def wait_until_idle(cluster: Cluster, timeout: float = 30) -> None:
-    """Until every node is `ok` with no live sandbox (those of the tests before are gone), and
-    the routers have read that: they probe each node's load once a second, and place by what
-    they read last (a node still counting a killed sandbox, or replacing a zygote, is passed
-    over)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        seen = [httpx.get(f"{node.url}/healthz").json() for node in cluster.nodes]
-        if all(h["status"] == "ok" and h["sessions_live"] == 0 for h in seen):
-            break
-        assert time.monotonic() < deadline, f"the nodes did not become idle: {seen}"
-        time.sleep(0.2)
-    time.sleep(1.5)
-
-
-def test_the_e2b_sdk_through_the_routers(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The control plane through one router, the sandbox plane through the other.
-    monkeypatch.setenv("E2B_API_URL", cluster.routers[0])
-    monkeypatch.setenv("E2B_SANDBOX_URL", cluster.routers[1])
-    monkeypatch.setenv("E2B_API_KEY", cluster.key)
-    monkeypatch.setenv("E2B_DEBUG", "false")
-    monkeypatch.delenv("E2B_DOMAIN", raising=False)
-    from e2b_code_interpreter import Sandbox as E2bSandbox
-
-    # Three creations through one router on three idle nodes: one on each, as that router
-    # counts what it placed until its next probe.
-    wait_until_idle(cluster)
-    made = [E2bSandbox.create() for _ in range(3)]
-    try:
-        assert {node_of(s.sandbox_id) for s in made} == {n.name for n in cluster.nodes}
-        for i, sbx in enumerate(made):
-            execution = sbx.run_code(f"{i} + 40")
-            assert execution.text == str(i + 40), execution
-            sbx.files.write("/home/user/hello.txt", f"hello {i}")
-            assert sbx.files.read("/home/user/hello.txt") == f"hello {i}"
-            assert sbx.commands.run("cat hello.txt").stdout == f"hello {i}"
-            again = E2bSandbox.connect(sbx.sandbox_id)
-            assert "".join(again.run_code("print('again')").logs.stdout) == "again\n"
-    finally:
-        for sbx in made:
-            sbx.kill()
-    assert not made[0].is_running()
-
-
-@pytest.mark.anyio
-async def test_the_mcp_server_through_a_router(cluster: Cluster) -> None:
-    from mcp import Client, StdioServerParameters
-
-    env = {k: v for k, v in os.environ.items() if k != "CORRAL_API_KEY"}
-    args = ["mcp", "--server", cluster.routers[1], "--api-key", cluster.key]
-    async with Client(StdioServerParameters(command=str(corral_bin()), args=args, env=env)) as client:
-        with anyio.fail_after(CALL_TIMEOUT_S):
-            made = await client.call_tool("create_session", {})
-            assert not made.is_error, made
-            session = made.structured_content["id"]
-            assert node_of(session) in {n.name for n in cluster.nodes}
-            first = await client.call_tool("run_code", {"code": "y = 21", "session_id": session})
-            assert not first.is_error, first
-            second = await client.call_tool("run_code", {"code": "y * 2", "session_id": session})
-            assert second.structured_content["results"][0]["text"] == "42"
-            closed = await client.call_tool("close_session", {"session_id": session})
-            assert not closed.is_error, closed
 
 
 def test_killing_a_node_loses_only_its_sandboxes(cluster: Cluster) -> None:
