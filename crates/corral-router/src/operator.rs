@@ -21,7 +21,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use corral_kernel::NodeName;
-use corral_server::operator::AUDIT_LIMIT;
+use corral_server::operator::{AUDIT_DEFAULT, AUDIT_LIMIT};
 use corral_server::service::LIST_LIMIT;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -31,9 +31,6 @@ use crate::list::{cursor, parse_cursor};
 use crate::nodes::{Lookup, Nodes};
 use crate::proxy::ForwardError;
 use crate::route::{error, no_nodes, Face};
-
-/// An audit page holds 100 lines unless asked otherwise, as on a node.
-const AUDIT_DEFAULT: usize = 100;
 
 /// The operator's routes a router answers itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
