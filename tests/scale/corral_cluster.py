@@ -3,8 +3,8 @@ pytest process, and each has a conftest). A Corral cluster on one machine: three
 nodes (each its own port, database
 and node name; the image store of $CORRAL_DATA_DIR is shared, read-only) and two `corral
 route` replicas in front of them, as docs/scale-out.md deploys it on Kubernetes. Two API keys
-are made on the first node and added to the others with `corral key add`, as the cluster's
-Secret would be.
+and an operator key are made on the first node and added to the others with `corral key add`,
+as the cluster's Secret would be.
 
 The binary is $CORRAL_BIN, else target/debug/corral; every process is stopped at the end.
 """
@@ -131,6 +131,8 @@ class Cluster:
     other_key: str
     tmp: Path
     logs: List[Path] = field(default_factory=list)
+    # An operator key (`corral key create --operator`), added to every node as the others are.
+    operator_key: str = ""
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
@@ -154,16 +156,18 @@ def node_of(sandbox_id: str) -> str:
     return m.group(1)
 
 
-def _make_key(db: Path, name: str) -> tuple:
-    made = subprocess.run([str(corral_bin()), "key", "create", "--name", name, "--db", str(db)],
+def _make_key(db: Path, name: str, operator: bool = False) -> tuple:
+    made = subprocess.run([str(corral_bin()), "key", "create", "--name", name, "--db", str(db)]
+                          + (["--operator"] if operator else []),
                           capture_output=True, text=True, timeout=60)
     assert made.returncode == 0, made.stderr
     key_id = re.search(r"key-[0-9a-f]{12}", made.stderr).group(0)
     return key_id, made.stdout.strip()
 
 
-def _add_key(db: Path, key_id: str, name: str, secret: str) -> None:
-    added = subprocess.run([str(corral_bin()), "key", "add", "--id", key_id, "--name", name, "--db", str(db)],
+def _add_key(db: Path, key_id: str, name: str, secret: str, operator: bool = False) -> None:
+    added = subprocess.run([str(corral_bin()), "key", "add", "--id", key_id, "--name", name, "--db", str(db)]
+                           + (["--operator"] if operator else []),
                            input=secret + "\n", capture_output=True, text=True, timeout=60)
     assert added.returncode == 0, added.stderr
 
@@ -178,6 +182,9 @@ def cluster(tmp_path_factory) -> Cluster:
     for node in nodes[1:]:
         for (key_id, secret), name in zip(keys, ["tenant-a", "tenant-b"]):
             _add_key(node.db, key_id, name, secret)
+    operator = _make_key(nodes[0].db, "operator", operator=True)
+    for node in nodes[1:]:
+        _add_key(node.db, operator[0], "operator", operator[1], operator=True)
     router_ports = [free_port() for _ in range(ROUTERS)]
     procs: List[subprocess.Popen] = []
     logs = [n.log for n in nodes]
@@ -194,7 +201,7 @@ def cluster(tmp_path_factory) -> Cluster:
                 procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                               stderr=subprocess.STDOUT))
         c = Cluster(nodes, [f"http://127.0.0.1:{p}" for p in router_ports], procs,
-                    keys[0][1], keys[1][1], tmp, logs)
+                    keys[0][1], keys[1][1], tmp, logs, operator_key=operator[1])
         c.wait_until_routers_see(NODES)
         yield c
     finally:

@@ -1,12 +1,15 @@
 """Three real nodes behind two `corral route` replicas (conftest.py): the Python SDK, the
 unmodified E2B SDK and `corral mcp --server` work through either router; creations spread over
-the nodes; lists page across nodes; a second tenant reaches nothing of the first; and killing
-a node mid-run loses its sandboxes (410 / E2B's "not found", at once) and nothing else, and the
-node is used again once it is back. Runs last in its module: the kill test changes the cluster.
+the nodes; lists page across nodes; a second tenant reaches nothing of the first; an operator
+sees every node's sandboxes, audit lines, keys and gauges through either router; and killing
+a node mid-run loses its sandboxes (410 / E2B's "not found", at once) and nothing else (the
+operator's list names the node unreachable), and the node is used again once it is back.
+Runs last in its module: the kill test changes the cluster.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -210,6 +213,188 @@ async def test_the_mcp_server_through_a_router(cluster: Cluster) -> None:
             assert not closed.is_error, closed
 
 
+def operator_list(router: str, key: str, limit: int = 1000) -> tuple:
+    """Every row of the operator's list through `router`, a page of `limit` at a time, and the
+    `nodes` section of the last page."""
+    rows: List[Dict[str, Any]] = []
+    after = None
+    for _ in range(100):
+        params = {"limit": str(limit)}
+        if after:
+            params["after"] = after
+        r = httpx.get(f"{router}/v1/operator/sandboxes", params=params, headers=bearer(key), timeout=30)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert len(body["sandboxes"]) <= limit
+        rows += body["sandboxes"]
+        after = body.get("next")
+        if not after:
+            return rows, {n["name"]: n["status"] for n in body["nodes"]}
+    raise AssertionError("the operator's list did not end")
+
+
+def console_through(router: str, key: str, ids: set, names: set) -> None:
+    """Opens the web console through `router` with operator key `key` in a headless Chromium
+    (as tests/console does) and checks that it shows the whole cluster: every key's sandboxes
+    of every node (`ids`), the router's table of the nodes (`names`) in place of one server's
+    pools, the gauges, every node's audit lines, and key creation refused with its reason."""
+    import shutil
+    import tempfile
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    chromium = os.environ.get("CORRAL_CHROMIUM", "/usr/bin/chromium")
+    chromedriver = os.environ.get("CORRAL_CHROMEDRIVER", "/usr/bin/chromedriver")
+    for path in (chromium, chromedriver):
+        if not shutil.which(path):
+            pytest.fail(f"{path} is missing: run scripts/setup", pytrace=False)
+    profile = tempfile.mkdtemp(prefix="corral-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--no-first-run",
+                "--disable-background-networking", "--window-size=1440,1100",
+                f"--user-data-dir={profile}"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=chromedriver))
+
+    def wait(condition, message: str) -> None:
+        WebDriverWait(driver, 30).until(lambda d: condition(), message=message)
+
+    def texts(css: str) -> List[str]:
+        # Read in the page at once: the ops page rebuilds its tables every few seconds.
+        return driver.execute_script(
+            "return [...document.querySelectorAll(arguments[0])].map((e) => e.innerText);", css)
+
+    try:
+        driver.get(router + "/#/")
+        driver.execute_script(f"sessionStorage.setItem('corral.key', {json.dumps(key)});")
+        driver.refresh()
+        wait(lambda: "(operator)" in "".join(texts("#who")), "the console did not take the operator key")
+        driver.execute_script("const s = document.getElementById('owner-filter'); s.value = '*';"
+                              "s.dispatchEvent(new Event('change'));")
+        for sandbox in ids:
+            wait(lambda: texts(f'#sandboxes tr[data-id="{sandbox}"]'),
+                 f"{sandbox} is not in the console's list of every key's sandboxes")
+        driver.get(router + "/#/ops")
+        wait(lambda: len(texts("#nodes tbody tr")) == len(names), "the ops page shows no table of the nodes")
+        rows = texts("#nodes tbody tr")
+        assert sorted(r.split()[0] for r in rows) == sorted(names), rows
+        assert all(r.split()[1] == "ok" for r in rows), rows
+        assert not driver.find_element(By.ID, "pools").is_displayed()
+        live = '#gauges [data-metric="corral_sessions_live"]'
+        wait(lambda: texts(live), "no gauges")
+        assert int(texts(live)[0]) >= len(ids), texts(live)
+        wait(lambda: all(i in "".join(texts("#audit")) for i in ids), "the audit log lacks some node's lines")
+        driver.find_element(By.ID, "key-name").send_keys("through-the-router")
+        driver.find_element(By.ID, "key-form").submit()
+        wait(lambda: "corral key add" in "".join(texts("#banner")),
+             "making a key here is not refused with its reason")
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_the_operator_sees_the_whole_cluster_through_either_router(cluster: Cluster) -> None:
+    names = {n.name for n in cluster.nodes}
+    made: List[Sandbox] = []
+    other = Sandbox(url=cluster.routers[1], api_key=cluster.other_key)
+    try:
+        while {node_of(sb.sandbox_id) for sb in made} != names:
+            assert len(made) < 9, [sb.sandbox_id for sb in made]
+            made.append(Sandbox(url=cluster.routers[len(made) % 2], api_key=cluster.key))
+        for sb in made:
+            assert sb.run_code("print('audited')").stdout == "audited\n"
+        ids = {sb.sandbox_id for sb in made}
+        me = httpx.get(f"{cluster.routers[0]}/v1/whoami", headers=bearer(cluster.key)).json()
+        assert me["operator"] is False
+        op_me = httpx.get(f"{cluster.routers[1]}/v1/whoami", headers=bearer(cluster.operator_key)).json()
+        assert op_me["operator"] is True
+        for router in cluster.routers:
+            # Every node's sandboxes, every key's, each row naming its node, in pages of two.
+            rows, nodes = operator_list(router, cluster.operator_key, limit=2)
+            listed = [r["id"] for r in rows]
+            assert len(listed) == len(set(listed)), listed
+            assert ids | {other.sandbox_id} <= set(listed), listed
+            assert all(r["node"] == node_of(r["id"]) for r in rows), rows
+            assert {r["key_id"] for r in rows if r["id"] in ids} == {me["key_id"]}
+            assert nodes == {n: "ok" for n in names}, nodes
+            # A plain key is refused through the router exactly as on a node.
+            via = httpx.get(f"{router}/v1/operator/sandboxes", headers=bearer(cluster.key))
+            direct = httpx.get(f"{cluster.nodes[0].url}/v1/operator/sandboxes", headers=bearer(cluster.key))
+            assert via.status_code == direct.status_code == 403
+            assert via.json() == direct.json()
+            assert httpx.get(f"{router}/v1/keys", headers=bearer(cluster.key)).status_code == 403
+            # The audit log of every node, newest first, each line naming its node.
+            r = httpx.get(f"{router}/v1/audit", params={"limit": "1000"}, headers=bearer(cluster.operator_key))
+            assert r.status_code == 200, r.text
+            entries = r.json()["entries"]
+            ats = [e["at"] for e in entries]
+            assert ats == sorted(ats, reverse=True)
+            mine = [e for e in entries if e["session_id"] in ids]
+            assert {e["session_id"] for e in mine} == ids
+            assert all(e["node"] == node_of(e["session_id"]) for e in mine)
+            # ... and the same lines a page of two at a time.
+            paged: List[tuple] = []
+            before = None
+            for _ in range(1000):
+                params = {"limit": "2"}
+                if before:
+                    params["before"] = before
+                page = httpx.get(f"{router}/v1/audit", params=params, headers=bearer(cluster.operator_key)).json()
+                paged += [(e["node"], e["id"]) for e in page["entries"]]
+                before = page.get("next")
+                if not before:
+                    break
+            assert paged[:len(entries)] == [(e["node"], e["id"]) for e in entries]
+            # A second tenant sees nothing of the first: not its sandboxes, not its audit lines.
+            theirs = httpx.get(f"{router}/v1/sandboxes", headers=bearer(cluster.other_key)).json()["sandboxes"]
+            assert not ids & {s["id"] for s in theirs}
+            audit = httpx.get(f"{router}/v1/audit", params={"limit": "1000"}, headers=bearer(cluster.other_key))
+            assert audit.status_code == 200 and not [e for e in audit.json()["entries"] if e["session_id"] in ids]
+            r = httpx.get(f"{router}/v1/audit", params={"key": me["key_id"]}, headers=bearer(cluster.other_key))
+            assert r.status_code == 403
+            assert httpx.get(f"{router}/v1/operator/sandboxes", headers=bearer(cluster.other_key)).status_code == 403
+            # The keys of every node, the same everywhere; none is made through a router.
+            keys = httpx.get(f"{router}/v1/keys", headers=bearer(cluster.operator_key)).json()
+            assert len(keys["keys"]) >= 3 and not [k for k in keys["keys"] if "differs_on" in k], keys
+            r = httpx.post(f"{router}/v1/keys", json={"name": "x"}, headers=bearer(cluster.operator_key))
+            assert r.status_code == 501 and r.json()["error"]["code"] == "keys_on_nodes"
+            # The ops page's gauges: every node's, labelled; the router's health names them.
+            metrics = httpx.get(f"{router}/metrics", headers=bearer(cluster.operator_key))
+            assert metrics.status_code == 200
+            for name in names:
+                assert f'corral_router_node_up{{node="{name}"}} 1' in metrics.text
+                assert f'corral_sessions_live{{node="{name}"}}' in metrics.text
+            health = httpx.get(f"{router}/healthz").json()
+            assert {n["name"]: n["status"] for n in health["nodes"]} == {n: "ok" for n in names}
+        # The console, opened through a router, shows the same.
+        console_through(cluster.routers[0], cluster.operator_key, ids, names)
+        # Restart, pause, resume and delete reach the sandbox's node through a router.
+        sb = made[0]
+        sb.run_code("kept = 1")
+        base = f"{cluster.routers[1]}/v1/sandboxes/{sb.sandbox_id}"
+        r = httpx.post(f"{base}/restart", headers=bearer(cluster.key), timeout=CALL_TIMEOUT_S)
+        assert r.status_code in (200, 204), r.text
+        lost = sb.run_code("kept")
+        assert lost.error is not None and lost.error.name == "NameError", lost
+        r = httpx.post(f"{base}/pause", headers=bearer(cluster.key), timeout=CALL_TIMEOUT_S)
+        if r.status_code == 409 and r.json()["error"]["code"] == "pause_unsupported":
+            pass  # rootless without a cgroup: refused by the node, as documented
+        else:
+            assert r.status_code == 200 and r.json()["state"] == "paused", r.text
+            r = httpx.post(f"{base}/resume", headers=bearer(cluster.key), timeout=CALL_TIMEOUT_S)
+            assert r.status_code == 200 and r.json()["state"] == "running", r.text
+        assert httpx.delete(base, headers=bearer(cluster.key)).status_code in (200, 204)
+        r = httpx.get(base, headers=bearer(cluster.key))
+        assert r.status_code == 404 or r.json()["state"] == "dead", r.text
+    finally:
+        for sb in made + [other]:
+            sb.kill()
+
+
 def test_killing_a_node_loses_only_its_sandboxes(cluster: Cluster) -> None:
     made = [Sandbox(url=cluster.routers[i % 2], api_key=cluster.key) for i in range(6)]
     victim = cluster.node(node_of(made[0].sandbox_id))
@@ -262,6 +447,14 @@ def test_killing_a_node_loses_only_its_sandboxes(cluster: Cluster) -> None:
                 r = httpx.get(f"{router}/sandboxes/{sb.sandbox_id}", headers={"X-API-KEY": cluster.key}, timeout=10)
                 assert r.status_code == 404, r.text
         assert time.monotonic() - killed_at < 5
+        # The operator's list says the node does not answer, and still lists the others.
+        for router in cluster.routers:
+            rows, nodes = operator_list(router, cluster.operator_key)
+            assert nodes[victim.name] == "unreachable", nodes
+            assert all(status == "ok" for name, status in nodes.items() if name != victim.name), nodes
+            listed = {r["id"] for r in rows}
+            assert {sb.sandbox_id for sb in kept} <= listed
+            assert not listed & {sb.sandbox_id for sb in doomed}
         with pytest.raises(NotFoundError):
             Sandbox.connect(doomed[0].sandbox_id, url=cluster.routers[1], api_key=cluster.key).run_code("1")
         # New sandboxes go to the nodes that are left, and none is refused.

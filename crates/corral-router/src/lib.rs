@@ -4,14 +4,18 @@
 //! its node without shared state: the native API, the E2B control plane (`/sandboxes/{id}`,
 //! `/v2/sandboxes/{id}/…`) and sandbox plane (the `E2b-Sandbox-Id` header), streams and files
 //! alike, bodies streamed both ways. New sandboxes (and one-shot runs) go to the least-loaded
-//! healthy node; lists are gathered from every node, a page at a time.
+//! healthy node; lists are gathered from every node, a page at a time, and so are the
+//! operator's routes (every node's sandboxes, audit log and keys) and `/metrics`.
 //!
 //! Keys are checked by the nodes only: the router forwards `Authorization` and `X-API-Key`
 //! unchanged and never answers for a key itself, so there is one answer to "is this key
 //! valid". Every node must hold the same keys (`corral key add`).
 
+mod gather;
 mod list;
+mod metrics;
 mod nodes;
+mod operator;
 mod proxy;
 mod route;
 
@@ -19,6 +23,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use metrics::MAX_METRICS_BYTES;
 pub use nodes::{NodeSource, Nodes};
 pub use route::app;
 

@@ -4,18 +4,17 @@
 //! node, after that node's own cursor. Nothing is kept between pages, so any router replica
 //! serves the next page. A node that is down is passed over (its sandboxes are gone).
 
-use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use corral_kernel::NodeName;
 use corral_server::service::LIST_LIMIT;
-use http_body_util::BodyExt as _;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::gather::{fetch_answer, node_error, Missing};
 use crate::nodes::Nodes;
-use crate::proxy::{forward, ForwardError};
+use crate::proxy::forward;
 use crate::route::{error, no_nodes, Face};
 
 /// E2B's `Sandbox.list()` pages by 100 unless it asks for another size, as a node does.
@@ -34,12 +33,12 @@ struct NativePage {
 /// Where a page begins: at node `node` (or the first node after it, if it is gone), after
 /// the node's cursor `after` (at its start if empty).
 #[derive(Debug, PartialEq, Eq)]
-struct Cursor {
-    node: NodeName,
-    after: String,
+pub(crate) struct Cursor {
+    pub node: NodeName,
+    pub after: String,
 }
 
-fn parse_cursor(token: &str) -> Option<Cursor> {
+pub(crate) fn parse_cursor(token: &str) -> Option<Cursor> {
     let (node, after) = token.split_once(SEPARATOR)?;
     Some(Cursor {
         node: node.parse().ok()?,
@@ -47,7 +46,7 @@ fn parse_cursor(token: &str) -> Option<Cursor> {
     })
 }
 
-fn cursor(node: &NodeName, after: &str) -> String {
+pub(crate) fn cursor(node: &NodeName, after: &str) -> String {
     format!("{node}{SEPARATOR}{after}")
 }
 
@@ -89,7 +88,7 @@ pub(crate) async fn list(nodes: &Nodes, face: Face, request: Request) -> Respons
             return match up.first() {
                 Some((_, addr)) => forward(nodes.client(), nodes.config(), *addr, request)
                     .await
-                    .unwrap_or_else(|e| node_error(face, &e)),
+                    .unwrap_or_else(|e| node_error(face, e.to_string())),
                 None => no_nodes(face),
             }
         }
@@ -127,11 +126,11 @@ pub(crate) async fn list(nodes: &Nodes, face: Face, request: Request) -> Respons
         }
         let page = match page_of(nodes, face, *addr, &path, &query, &headers).await {
             Ok(page) => page,
-            Err(Skip::Down) => {
+            Err(Missing::Down) => {
                 nodes.mark_down(name);
                 continue;
             }
-            Err(Skip::Answer(answer)) => return answer,
+            Err(Missing::Answer(answer)) => return answer,
         };
         items.extend(page.items);
         if let Some(after) = page.next {
@@ -166,13 +165,6 @@ struct Page {
     next: Option<String>,
 }
 
-enum Skip {
-    /// The node does not answer: passed over.
-    Down,
-    /// The answer to give the client instead of a list (a node's refusal, say).
-    Answer(Response),
-}
-
 async fn page_of(
     nodes: &Nodes,
     face: Face,
@@ -180,57 +172,33 @@ async fn page_of(
     path: &str,
     query: &[(String, String)],
     headers: &HeaderMap,
-) -> Result<Page, Skip> {
+) -> Result<Page, Missing> {
     let query = serde_urlencoded::to_string(query).map_err(|e| {
-        Skip::Answer(error(
+        Missing::Answer(error(
             face,
             StatusCode::BAD_REQUEST,
             "bad_request",
             format!("the query: {e}"),
         ))
     })?;
-    let mut request = Request::new(Body::empty());
-    *request.uri_mut() = format!("{path}?{query}").parse().map_err(|e| {
-        Skip::Answer(error(
-            face,
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            format!("{e}"),
-        ))
-    })?;
-    *request.headers_mut() = headers.clone();
-    request.headers_mut().remove(header::CONTENT_LENGTH);
-    let answer = match forward(nodes.client(), nodes.config(), addr, request).await {
-        Ok(answer) => answer,
-        Err(ForwardError::Unreachable { .. }) => return Err(Skip::Down),
-        Err(e) => return Err(Skip::Answer(node_error(face, &e))),
-    };
-    if answer.status() != StatusCode::OK {
-        return Err(Skip::Answer(answer));
-    }
-    let next_header = answer
-        .headers()
+    let max = nodes.config().max_list_bytes;
+    let (answer_headers, bytes) = fetch_answer(
+        nodes,
+        face,
+        addr,
+        Method::GET,
+        &format!("{path}?{query}"),
+        headers,
+        max,
+    )
+    .await?;
+    let next_header = answer_headers
         .get(E2B_NEXT_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let max = nodes.config().max_list_bytes;
-    let bytes = http_body_util::Limited::new(answer.into_body(), max)
-        .collect()
-        .await
-        .map_err(|e| {
-            Skip::Answer(error(
-                face,
-                StatusCode::BAD_GATEWAY,
-                "node_error",
-                format!("reading node {addr}'s list (at most {max} bytes): {e}"),
-            ))
-        })?
-        .to_bytes();
     let bad = |e: serde_json::Error| {
-        Skip::Answer(error(
+        Missing::Answer(node_error(
             face,
-            StatusCode::BAD_GATEWAY,
-            "node_error",
             format!("node {addr}'s list is not a list of sandboxes: {e}"),
         ))
     };
@@ -247,10 +215,6 @@ async fn page_of(
             next: next_header,
         }),
     }
-}
-
-fn node_error(face: Face, e: &ForwardError) -> Response {
-    error(face, StatusCode::BAD_GATEWAY, "node_error", e.to_string())
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use http_body_util::BodyExt as _;
 use tokio::sync::Semaphore;
 
 use crate::nodes::{Lookup, Nodes};
+use crate::operator::OperatorRoute;
 use crate::proxy::{forward, ForwardError};
 use crate::RouterConfig;
 
@@ -41,8 +42,10 @@ enum Target {
     List(Face),
     /// The router itself.
     Health,
-    /// The router has no metrics of its own: each node's are scraped.
+    /// Every node's metrics, labelled with their node (crate::metrics).
     Metrics,
+    /// An operator's route, answered for every node (crate::operator).
+    Operator(OperatorRoute),
     /// Any node: the documents, and what no node serves (which each node answers alike).
     Any,
 }
@@ -72,7 +75,16 @@ fn target(method: &Method, path: &str, headers: &HeaderMap) -> Target {
     };
     match (method, segments.as_slice()) {
         (_, ["healthz"]) => Target::Health,
-        (_, ["metrics"]) => Target::Metrics,
+        (&Method::GET, ["metrics"]) => Target::Metrics,
+        (&Method::GET, ["v1", "operator", "sandboxes"]) => {
+            Target::Operator(OperatorRoute::Sandboxes)
+        }
+        (&Method::GET, ["v1", "audit"]) => Target::Operator(OperatorRoute::Audit),
+        (&Method::GET, ["v1", "keys"]) => Target::Operator(OperatorRoute::Keys),
+        (&Method::POST, ["v1", "keys"]) => Target::Operator(OperatorRoute::CreateKey),
+        (&Method::DELETE, ["v1", "keys", id]) if !id.is_empty() => {
+            Target::Operator(OperatorRoute::RevokeKey(id.to_string()))
+        }
         (&Method::POST, ["v1", "run"]) => Target::Place,
         (&Method::POST, ["v1", "sandboxes"]) => Target::Place,
         (&Method::GET, ["v1", "sandboxes"]) => Target::List(Face::Native),
@@ -225,14 +237,8 @@ async fn route(state: &AppState, request: Request) -> Response {
     let nodes = &state.nodes;
     match target(request.method(), request.uri().path(), request.headers()) {
         Target::Health => health(nodes),
-        Target::Metrics => error(
-            Face::Native,
-            StatusCode::NOT_FOUND,
-            "not_found",
-            "the router has no metrics of its own: scrape each node's /metrics \
-             (docs/scale-out.md)"
-                .to_string(),
-        ),
+        Target::Metrics => crate::metrics::metrics(nodes, request.headers()).await,
+        Target::Operator(route) => crate::operator::answer(nodes, route, request).await,
         Target::List(face) => crate::list::list(nodes, face, request).await,
         Target::Place => {
             let face = face_of(request.uri().path(), request.headers());
@@ -351,7 +357,8 @@ fn source_chain(e: &dyn std::error::Error) -> String {
     parts.join(": ")
 }
 
-/// The router's health: 200 while at least one node is up (ready), 503 otherwise.
+/// The router's health: 200 while at least one node is up (ready), 503 otherwise; and every
+/// node it knows, with its status and load.
 fn health(nodes: &Nodes) -> Response {
     let known = nodes.known();
     let up = known.iter().filter(|(_, m)| m.up).count();
@@ -364,6 +371,7 @@ fn health(nodes: &Nodes) -> Response {
         "status": if up > 0 { "ok" } else { "no_nodes" },
         "nodes_up": up,
         "nodes_known": known.len(),
+        "nodes": crate::gather::report(nodes, &[]),
     });
     (status, axum::Json(body)).into_response()
 }
@@ -414,6 +422,29 @@ mod tests {
         );
         assert_eq!(t(Method::GET, "/healthz"), Target::Health);
         assert_eq!(t(Method::GET, "/metrics"), Target::Metrics);
+        // The operator's routes are answered for every node; whoami by any node.
+        let op = Target::Operator;
+        assert_eq!(
+            t(Method::GET, "/v1/operator/sandboxes"),
+            op(OperatorRoute::Sandboxes)
+        );
+        assert_eq!(t(Method::GET, "/v1/audit"), op(OperatorRoute::Audit));
+        assert_eq!(t(Method::GET, "/v1/keys"), op(OperatorRoute::Keys));
+        assert_eq!(t(Method::POST, "/v1/keys"), op(OperatorRoute::CreateKey));
+        assert_eq!(
+            t(Method::DELETE, "/v1/keys/key-0123456789ab"),
+            op(OperatorRoute::RevokeKey("key-0123456789ab".into()))
+        );
+        assert_eq!(t(Method::GET, "/v1/whoami"), Target::Any);
+        // Restart, pause, resume and delete go to the sandbox's node.
+        for (method, path) in [
+            (Method::POST, "/v1/sandboxes/sbx-1-a/restart"),
+            (Method::POST, "/v1/sandboxes/sbx-1-a/pause"),
+            (Method::POST, "/v1/sandboxes/sbx-1-a/resume"),
+            (Method::DELETE, "/v1/sandboxes/sbx-1-a"),
+        ] {
+            assert_eq!(t(method, path), native("sbx-1-a"), "{path}");
+        }
         assert_eq!(t(Method::GET, "/openapi.json"), Target::Any);
         assert_eq!(t(Method::GET, "/v1/nothing"), Target::Any);
         // The sandbox plane is addressed by header, whatever the path.

@@ -479,9 +479,22 @@ async function refreshOps() {
     const health = await getJson("/healthz");
     $("health-status").textContent = health.status;
     $("health-status").className = "pill " + health.status;
+    // Through a router (docs/scale-out.md) health is the router's: its nodes, no pools; the
+    // gauges below are then every node's, summed.
+    $("pools").classList.toggle("hidden", !health.pools);
+    $("nodes").classList.toggle("hidden", !health.nodes);
+    const nodes = $("nodes").tBodies[0];
+    clear(nodes);
+    for (const n of health.nodes || []) {
+      nodes.append(el("tr", {},
+        el("td", { class: "mono" }, n.name),
+        el("td", {}, n.status),
+        el("td", {}, n.sessions_live),
+        el("td", {}, n.max_sessions)));
+    }
     const pools = $("pools").tBodies[0];
     clear(pools);
-    for (const p of health.pools) {
+    for (const p of health.pools || []) {
       pools.append(el("tr", {},
         el("td", {}, p.image),
         el("td", {}, p.zygote_alive ? "up" : "down"),
@@ -573,7 +586,8 @@ async function loadKeys() {
         el("td", {}, k.name),
         el("td", {}, new Date(k.created_at * 1000).toISOString().slice(0, 10)),
         el("td", {}, k.operator ? "operator" : "key"),
-        el("td", {}, k.revoked ? "revoked" : "live"),
+        el("td", {}, (k.revoked ? "revoked" : "live") +
+          (k.differs_on ? " (differs on " + k.differs_on.join(", ") + ")" : "")),
         el("td", {}, revoke)));
     }
   } catch (e) {

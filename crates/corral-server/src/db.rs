@@ -34,7 +34,8 @@ pub struct KeyInfo {
     pub created_at: i64,
     pub revoked: bool,
     /// An operator key also sees every key's sandboxes and audit log and manages keys
-    /// (docs/api.md, "Operators"). Made only by `corral key create --operator`.
+    /// (docs/api.md, "Operators"). Made only on the host: `corral key create --operator`, or
+    /// `corral key add --operator` for the same key on every node of a cluster.
     pub operator: bool,
 }
 
@@ -217,28 +218,35 @@ impl Db {
     }
 
     /// Adds key `id` named `name` with `secret` (made elsewhere: the same key on every node of
-    /// a cluster), stored only hashed. An existing key of that id or secret is left as it is.
-    pub fn add_key(&self, id: &str, name: &str, secret: &str) -> Result<KeyAdded, DbError> {
+    /// a cluster), an operator's if `operator`, stored only hashed. An existing key of that id
+    /// or secret is left as it is (an operator's or not).
+    pub fn add_key(
+        &self,
+        id: &str,
+        name: &str,
+        secret: &str,
+        operator: bool,
+    ) -> Result<KeyAdded, DbError> {
         let hash = hash_key(secret);
         let conn = self.conn();
         let added = conn.execute(
-            "INSERT INTO keys (id, name, hash, created_at) VALUES (?1, ?2, ?3, ?4) \
+            "INSERT INTO keys (id, name, hash, created_at, operator) VALUES (?1, ?2, ?3, ?4, ?5) \
              ON CONFLICT DO NOTHING",
-            params![id, name, hash, now()],
+            params![id, name, hash, now(), operator],
         )?;
         if added == 1 {
             return Ok(KeyAdded::New);
         }
-        let existing: Option<(String, String, Option<i64>)> = conn
+        let existing: Option<(String, String, Option<i64>, bool)> = conn
             .query_row(
-                "SELECT name, hash, revoked_at FROM keys WHERE id = ?1",
+                "SELECT name, hash, revoked_at, operator FROM keys WHERE id = ?1",
                 params![id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .optional()?;
         Ok(match existing {
-            Some((_, _, Some(_))) => KeyAdded::Revoked,
-            Some((n, h, None)) if n == name && h == hash => KeyAdded::Unchanged,
+            Some((_, _, Some(_), _)) => KeyAdded::Revoked,
+            Some((n, h, None, o)) if n == name && h == hash && o == operator => KeyAdded::Unchanged,
             _ => KeyAdded::Differs,
         })
     }
@@ -540,38 +548,61 @@ mod tests {
         let first = Db::open(&dir.path().join("a.db")).unwrap();
         let second = Db::open(&dir.path().join("b.db")).unwrap();
         let (id, secret) = first.create_key("team", false).unwrap();
-        assert_eq!(second.add_key(&id, "team", &secret).unwrap(), KeyAdded::New);
+        assert_eq!(
+            second.add_key(&id, "team", &secret, false).unwrap(),
+            KeyAdded::New
+        );
         assert_eq!(
             second.verify_key(&secret).unwrap().as_deref(),
             Some(id.as_str())
         );
         assert_eq!(
-            second.add_key(&id, "team", &secret).unwrap(),
+            second.add_key(&id, "team", &secret, false).unwrap(),
             KeyAdded::Unchanged
         );
         // Another secret or name under that id, or that secret under another id: refused, and
         // the key is as it was.
         assert_eq!(
-            second.add_key(&id, "team", "crl_other").unwrap(),
+            second.add_key(&id, "team", "crl_other", false).unwrap(),
             KeyAdded::Differs
         );
         assert_eq!(
-            second.add_key(&id, "other", &secret).unwrap(),
+            second.add_key(&id, "other", &secret, false).unwrap(),
             KeyAdded::Differs
         );
         assert_eq!(
-            second.add_key("key-000000000000", "x", &secret).unwrap(),
+            second
+                .add_key("key-000000000000", "x", &secret, false)
+                .unwrap(),
             KeyAdded::Differs
         );
+        // Nor is a key added again as an operator's made one.
+        assert_eq!(
+            second.add_key(&id, "team", &secret, true).unwrap(),
+            KeyAdded::Differs
+        );
+        assert!(!second.is_operator(&id).unwrap());
         assert_eq!(second.verify_key("crl_other").unwrap(), None);
         assert_eq!(
             second.verify_key(&secret).unwrap().as_deref(),
             Some(id.as_str())
         );
+        // An operator key made on one node is an operator's on the other.
+        let (op, op_secret) = first.create_key("ops", true).unwrap();
+        assert_eq!(
+            second.add_key(&op, "ops", &op_secret, true).unwrap(),
+            KeyAdded::New
+        );
+        assert!(second.is_operator(&op).unwrap());
+        assert_eq!(
+            second.add_key(&op, "ops", &op_secret, false).unwrap(),
+            KeyAdded::Differs
+        );
+        assert!(second.is_operator(&op).unwrap());
         // A revoked key stays revoked.
         assert!(second.revoke_key(&id).unwrap());
         assert_eq!(
-            second.add_key(&id, "team", &secret).unwrap(),
+            second.add_key(&id, "team", &secret, false).unwrap(),
             KeyAdded::Revoked
         );
         assert_eq!(second.verify_key(&secret).unwrap(), None);

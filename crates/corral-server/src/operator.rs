@@ -17,7 +17,7 @@ use crate::service::{ListQuery, SandboxInfo, SandboxMetric, Tenant};
 
 /// The most audit-log lines one page holds, and the default.
 pub const AUDIT_LIMIT: usize = 1000;
-const AUDIT_DEFAULT: usize = 100;
+pub const AUDIT_DEFAULT: usize = 100;
 /// The longest key name, in bytes.
 pub const KEY_NAME_BYTES: usize = 64;
 /// The largest body these routes read (`{"name": ...}` is all they take).

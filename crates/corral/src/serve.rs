@@ -112,6 +112,9 @@ enum KeyCommand {
         /// Read the secret from this file (a mounted Kubernetes Secret) instead of stdin.
         #[arg(long, value_name = "FILE")]
         secret_file: Option<PathBuf>,
+        /// The key is an operator's (made with `corral key create --operator`).
+        #[arg(long)]
+        operator: bool,
     },
     /// List keys (never their secrets).
     Ls,
@@ -153,6 +156,7 @@ pub fn key(args: KeyArgs) -> Result<()> {
             id,
             name,
             secret_file,
+            operator,
         } => {
             let mut secret = String::new();
             let source: Box<dyn std::io::Read> = match &secret_file {
@@ -185,12 +189,12 @@ pub fn key(args: KeyArgs) -> Result<()> {
             if secret.is_empty() {
                 anyhow::bail!("the secret is empty");
             }
-            match db.add_key(&id, &name, secret)? {
+            match db.add_key(&id, &name, secret, operator)? {
                 KeyAdded::New => eprintln!("corral: added key {id} ({name})"),
                 KeyAdded::Unchanged => eprintln!("corral: key {id} ({name}) is already there"),
                 KeyAdded::Differs => anyhow::bail!(
-                    "key {id}: a key of that id with another name or secret, or another key \
-                     with that secret, is there already; nothing changed"
+                    "key {id}: a key of that id with another name, secret or role (operator or \
+                     not), or another key with that secret, is there already; nothing changed"
                 ),
                 KeyAdded::Revoked => anyhow::bail!("key {id} is revoked; it stays revoked"),
             }
