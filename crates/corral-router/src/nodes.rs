@@ -64,15 +64,20 @@ pub struct Member {
     pub degraded: bool,
     pub live: u64,
     pub max: u64,
-    /// Sandboxes this router placed on it since its last probe, so that a burst of creations
+    /// Creations this router sent to it that it has not answered yet.
+    pending: u64,
+    /// For each creation it answered, the probe round under way then: counted until a probe
+    /// that started after the answer reads the node's own count (a probe under way when a
+    /// creation was placed may have read the count before it), so that a burst of creations
     /// is spread before the next probe tells the new load.
-    placed: u64,
+    answered: Vec<u64>,
 }
 
 impl Member {
-    /// Its load, as a fraction of its `max_sessions`, with what was placed since the probe.
+    /// Its load, as a fraction of its `max_sessions`, with what this router placed on it that
+    /// its last probe may not have counted.
     fn load(&self) -> f64 {
-        (self.live + self.placed) as f64 / self.max.max(1) as f64
+        (self.live + self.pending + self.answered.len() as u64) as f64 / self.max.max(1) as f64
     }
 }
 
@@ -90,6 +95,8 @@ pub struct Nodes {
     config: Arc<RouterConfig>,
     client: Client,
     members: Mutex<BTreeMap<NodeName, Member>>,
+    /// Probes started so far (see [`Member::answered`]).
+    round: std::sync::atomic::AtomicU64,
     /// Addresses not used (a server without a node name, a loopback node of a public
     /// router), reported once each.
     reported: Mutex<HashSet<SocketAddr>>,
@@ -101,6 +108,7 @@ impl Nodes {
             client: client(&config),
             config,
             members: Mutex::new(BTreeMap::new()),
+            round: std::sync::atomic::AtomicU64::new(0),
             reported: Mutex::new(HashSet::new()),
         })
     }
@@ -130,6 +138,7 @@ impl Nodes {
     /// Resolves the nodes' addresses and reads every one's `/healthz`; a node not reached is
     /// down until a later probe reaches it.
     pub async fn probe(&self) {
+        let round = self.begin_round();
         let mut addrs: Vec<SocketAddr> = Vec::new();
         for entry in self.config.nodes.entries() {
             match tokio::net::lookup_host(entry.as_str()).await {
@@ -148,16 +157,29 @@ impl Nodes {
         });
         let seen =
             futures_util::future::join_all(addrs.iter().map(|&addr| self.health(addr))).await;
+        self.apply(round, addrs.into_iter().zip(seen));
+    }
+
+    fn begin_round(&self) -> u64 {
+        self.round.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1
+    }
+
+    /// Takes in what probe `round` read from each address.
+    fn apply(&self, round: u64, seen: impl IntoIterator<Item = (SocketAddr, Option<Health>)>) {
         let mut members = self.members();
         for member in members.values_mut() {
             member.up = false;
         }
-        for (addr, health) in addrs.into_iter().zip(seen) {
+        for (addr, health) in seen {
             let Some(health) = health else { continue };
             let Some(name) = health.node else {
                 self.report_once(addr, "has no node_name: not used (docs/scale-out.md)");
                 continue;
             };
+            let (pending, answered) = members.get(&name).map_or((0, Vec::new()), |old| {
+                let unread = old.answered.iter().copied().filter(|&r| r >= round);
+                (old.pending, unread.collect())
+            });
             members.insert(
                 name,
                 Member {
@@ -166,7 +188,8 @@ impl Nodes {
                     degraded: health.status != "ok",
                     live: health.sessions_live.unwrap_or(0),
                     max: health.max_sessions.unwrap_or(1),
-                    placed: 0,
+                    pending,
+                    answered,
                 },
             );
         }
@@ -224,8 +247,20 @@ impl Nodes {
             .collect();
         let name = tied[rand::random_range(0..tied.len())].clone();
         let member = members.get_mut(&name)?;
-        member.placed += 1;
+        member.pending += 1;
         Some((name, member.addr))
+    }
+
+    /// A creation [`Nodes::place`]d on `name` is over: answered (`reached`), or the node did
+    /// not take it.
+    pub fn placed(&self, name: &NodeName, reached: bool) {
+        let round = self.round.load(std::sync::atomic::Ordering::SeqCst);
+        if let Some(m) = self.members().get_mut(name) {
+            m.pending = m.pending.saturating_sub(1);
+            if reached {
+                m.answered.push(round);
+            }
+        }
     }
 
     pub fn lookup(&self, name: &NodeName) -> Lookup {
@@ -282,7 +317,8 @@ mod tests {
                         degraded,
                         live,
                         max,
-                        placed: 0,
+                        pending: 0,
+                        answered: Vec::new(),
                     },
                 );
             }
@@ -311,6 +347,59 @@ mod tests {
         let only_degraded = nodes_with(&[("a", false, false, 0, 10), ("d", true, true, 9, 10)]);
         assert_eq!(only_degraded.place().unwrap().0.as_str(), "d");
         assert!(nodes_with(&[("a", false, false, 0, 10)]).place().is_none());
+    }
+
+    fn idle(node: &str) -> Health {
+        Health {
+            status: "ok".into(),
+            node: Some(node.parse().unwrap()),
+            sessions_live: Some(0),
+            max_sessions: Some(10),
+        }
+    }
+
+    /// A probe under way when a creation is placed may read the node's count before the
+    /// creation is in it: the creation still counts until a probe started after its answer.
+    #[tokio::test]
+    async fn a_placement_counts_until_a_probe_started_after_its_answer() {
+        let nodes = nodes_with(&[("a", true, false, 0, 10), ("b", true, false, 0, 10)]);
+        let addr = |n: &str| nodes.members()[&n.parse::<NodeName>().unwrap()].addr;
+        let seen = |live: &[(&str, u64)]| -> Vec<(SocketAddr, Option<Health>)> {
+            live.iter()
+                .map(|&(n, count)| {
+                    let mut health = idle(n);
+                    health.sessions_live = Some(count);
+                    (addr(n), Some(health))
+                })
+                .collect()
+        };
+        // A probe begins; a creation is placed; the probe reads both nodes idle.
+        let early = nodes.begin_round();
+        let (first, _) = nodes.place().unwrap();
+        nodes.apply(early, seen(&[("a", 0), ("b", 0)]));
+        let other = if first.as_str() == "a" { "b" } else { "a" };
+        assert_eq!(nodes.place().unwrap().0.as_str(), other);
+        // Another probe begins before the answers come, and reads the nodes before them.
+        let during = nodes.begin_round();
+        nodes.placed(&first, true);
+        nodes.placed(&other.parse().unwrap(), true);
+        nodes.apply(during, seen(&[("a", 0), ("b", 0)]));
+        for name in ["a", "b"] {
+            let m = &nodes.members()[&name.parse::<NodeName>().unwrap()];
+            assert_eq!((m.live, m.pending, m.answered.len()), (0, 0, 1), "{name}");
+        }
+        // A probe started after both answers reads them in the nodes' own counts.
+        let later = nodes.begin_round();
+        nodes.apply(later, seen(&[("a", 1), ("b", 1)]));
+        for name in ["a", "b"] {
+            let m = &nodes.members()[&name.parse::<NodeName>().unwrap()];
+            assert_eq!((m.live, m.pending, m.answered.len()), (1, 0, 0), "{name}");
+        }
+        // A node that did not take its creation is not charged with it.
+        let (third, _) = nodes.place().unwrap();
+        nodes.placed(&third, false);
+        let m = &nodes.members()[&third];
+        assert_eq!((m.pending, m.answered.len()), (0, 0));
     }
 
     #[tokio::test]

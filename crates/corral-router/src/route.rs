@@ -294,7 +294,12 @@ async fn place(nodes: &Nodes, face: Face, request: Request) -> Response {
             break;
         };
         let request = Request::from_parts(parts.clone(), Body::from(bytes.clone()));
-        match forward(nodes.client(), nodes.config(), addr, request).await {
+        let forwarded = forward(nodes.client(), nodes.config(), addr, request).await;
+        nodes.placed(
+            &name,
+            !matches!(forwarded, Err(ForwardError::Unreachable { .. })),
+        );
+        match forwarded {
             Ok(answer) => return answer,
             Err(ForwardError::Unreachable { .. }) => nodes.mark_down(&name),
             Err(e) => {
