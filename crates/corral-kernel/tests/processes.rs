@@ -383,7 +383,11 @@ fn sessions_in_a_sandbox_of_their_own_have_an_agent() {
                 .start(spec(&["sh", "-c", "echo $OWN_ENV $PPID; cat k.txt"]))
                 .unwrap();
             let (out, _, exit) = collect(&sub, 10 * SECOND);
-            assert_eq!(exit.and_then(|e| e.exit_code), Some(0), "{language:?} {round}");
+            assert_eq!(
+                exit.and_then(|e| e.exit_code),
+                Some(0),
+                "{language:?} {round}"
+            );
             let out = String::from_utf8(out).unwrap();
             let (first, rest) = out.split_once('\n').unwrap();
             assert_eq!(rest, "kernel", "{language:?} {round}: {out}");

@@ -19,13 +19,13 @@ use crate::child::{
     self, ChildPlan, MSG_CGROUP, MSG_ERROR, MSG_EXIT, MSG_INIT_PID, MSG_PROXY, MSG_READY,
 };
 use crate::egress::{proxy_environment, EgressProxy, NetworkReport};
-use crate::session::MSG_AGENT;
 use crate::ids::{HostIds, IdLease, Subordinate};
 use crate::landlock_rules;
 use crate::owner::Owner;
 use crate::result::{ExecutionResult, Status};
 use crate::rootfs::{self, Entry};
 use crate::seccomp::{self, Role};
+use crate::session::MSG_AGENT;
 use crate::spec::{
     base_environment, workload_rlimits, zygote_rlimits, ControlSocket, Limits, Policy, SandboxSpec,
 };
@@ -420,8 +420,7 @@ impl Sandbox {
         debug_assert!(!start_at_once || spec.input_files.is_empty());
         if spec.process_agent && spec.role != crate::spec::Role::Workload {
             return Err(SandboxError::Refused(
-                "only a workload has a process agent (a zygote's sessions start their own)"
-                    .into(),
+                "only a workload has a process agent (a zygote's sessions start their own)".into(),
             ));
         }
         let workload_filters = seccomp::filters(match spec.role {

@@ -11,7 +11,8 @@ impl Server {
     /// Runs `sh -c script` through session `id`'s agent and reads its stream to the end: the
     /// program's stdout.
     fn agent_output(&self, key: &str, id: &str, script: &str) -> String {
-        let (_, reader) = self.start_process(key, id, &json!({"cmd": "sh", "args": ["-c", script]}));
+        let (_, reader) =
+            self.start_process(key, id, &json!({"cmd": "sh", "args": ["-c", script]}));
         let mut out = Vec::new();
         for line in std::io::BufRead::lines(reader) {
             let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
@@ -65,15 +66,24 @@ fn the_agent_of_a_sandbox_of_its_own_is_locked_down_as_a_forked_ones() {
 
     // The same lockdown: the own agent's is its kernel's, and the forked agent's.
     let own_lockdown = s.agent_output(&key_a, &own, &format!("KERNEL={own_kernel}; {LOCKDOWN}"));
-    let forked_lockdown =
-        s.agent_output(&key_a, &forked, &format!("KERNEL={forked_kernel}; {LOCKDOWN}"));
+    let forked_lockdown = s.agent_output(
+        &key_a,
+        &forked,
+        &format!("KERNEL={forked_kernel}; {LOCKDOWN}"),
+    );
     let parts: Vec<&str> = own_lockdown.split("===\n").collect();
     assert_eq!(parts.len(), 3, "{own_lockdown}");
     assert!(parts[0].contains("NoNewPrivs:\t1"), "{own_lockdown}");
-    assert!(parts[0].contains("CapEff:\t0000000000000000"), "{own_lockdown}");
+    assert!(
+        parts[0].contains("CapEff:\t0000000000000000"),
+        "{own_lockdown}"
+    );
     assert!(parts[0].contains("Seccomp:\t2"), "{own_lockdown}");
     assert!(parts[0].contains("Max processes"), "{own_lockdown}");
-    assert_eq!(parts[0], parts[1], "the own agent is locked down as its kernel");
+    assert_eq!(
+        parts[0], parts[1],
+        "the own agent is locked down as its kernel"
+    );
     // A forked session also carries its zygote's filters below the workload's: all but the
     // count of filters is the same.
     let without_count = |text: &str| -> String {
@@ -119,7 +129,11 @@ fn the_agent_of_a_sandbox_of_its_own_is_locked_down_as_a_forked_ones() {
              print(libc.ptrace(16, {own_kernel}, 0, 0), ctypes.get_errno())'"
         ),
     );
-    assert_eq!(traced.trim(), "-1 1", "PTRACE_ATTACH on the kernel: {traced}");
+    assert_eq!(
+        traced.trim(),
+        "-1 1",
+        "PTRACE_ATTACH on the kernel: {traced}"
+    );
 
     // Another tenant cannot reach the own sandbox's programs.
     let (pid, _stream) = s.start_process(
@@ -175,7 +189,8 @@ fn the_agent_of_a_sandbox_of_its_own_is_locked_down_as_a_forked_ones() {
     );
     s.delete(&key_a, &own);
     assert!(
-        wait_until(Duration::from_secs(10), || host_pids_with(&by_agent).is_empty()
+        wait_until(Duration::from_secs(10), || host_pids_with(&by_agent)
+            .is_empty()
             && host_pids_with(&by_code).is_empty()),
         "SANDBOX HOLE: the agent's program outlived its sandbox"
     );
