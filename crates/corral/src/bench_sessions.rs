@@ -276,7 +276,7 @@ pub fn sessions(image: &str, data_dir: Option<&Path>) -> Result<()> {
     for (language, times) in &own {
         println!(
             "  {:58} {:>9.2} {:>9.2}",
-            format!("corral {language} session (own sandbox) create -> first result"),
+            format!("{language} session, own sandbox: create -> first result"),
             ms(times.p50),
             ms(times.p95)
         );
