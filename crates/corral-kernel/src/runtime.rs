@@ -83,6 +83,15 @@ pub fn support_files(language: Language) -> Vec<(String, Vec<u8>)> {
     as_support_files(files.iter().copied())
 }
 
+/// Every language's kernel files: a session's code contexts may be of any language
+/// ([`crate::context`]), so a full zygote and a session's own sandbox carry them all.
+pub fn every_kernel_file() -> Vec<(String, Vec<u8>)> {
+    [Language::Python, Language::Javascript, Language::Bash]
+        .into_iter()
+        .flat_map(support_files)
+        .collect()
+}
+
 /// Embedded `(name, source)` runtime files as `/run/corral` support files.
 pub fn as_support_files<'a>(
     files: impl IntoIterator<Item = (&'a str, &'a str)>,

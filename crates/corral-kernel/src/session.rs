@@ -105,7 +105,8 @@ impl SessionOptions {
         spec.limits = self.limits;
         spec.policy = self.policy;
         spec.egress = self.egress.clone();
-        spec.support_files = runtime::support_files(self.language);
+        // Its code contexts, started by its process agent, may be of any language.
+        spec.support_files = runtime::every_kernel_file();
         spec.control_socket = Some(ControlSocket::Stream);
         spec.process_agent = true;
         spec

@@ -3782,7 +3782,7 @@ fn run_process(s: &Server, key: Option<&str>, id: &str, cmd: &str, args: &[&str]
 /// beside their kernel, in their own sandbox (the session's uid, workspace, environment and
 /// files); so does a session after a kernel restart, and one resumed after a server restart
 /// (`memory: not kept`). The session's code sees the program's files and the program the
-/// session's.
+/// session's; code contexts of another language start there too.
 #[test]
 fn sandboxes_of_their_own_run_processes() {
     let dir = tempfile::tempdir().unwrap();
@@ -3833,6 +3833,25 @@ fn sandboxes_of_their_own_run_processes() {
         let (status, out) = s.execute(&id, key, read);
         assert_eq!(status, 200, "{out}");
         assert_eq!(out["stdout"], "agent\n", "{language}: {out}");
+        // Its agent starts code contexts of any language, as a forked session's does.
+        let other = if language == "bash" { "python" } else { "bash" };
+        let code = if other == "bash" {
+            "echo 42"
+        } else {
+            "print(6 * 7)"
+        };
+        let body = json!({"code": code, "language": other}).to_string();
+        let (status, out) = s.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/execute"),
+            key,
+            Some(&body),
+        );
+        assert_eq!(
+            (status, &out["stdout"]),
+            (200, &json!("42\n")),
+            "{language}: {out}"
+        );
 
         // A kernel restart makes a kernel of its own sandbox: it has an agent too.
         let (status, info) = s.call("POST", &format!("/v1/sandboxes/{id}/restart"), key, None);
