@@ -1,6 +1,6 @@
 //! Code that runs in the forked processes: stage 1 (namespaces and id maps), init (pid 1 of
 //! the sandbox: builds the root, reaps, kills what is left) and the workload (drops every
-//! privilege, then execs the program).
+//! privilege, forks a session kernel's process agent, then execs the program).
 //!
 //! Everything a child needs is prepared by the host process before `fork` ([`ChildPlan`]),
 //! and every failure is reported over the report socket as `E<message>` before exiting.
