@@ -23,8 +23,9 @@ SDK_ENV = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")
 
 
 class OwnServer:
-    def __init__(self, binary, db, log_path, port):
+    def __init__(self, binary, db, log_path, port, args=()):
         self.binary, self.db, self.log_path, self.port = binary, db, log_path, port
+        self.args = list(args)
         self.url = f"http://127.0.0.1:{port}"
         self.proc = None
 
@@ -32,7 +33,7 @@ class OwnServer:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [str(self.binary), "serve", "--listen", f"127.0.0.1:{self.port}", "--db",
-                 str(self.db)],
+                 str(self.db), *self.args],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )
         _wait_until_healthy(self.proc, self.url, self.log_path)
@@ -50,6 +51,11 @@ class OwnServer:
 
 @pytest.fixture()
 def own_server(tmp_path):
+    yield from serve_own(tmp_path)
+
+
+def serve_own(tmp_path, args=()):
+    """A server of this test's own (`corral serve` with `args`), the SDK pointed at it."""
     binary = pathlib.Path(os.environ.get("CORRAL_BIN") or REPO / "target" / "debug" / "corral")
     if not binary.is_file():
         pytest.fail(f"no corral binary at {binary} (set CORRAL_BIN)", pytrace=False)
@@ -58,7 +64,7 @@ def own_server(tmp_path):
                           capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
     key = made.stdout.strip().splitlines()[-1]
-    server = OwnServer(binary, db, tmp_path / "server.log", _free_port())
+    server = OwnServer(binary, db, tmp_path / "server.log", _free_port(), args)
     server.start()
     saved = {name: os.environ.get(name) for name in SDK_ENV}
     os.environ.update(E2B_API_URL=server.url, E2B_SANDBOX_URL=server.url, E2B_API_KEY=key)

@@ -27,6 +27,7 @@ use serde_json::{json, Value};
 use crate::harness::*;
 use crate::host::HostSecret;
 
+mod agent_own;
 mod ports;
 
 // ---- the server -----------------------------------------------------------------------------

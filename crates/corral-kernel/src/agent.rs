@@ -32,9 +32,9 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum AgentError {
     #[error(transparent)]
     Refused(#[from] AgentRefusal),
-    #[error(
-        "this session has no process agent (only sessions forked from the Python zygote have one)"
-    )]
+    /// A session without an agent: every session the engine makes has one, forked from the
+    /// zygote or in a sandbox of its own (a code context uses its session's).
+    #[error("this session has no process agent")]
     Unavailable,
     #[error("the session's process agent is gone")]
     Gone,

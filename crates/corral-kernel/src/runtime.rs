@@ -83,6 +83,18 @@ pub fn support_files(language: Language) -> Vec<(String, Vec<u8>)> {
     as_support_files(files.iter().copied())
 }
 
+/// Every language's kernel files: a session's code contexts may be of any language
+/// ([`crate::context`]), so a full zygote and a session's own sandbox carry them all.
+pub fn every_kernel_file() -> Vec<(String, Vec<u8>)> {
+    // The languages share some files (bash's kernel uses the Python kernel's library).
+    [Language::Python, Language::Javascript, Language::Bash]
+        .into_iter()
+        .flat_map(support_files)
+        .collect::<std::collections::BTreeMap<_, _>>()
+        .into_iter()
+        .collect()
+}
+
 /// Embedded `(name, source)` runtime files as `/run/corral` support files.
 pub fn as_support_files<'a>(
     files: impl IntoIterator<Item = (&'a str, &'a str)>,

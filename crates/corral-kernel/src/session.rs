@@ -105,8 +105,10 @@ impl SessionOptions {
         spec.limits = self.limits;
         spec.policy = self.policy;
         spec.egress = self.egress.clone();
-        spec.support_files = runtime::support_files(self.language);
+        // Its code contexts, started by its process agent, may be of any language.
+        spec.support_files = runtime::every_kernel_file();
         spec.control_socket = Some(ControlSocket::Stream);
+        spec.process_agent = true;
         spec
     }
 }
@@ -390,7 +392,8 @@ pub struct Session {
     warnings: Vec<String>,
     /// Held while the session is paused (see [`Session::pause`]).
     thaw_guard: Option<corral_sandbox::cgroup::ThawGuard>,
-    /// The session's process agent (sessions forked from the zygote).
+    /// The session's process agent (every session but a code context, which uses its
+    /// session's).
     agent: Option<Arc<crate::agent::ProcessAgent>>,
     /// What the kernel needs kept as long as it lives: the sandbox of the zygote it was
     /// forked from, whose init is the ancestor of its pid namespace. Declared last, so it is
@@ -427,15 +430,20 @@ impl Session {
             .take_socket()
             .expect("a control socket was requested");
         sandbox.start()?;
+        let agent = sandbox.take_agent()?;
         let warnings = sandbox.warnings().to_vec();
-        Session::from_kernel(
+        let mut session = Session::from_kernel(
             KernelProcess {
                 host: KernelHost::Sandbox(sandbox),
                 socket,
             },
             options.clone(),
             warnings,
-        )
+        )?;
+        if let Some(agent) = agent {
+            session.set_agent(crate::agent::ProcessAgent::new(agent)?);
+        }
+        Ok(session)
     }
 
     /// Wraps a started kernel and waits until it reports ready.

@@ -34,7 +34,7 @@ use nix::unistd::Pid;
 use crate::policy::CodePolicy;
 use crate::protocol::{encode, Decoder, HostMessage, KernelMessage, ResultLimits};
 use crate::runtime::{
-    as_support_files, support_files, PYTHON_KERNEL_LIB, PYTHON_ONESHOT, PYTHON_POLICY,
+    as_support_files, every_kernel_file, PYTHON_KERNEL_LIB, PYTHON_ONESHOT, PYTHON_POLICY,
     SESSION_LIBRARY, ZYGOTE,
 };
 use crate::session::{KernelError, KernelHost, KernelProcess, Language, Session, SessionOptions};
@@ -101,14 +101,7 @@ impl Zygote {
     ) -> Result<Zygote, KernelError> {
         let mut argv = vec!["python3".into(), format!("/run/corral/{}", ZYGOTE.0)];
         let mut files = match kind {
-            // Its sessions' code contexts may be of any language (crate::context); the
-            // languages share some files (bash's kernel uses the Python kernel's library).
-            ZygoteKind::Full => [Language::Python, Language::Javascript, Language::Bash]
-                .into_iter()
-                .flat_map(support_files)
-                .collect::<std::collections::BTreeMap<_, _>>()
-                .into_iter()
-                .collect(),
+            ZygoteKind::Full => every_kernel_file(),
             ZygoteKind::Lean => {
                 argv.push("lean".into());
                 // The code policy's hook too: the runs it forks may have a policy.

@@ -344,3 +344,66 @@ fn the_sessions_code_cannot_reach_into_the_agent() {
     assert!(r.stdout.contains("no fds"), "{r:?}");
     agent.signal(sub.pid(), libc::SIGKILL).unwrap();
 }
+
+/// Sessions whose kernel runs in a sandbox of its own (never forked: every JavaScript and
+/// bash session, a Python session without a zygote, any session after a restart) have an
+/// agent too: its programs run in the session's sandbox, on its files, with its environment,
+/// and the session's code cannot reach into it.
+#[test]
+fn sessions_in_a_sandbox_of_their_own_have_an_agent() {
+    for (language, write, probe) in [
+        (
+            Language::Python,
+            "open('k.txt', 'w').write('kernel')",
+            "import os\ntry:\n    open('/proc/{pid}/mem', 'rb').read(1)\n    print('READ')\n\
+             except OSError as e:\n    print(type(e).__name__)",
+        ),
+        (
+            Language::Javascript,
+            "require('fs').writeFileSync('k.txt', 'kernel')",
+            "try { require('fs').readFileSync('/proc/{pid}/mem'); console.log('READ') } \
+             catch (e) { console.log(e.code) }",
+        ),
+        (
+            Language::Bash,
+            "printf kernel > k.txt",
+            "cat /proc/{pid}/mem >/dev/null 2>&1 && echo READ || echo denied",
+        ),
+    ] {
+        let mut options = SessionOptions::new(language);
+        options.env = vec![("OWN_ENV".into(), "yes".into())];
+        let mut session = Session::create(&options).expect("a session starts");
+        let r = session.execute(write, 20 * SECOND, &mut |_| {});
+        assert!(r.error.is_none(), "{language:?}: {r:?}");
+        for round in ["created", "restarted"] {
+            let agent = session
+                .agent()
+                .unwrap_or_else(|e| panic!("{language:?} {round}: {e}"));
+            let sub = agent
+                .start(spec(&["sh", "-c", "echo $OWN_ENV $PPID; cat k.txt"]))
+                .unwrap();
+            let (out, _, exit) = collect(&sub, 10 * SECOND);
+            assert_eq!(
+                exit.and_then(|e| e.exit_code),
+                Some(0),
+                "{language:?} {round}"
+            );
+            let out = String::from_utf8(out).unwrap();
+            let (first, rest) = out.split_once('\n').unwrap();
+            assert_eq!(rest, "kernel", "{language:?} {round}: {out}");
+            let (env, agent_pid) = first.split_once(' ').unwrap();
+            assert_eq!(env, "yes", "{language:?} {round}: {out}");
+            let r = session.execute(&probe.replace("{pid}", agent_pid), 20 * SECOND, &mut |_| {});
+            assert!(!r.stdout.contains("READ"), "{language:?} {round}: {r:?}");
+            assert!(
+                ["PermissionError", "EACCES", "denied"]
+                    .iter()
+                    .any(|d| r.stdout.contains(d)),
+                "{language:?} {round}: {r:?}"
+            );
+            if round == "created" {
+                session.restart().expect("a restart");
+            }
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! Code that runs in the forked processes: stage 1 (namespaces and id maps), init (pid 1 of
 //! the sandbox: builds the root, reaps, kills what is left) and the workload (drops every
-//! privilege, then execs the program).
+//! privilege, forks a session kernel's process agent, then execs the program).
 //!
 //! Everything a child needs is prepared by the host process before `fork` ([`ChildPlan`]),
 //! and every failure is reported over the report socket as `E<message>` before exiting.
@@ -101,6 +101,10 @@ pub(crate) struct ChildPlan {
     /// the workload while the sandbox is built ([`move_off_this_cpu`]), and the program gets
     /// these back.
     pub cpus: Option<nix::sched::CpuSet>,
+    /// A session's kernel: the workload forks the sandbox's process agent with this
+    /// environment (the workload's own) once released, just before it locks itself down the
+    /// rest of the way, and hands the host its socket ([`crate::session::MSG_AGENT`]).
+    pub agent_env: Option<Vec<(String, String)>>,
 }
 
 impl ChildPlan {
@@ -685,6 +689,17 @@ fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd
     }
     if let Err(e) = chdir("/workspace") {
         plan.fail("entering /workspace", e);
+    }
+    if let Some(env) = &plan.agent_env {
+        let started = crate::agent_fork::start(
+            crate::agent_fork::Forker::Workload,
+            &lockdown,
+            env.clone(),
+            plan.report(),
+        );
+        if let Err(e) = started {
+            plan.fail("starting the process agent", e);
+        }
     }
     if let Err(e) = lockdown.confine() {
         plan.fail("locking the workload down", e);

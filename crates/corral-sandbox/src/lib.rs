@@ -8,6 +8,7 @@
 //! sandbox leaves nothing behind. This crate is synchronous and holds all of Corral's `unsafe`.
 
 pub mod agent;
+mod agent_fork;
 pub mod budget;
 pub mod cgroup;
 mod charge;

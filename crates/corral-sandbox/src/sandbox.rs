@@ -25,6 +25,7 @@ use crate::owner::Owner;
 use crate::result::{ExecutionResult, Status};
 use crate::rootfs::{self, Entry};
 use crate::seccomp::{self, Role};
+use crate::session::MSG_AGENT;
 use crate::spec::{
     base_environment, workload_rlimits, zygote_rlimits, ControlSocket, Limits, Policy, SandboxSpec,
 };
@@ -373,6 +374,9 @@ pub struct Sandbox {
     /// Root mode, and rootless with subordinate ids: the lease on the sandbox's host ids,
     /// released (after `Drop` has killed and reaped everything) when the sandbox is dropped.
     id_lease: Option<IdLease>,
+    /// The workload sends its process agent's socket once started, not yet received
+    /// ([`SandboxSpec::process_agent`], [`Sandbox::take_agent`]).
+    agent_awaited: bool,
 }
 
 /// Receives the bytes a program sends on its fd-3 socket.
@@ -414,6 +418,11 @@ impl Sandbox {
     /// into the workspace first.
     fn build(spec: &SandboxSpec, start_at_once: bool) -> Result<Sandbox, SandboxError> {
         debug_assert!(!start_at_once || spec.input_files.is_empty());
+        if spec.process_agent && spec.role != crate::spec::Role::Workload {
+            return Err(SandboxError::Refused(
+                "only a workload has a process agent (a zygote's sessions start their own)".into(),
+            ));
+        }
         let workload_filters = seccomp::filters(match spec.role {
             crate::spec::Role::Workload => Role::Workload,
             crate::spec::Role::Zygote => Role::Zygote,
@@ -547,7 +556,7 @@ impl Sandbox {
             root_size,
             exec_candidates: cstrings(exec_candidates)?,
             argv: cstrings(spec.argv.iter().cloned())?,
-            envp: cstrings(env.into_iter().map(|(k, v)| format!("{k}={v}")))?,
+            envp: cstrings(env.iter().map(|(k, v)| format!("{k}={v}")))?,
             rlimits: match spec.role {
                 crate::spec::Role::Workload => workload_rlimits(&limits, true),
                 crate::spec::Role::Zygote => zygote_rlimits(),
@@ -562,6 +571,7 @@ impl Sandbox {
             start_at_once,
             proxy_endpoint,
             cpus: nix::sched::sched_getaffinity(Pid::from_raw(0)).ok(),
+            agent_env: spec.process_agent.then(|| env.clone()),
         };
 
         // A single-threaded host (the `corral run` command) clones init straight into the new
@@ -628,6 +638,7 @@ impl Sandbox {
             warnings,
             limits,
             egress: None,
+            agent_awaited: spec.process_agent,
             stop: spec
                 .stop
                 .as_ref()
@@ -856,6 +867,28 @@ impl Sandbox {
             self.started = true;
         }
         Ok(())
+    }
+
+    /// The host's end of the sandbox's process agent's socket ([`SandboxSpec::process_agent`]),
+    /// once: starts the program ([`Sandbox::start`]) and waits for the workload to hand it
+    /// over, which it does before it runs anything of the program's. `None` for a sandbox
+    /// without an agent, or once taken.
+    pub fn take_agent(&mut self) -> Result<Option<OwnedFd>, SandboxError> {
+        if !std::mem::take(&mut self.agent_awaited) {
+            return Ok(None);
+        }
+        self.start()?;
+        let mut buf = [0u8; 4096];
+        let (n, fd) = self.recv(&mut buf)?;
+        match (&buf[..n], fd) {
+            ([MSG_AGENT], Some(fd)) => Ok(Some(fd)),
+            ([MSG_ERROR, msg @ ..], _) => Err(SandboxError::Setup(
+                String::from_utf8_lossy(msg).into_owned(),
+            )),
+            _ => Err(SandboxError::Setup(
+                "the sandbox's workload ended without starting its process agent".into(),
+            )),
+        }
     }
 
     /// Sends SIGINT to the program (through init, which alone can address it).

@@ -269,7 +269,15 @@ fn init(fds: &SessionFds, plan: SessionPlan, program: Option<(String, OwnedFd)>)
     }
 
     if plan.agent {
-        start_agent(fds, &plan);
+        let started = crate::agent_fork::start(
+            crate::agent_fork::Forker::SessionInit,
+            &workload_lockdown(&plan),
+            plan.env.clone(),
+            fds.control(),
+        );
+        if let Err(e) = started {
+            fds.fail("starting the process agent", e);
+        }
     }
 
     // SIGCHLD through a signalfd, as the one-shot init takes it; the kernel unblocks it.
@@ -310,62 +318,6 @@ fn init(fds: &SessionFds, plan: SessionPlan, program: Option<(String, OwnedFd)>)
     let _ = sys::send_message(fds.control(), &msg, None);
     // SAFETY: see `SessionFds::fail`.
     unsafe { libc::_exit(0) }
-}
-
-/// Forks the session's process agent, locked down as the kernel is, and hands the host its
-/// socket.
-fn start_agent(fds: &SessionFds, plan: &SessionPlan) {
-    let (host, agent) = match crate::agent::socket_pair() {
-        Ok(pair) => pair,
-        Err(e) => fds.fail("creating the process agent's socket", e),
-    };
-    // SAFETY: init is single-threaded.
-    match unsafe { nix::unistd::fork() } {
-        Err(e) => fds.fail("starting the process agent", e),
-        Ok(ForkResult::Child) => {
-            drop(host);
-            // Not dumpable (init's setting, kept): the session's code runs as the same uid
-            // and must not reach into the agent through /proc/<pid>/mem. Its programs are
-            // dumpable again once they exec, as any program is.
-            let _ = nix::unistd::setsid();
-            sys::close_all_except(&[agent.as_raw_fd()]);
-            // init's 0, 1 and 2 are the zygote's (shared by its sessions): never the agent's.
-            if stdio_to_dev_null().is_err() {
-                // The host sees the agent's socket close.
-                // SAFETY: see `SessionFds::fail`.
-                unsafe { libc::_exit(126) }
-            }
-            if workload_lockdown(plan).apply().is_err() {
-                // The host sees the agent's socket close.
-                // SAFETY: see `SessionFds::fail` (the control socket is closed here).
-                unsafe { libc::_exit(126) }
-            }
-            crate::agent::serve(agent, plan.env.clone())
-        }
-        Ok(ForkResult::Parent { .. }) => {}
-    }
-    drop(agent);
-    if let Err(e) = sys::send_message(fds.control(), &[MSG_AGENT], Some(host.as_raw_fd())) {
-        fds.fail("handing over the process agent", e);
-    }
-}
-
-/// Points descriptors 0, 1 and 2 at `/dev/null`.
-fn stdio_to_dev_null() -> io::Result<()> {
-    let null = nix::fcntl::open(
-        "/dev/null",
-        nix::fcntl::OFlag::O_RDWR,
-        nix::sys::stat::Mode::empty(),
-    )?;
-    for fd in 0..3 {
-        if fd != null {
-            nix::unistd::dup2(null, fd)?;
-        }
-    }
-    if null > 2 {
-        let _ = nix::unistd::close(null);
-    }
-    Ok(())
 }
 
 /// The lockdown of the session's kernel and of its process agent.

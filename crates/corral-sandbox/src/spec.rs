@@ -135,6 +135,10 @@ pub struct SandboxSpec {
     /// SIGTERM and SIGHUP): the sandbox is then killed with every process in it and torn
     /// down, and the run ends as `error`, saying so. Never read, only polled.
     pub stop: Option<std::os::fd::OwnedFd>,
+    /// A session's kernel: the sandbox has a process agent ([`crate::agent`]) beside the
+    /// program, locked down as it is, whose socket the host takes with
+    /// `Sandbox::take_agent`. One-shot runs have none (it would cost them time).
+    pub process_agent: bool,
 }
 
 impl SandboxSpec {
@@ -154,6 +158,7 @@ impl SandboxSpec {
             input_files: Vec::new(),
             stdin: None,
             stop: None,
+            process_agent: false,
         }
     }
 }

@@ -166,6 +166,29 @@ pub fn sessions(image: &str, data_dir: Option<&Path>) -> Result<()> {
         s.execute("print(1)", Duration::from_secs(30), &mut |_| {});
         forked.push(t.elapsed());
     }
+    // Sessions whose kernel runs in a sandbox of its own (JavaScript and bash are never
+    // forked), with their process agent: create -> the first result.
+    let mut own = Vec::new();
+    for (language, code, expected) in [
+        (Language::Javascript, "console.log(1)", "1\n"),
+        (Language::Bash, "echo 1", "1\n"),
+    ] {
+        let options = SessionOptions {
+            language,
+            ..options.clone()
+        };
+        let mut times = Vec::new();
+        for _ in 0..20 {
+            let t = Instant::now();
+            let mut s = Session::create(&options)?;
+            let r = s.execute(code, Duration::from_secs(30), &mut |_| {});
+            times.push(t.elapsed());
+            if r.stdout != expected {
+                bail!("{code} gave {r:?}");
+            }
+        }
+        own.push((language.name(), summarize(times)));
+    }
     // Warm execution round trips.
     let mut session = pool.acquire(&options)?;
     let mut warm = Vec::new();
@@ -250,6 +273,14 @@ pub fn sessions(image: &str, data_dir: Option<&Path>) -> Result<()> {
         ms(forked.p50),
         ms(forked.p95)
     );
+    for (language, times) in &own {
+        println!(
+            "  {:58} {:>9.2} {:>9.2}",
+            format!("{language} session, own sandbox: create -> first result"),
+            ms(times.p50),
+            ms(times.p95)
+        );
+    }
     println!(
         "  {:58} {:>9.3} {:>9.3}",
         "corral warm `1+1` round trip (library)",

@@ -3744,3 +3744,138 @@ fn a_saved_sandbox_expires_across_the_restart() {
     assert_eq!(status, 404);
     assert!(!saved_dir.join(&id).exists());
 }
+
+/// Runs `cmd args` through session `id`'s process agent (`POST …/processes`): its exit code
+/// and its stdout; panics with the answer when the program does not start.
+fn run_process(s: &Server, key: Option<&str>, id: &str, cmd: &str, args: &[&str]) -> (i64, String) {
+    use base64::Engine;
+    let body = json!({"cmd": cmd, "args": args}).to_string();
+    let (status, bytes) = s.raw(
+        "POST",
+        &format!("/v1/sandboxes/{id}/processes"),
+        key,
+        Some(body.as_bytes()),
+    );
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    assert_eq!(status, 200, "{cmd} in {id}: {text}");
+    let (mut stdout, mut exit) = (Vec::new(), None);
+    for line in text.lines() {
+        let event: Value = serde_json::from_str(line).unwrap();
+        match event["type"].as_str() {
+            Some("stdout") => stdout.extend(
+                base64::engine::general_purpose::STANDARD
+                    .decode(event["data"].as_str().unwrap())
+                    .unwrap(),
+            ),
+            Some("end") => exit = event["exit_code"].as_i64(),
+            _ => {}
+        }
+    }
+    (
+        exit.unwrap_or_else(|| panic!("no end: {text}")),
+        String::from_utf8(stdout).unwrap(),
+    )
+}
+
+/// Issue 22: every sandbox has a process agent, not only sessions forked from the zygote.
+/// On a server without a warm pool, Python, JavaScript and bash sessions each run programs
+/// beside their kernel, in their own sandbox (the session's uid, workspace, environment and
+/// files); so does a session after a kernel restart, and one resumed after a server restart
+/// (`memory: not kept`). The session's code sees the program's files and the program the
+/// session's; code contexts of another language start there too.
+#[test]
+fn sandboxes_of_their_own_run_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start_in(dir, "shutdown_grace_s = 2");
+    let key = s.key("A");
+    let key = Some(key.as_str());
+    let check = |s: &Server, id: &str, what: &str| {
+        let (code, out) = run_process(
+            s,
+            key,
+            id,
+            "sh",
+            &["-c", "echo $AGENT_ENV; id -u; pwd; cat from-kernel.txt"],
+        );
+        assert_eq!(
+            (code, out.as_str()),
+            (0, "yes\n1000\n/workspace\nkernel"),
+            "{what}"
+        );
+        let (code, _) = run_process(s, key, id, "sh", &["-c", "echo agent > from-agent.txt"]);
+        assert_eq!(code, 0, "{what}");
+    };
+    let mut ids = Vec::new();
+    for (language, write, read) in [
+        (
+            "python",
+            "open('from-kernel.txt', 'w').write('kernel')",
+            "print(open('from-agent.txt').read().strip())",
+        ),
+        (
+            "javascript",
+            "require('fs').writeFileSync('from-kernel.txt', 'kernel')",
+            "console.log(require('fs').readFileSync('from-agent.txt', 'utf8').trim())",
+        ),
+        (
+            "bash",
+            "printf kernel > from-kernel.txt",
+            "cat from-agent.txt",
+        ),
+    ] {
+        let body = json!({"image": "host", "language": language, "env": {"AGENT_ENV": "yes"}});
+        let (status, info) = s.call("POST", "/v1/sandboxes", key, Some(&body.to_string()));
+        assert_eq!(status, 201, "{info}");
+        let id = info["id"].as_str().unwrap().to_string();
+        let (status, out) = s.execute(&id, key, write);
+        assert_eq!((status, &out["status"]), (200, &json!("success")), "{out}");
+        check(&s, &id, language);
+        let (status, out) = s.execute(&id, key, read);
+        assert_eq!(status, 200, "{out}");
+        assert_eq!(out["stdout"], "agent\n", "{language}: {out}");
+        // Its agent starts code contexts of any language, as a forked session's does.
+        let other = if language == "bash" { "python" } else { "bash" };
+        let code = if other == "bash" {
+            "echo 42"
+        } else {
+            "print(6 * 7)"
+        };
+        let body = json!({"code": code, "language": other}).to_string();
+        let (status, out) = s.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/execute"),
+            key,
+            Some(&body),
+        );
+        assert_eq!(
+            (status, &out["stdout"]),
+            (200, &json!("42\n")),
+            "{language}: {out}"
+        );
+
+        // A kernel restart makes a kernel of its own sandbox: it has an agent too.
+        let (status, info) = s.call("POST", &format!("/v1/sandboxes/{id}/restart"), key, None);
+        assert_eq!(status, 200, "{info}");
+        check(&s, &id, &format!("{language} after a restart"));
+        ids.push(id);
+    }
+
+    // Paused, the server restarted, resumed: a fresh kernel on the saved files, with an agent.
+    let paused = ids[0].clone();
+    let (status, info) = s.call("POST", &format!("/v1/sandboxes/{paused}/pause"), key, None);
+    assert_eq!(status, 200, "{info}");
+    let pid = s.pid();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(s.child.wait().unwrap().success());
+    let dir = std::mem::replace(&mut s._dir, tempfile::tempdir().unwrap());
+    drop(s);
+    let s = Server::start_in(dir, "");
+    let (status, info) = s.call("POST", &format!("/v1/sandboxes/{paused}/resume"), key, None);
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["memory"], "not kept", "{info}");
+    check(&s, &paused, "resumed after a server restart");
+}
