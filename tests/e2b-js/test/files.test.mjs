@@ -22,6 +22,20 @@ describe('files', () => {
     await assert.rejects(sbx().files.read('no-such-file'), NotFoundError)
   })
 
+  it('reads as a blob and as a stream, and writes several files at once', async () => {
+    const written = await sbx().files.writeFiles([
+      { path: 'many/one.txt', data: 'one' },
+      { path: '/home/user/many/two.bin', data: new Uint8Array([7, 8, 9]).buffer },
+    ])
+    assert.deepEqual(written.map((w) => w.path), ['/workspace/many/one.txt', '/workspace/many/two.bin'])
+    const blob = await sbx().files.read('many/one.txt', { format: 'blob' })
+    assert.equal(await blob.text(), 'one')
+    const stream = await sbx().files.read('many/two.bin', { format: 'stream' })
+    const chunks = []
+    for await (const chunk of stream) chunks.push(...chunk)
+    assert.deepEqual(chunks, [7, 8, 9])
+  })
+
   it('lists with depth and entry info', async () => {
     await sbx().files.write('tree/x.txt', '12345')
     await sbx().files.write('tree/sub/y.txt', 'y')

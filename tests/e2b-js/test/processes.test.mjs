@@ -43,6 +43,7 @@ describe('processes', () => {
   })
 
   it('sends stdin to a command and closes it', async () => {
+    assert.equal(sbx().commands.supportsStdinClose, true)
     const handle = await sbx().commands.run('cat; echo EOF', { background: true, stdin: true })
     await sbx().commands.sendStdin(handle.pid, 'hello ')
     await handle.sendStdin('world\n')
@@ -68,8 +69,22 @@ describe('processes', () => {
     await sbx().pty.resize(terminal.pid, { rows: 40, cols: 100 })
     await sbx().pty.sendInput(terminal.pid, new TextEncoder().encode('stty size\n'))
     await eventually(() => output.includes('40 100'), 10_000, '"40 100" after the resize')
+
+    // Leaving the terminal leaves it running; connecting again gets its output from now on.
+    await terminal.disconnect()
+    let again = ''
+    const reconnected = await sbx().pty.connect(terminal.pid, {
+      onData: (data) => {
+        again += text(data)
+      },
+    })
+    await sbx().pty.sendInput(terminal.pid, new TextEncoder().encode('echo $((6 * 7))\n'))
+    await eventually(() => again.includes('42'), 10_000, `"42" in ${JSON.stringify(again)}`)
+    assert.ok(!again.includes('24 80'), 'connect replays output from the start')
+
     assert.equal(await sbx().pty.kill(terminal.pid), true)
-    await assert.rejects(terminal.wait(), CommandExitError)
+    await assert.rejects(reconnected.wait(), CommandExitError)
+    assert.equal(await sbx().pty.kill(terminal.pid), false)
   })
 })
 
@@ -82,6 +97,13 @@ describe('runCode beyond the defaults', () => {
     assert.equal(withEnvs.error, undefined)
     assert.equal(withEnvs.logs.stdout.join(''), 'yes\n')
     assert.equal((await sbx().runCode(code)).logs.stdout.join(''), 'None\n')
+    const js = "process.env.CORRAL_E2B ?? 'unset'"
+    assert.equal((await sbx().runCode(js, { language: 'js', envs: { CORRAL_E2B: 'js' } })).text, 'js')
+    assert.equal((await sbx().runCode(js, { language: 'js' })).text, 'unset')
+    // A bash context refuses them.
+    const bash = await sbx().runCode('echo $CORRAL_E2B', { language: 'bash', envs: { CORRAL_E2B: 'x' } })
+    assert.deepEqual(bash.logs.stdout, [])
+    assert.match(bash.error?.value ?? '', /per-execution environment/, JSON.stringify(bash))
   })
 
   it('runs JavaScript and bash in their default contexts, each keeping its state', async () => {
