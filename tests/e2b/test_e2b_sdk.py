@@ -29,9 +29,25 @@ def sandbox():
     sbx.kill()
 
 
-def test_create_returns_a_sandbox(sandbox):
+def test_create_returns_a_sandbox(sandbox, corral_server):
     assert sandbox.sandbox_id
     assert sandbox.is_running()  # GET /health on the sandbox plane
+    # The SDK's local values: the domain the server gave, the access token it sends.
+    port = corral_server.rsplit(":", 1)[1]
+    assert sandbox.sandbox_domain == f"localhost:{port}"
+    assert len(sandbox.traffic_access_token or "") >= 16
+
+
+def test_templates_name_images():
+    for template in ("default", "base"):
+        sbx = Sandbox.create(template=template)
+        try:
+            assert sbx.run_code("1 + 1").text == "2"
+        finally:
+            sbx.kill()
+    with pytest.raises(SandboxException) as excinfo:
+        Sandbox.create(template="no-such-image-here")
+    assert "no-such-image-here" in str(excinfo.value)
 
 
 def test_run_code_stdout(sandbox):
@@ -133,6 +149,23 @@ def test_set_timeout_moves_the_expiry(sandbox):
     assert datetime.timedelta(minutes=50) < left <= datetime.timedelta(hours=1, minutes=1)
 
 
+def test_a_sandbox_is_killed_at_its_timeout():
+    sbx = Sandbox.create()
+    try:
+        Sandbox.set_timeout(sbx.sandbox_id, 2)
+        deadline = time.monotonic() + 20
+        # Listing does not count as use (the sandbox's own plane would).
+        while any(s.sandbox_id == sbx.sandbox_id for s in Sandbox.list().next_items()):
+            assert time.monotonic() < deadline, "the sandbox outlived its timeout"
+            time.sleep(0.2)
+        with pytest.raises(SandboxException):
+            Sandbox.get_info(sbx.sandbox_id)
+        assert sbx.is_running() is False
+        assert Sandbox.kill(sbx.sandbox_id) is False  # already gone
+    finally:
+        sbx.kill()
+
+
 def test_pause_then_connect_resumes_with_state():
     # A sandbox of its own: while paused it answers nothing but the control plane.
     sbx = Sandbox.create()
@@ -146,6 +179,11 @@ def test_pause_then_connect_resumes_with_state():
         again = Sandbox.connect(sbx.sandbox_id)  # resumes it
         assert again.get_info().state.value == "running"
         assert again.run_code("kept").text == "42"
+        # The class-level pause, then the instance's connect.
+        assert Sandbox.pause(sbx.sandbox_id) is True
+        assert sbx.connect() is sbx
+        assert sbx.get_info().state.value == "running"
+        assert sbx.run_code("kept").text == "42"
     finally:
         sbx.kill()
 
