@@ -2,7 +2,8 @@
 // does for the Python SDK), points the unmodified SDK at it, runs every test/*.test.mjs with
 // Node's own test runner, and stops the server.
 //
-//   node tests/e2b-js/run.mjs
+//   node tests/e2b-js/run.mjs            # every test/*.test.mjs
+//   node tests/e2b-js/run.mjs files      # the files whose names contain "files"
 //
 // With CORRAL_URL set (and CORRAL_API_KEY, and CORRAL_OTHER_API_KEY: a second key of that
 // server, for the tenancy tests), the tests use that server instead. Otherwise server.mjs
@@ -41,8 +42,11 @@ const env = {
 }
 delete env.E2B_DOMAIN
 
+// `node run.mjs NAME…` runs the test files whose names contain one of the NAMEs.
+const only = process.argv.slice(2)
 const files = readdirSync(join(HERE, 'test'))
   .filter((f) => f.endsWith('.test.mjs'))
+  .filter((f) => only.length === 0 || only.some((name) => f.includes(name)))
   .sort()
   .map((f) => join(HERE, 'test', f))
 const run = spawnSync(process.execPath, ['--test', '--test-concurrency=1', ...files], {

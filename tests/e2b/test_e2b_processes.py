@@ -94,7 +94,7 @@ def test_a_pty_takes_input_resizes_and_is_killed(sandbox):
     output = bytearray()
     terminal = sandbox.pty.create(PtySize(rows=24, cols=80), envs={"PS1": "$ "})
 
-    def wait_for(needle, timeout=10):
+    def wait_for(needle, output=output, timeout=10):
         deadline = time.monotonic() + timeout
         while needle not in output.decode(errors="replace"):
             assert time.monotonic() < deadline, f"{needle!r} not in {bytes(output)!r}"
@@ -108,9 +108,22 @@ def test_a_pty_takes_input_resizes_and_is_killed(sandbox):
     sandbox.pty.resize(terminal.pid, PtySize(rows=40, cols=100))
     sandbox.pty.send_stdin(terminal.pid, b"stty size\n")
     wait_for("40 100")
+
+    # A second stream of the same terminal (the sync handle cannot be left from another
+    # thread while one reads it): output from now on, to both.
+    again_output = bytearray()
+    again = sandbox.pty.connect(terminal.pid)
+    second = threading.Thread(target=lambda: _read_terminal(again, again_output))
+    second.start()
+    sandbox.pty.send_stdin(terminal.pid, b"echo $((6 * 7))\n")
+    wait_for("42", again_output)
+    assert b"24 80" not in again_output  # no replay from the start
+
     assert sandbox.pty.kill(terminal.pid) is True
-    reader.join(timeout=10)
-    assert not reader.is_alive()
+    for thread in (reader, second):
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+    assert sandbox.pty.kill(terminal.pid) is False
 
 
 def _read_terminal(handle, output):

@@ -15,7 +15,12 @@ import time
 
 import pytest
 
-from e2b import CommandExitException, FileNotFoundException, SandboxException
+from e2b import (
+    CommandExitException,
+    FileNotFoundException,
+    SandboxException,
+    TimeoutException,
+)
 from e2b_code_interpreter import Sandbox
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -39,10 +44,15 @@ def test_create_returns_a_sandbox(sandbox, corral_server):
 
 
 def test_templates_name_images():
+    import datetime
+
     for template in ("default", "base"):
-        sbx = Sandbox.create(template=template)
+        sbx = Sandbox.create(template=template, envs={"FROM_CREATE": template}, timeout=120)
         try:
             assert sbx.run_code("1 + 1").text == "2"
+            assert sbx.commands.run("echo $FROM_CREATE").stdout == f"{template}\n"
+            left = sbx.get_info().end_at - datetime.datetime.now(datetime.timezone.utc)
+            assert datetime.timedelta(seconds=60) < left <= datetime.timedelta(seconds=121)
         finally:
             sbx.kill()
     with pytest.raises(SandboxException) as excinfo:
@@ -123,8 +133,23 @@ def test_commands_run_stdout_stderr(sandbox):
 
 def test_commands_run_nonzero_exit_raises(sandbox):
     with pytest.raises(CommandExitException) as excinfo:
-        sandbox.commands.run("exit 3")
+        sandbox.commands.run("echo partial; exit 3")
     assert excinfo.value.exit_code == 3
+    assert excinfo.value.stdout == "partial\n"
+
+
+def test_commands_run_streams_to_callbacks_and_stops_at_its_timeout(sandbox):
+    out, err = [], []
+    result = sandbox.commands.run(
+        "echo one; echo two >&2", on_stdout=out.append, on_stderr=err.append
+    )
+    assert "".join(out) == result.stdout == "one\n"
+    assert "".join(err) == result.stderr == "two\n"
+    started = time.monotonic()
+    with pytest.raises(TimeoutException):
+        sandbox.commands.run("sleep 30", timeout=1.5)
+    assert time.monotonic() - started < 20
+    assert sandbox.commands.run("echo next").stdout == "next\n"
 
 
 def test_kill_removes_the_sandbox():

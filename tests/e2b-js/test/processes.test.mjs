@@ -139,6 +139,27 @@ describe('runCode beyond the defaults', () => {
   })
 })
 
+// A request to the server's address with the Host that getHost gave (what a browser sends,
+// `*.localhost` being the loopback itself; this machine's resolver may not know such names).
+// fetch() would not send that Host.
+function viaHost(host, headers) {
+  const api = new URL(process.env.E2B_API_URL)
+  return new Promise((resolve, reject) => {
+    const request = http.get(
+      { host: api.hostname, port: api.port, path: '/hello.txt', headers: { Host: host, ...headers } },
+      (response) => {
+        let body = ''
+        response.setEncoding('utf8')
+        response.on('data', (chunk) => {
+          body += chunk
+        })
+        response.on('end', () => resolve({ status: response.statusCode, body }))
+      },
+    )
+    request.on('error', reject)
+  })
+}
+
 describe('getHost', () => {
   const sbx = fileSandbox()
 
@@ -148,25 +169,8 @@ describe('getHost', () => {
     const host = sbx().getHost(8000)
     const api = new URL(process.env.E2B_API_URL)
     assert.equal(host, `8000-${sbx().sandboxId}.localhost:${api.port}`)
-    // The request goes to the server's address with the Host that getHost gave (what a
-    // browser sends, `*.localhost` being the loopback itself; this machine's resolver may not
-    // know such names).
-    const get = (headers) =>
-      new Promise((resolve, reject) => {
-        const request = http.get(
-          { host: api.hostname, port: api.port, path: '/hello.txt', headers: { Host: host, ...headers } },
-          (response) => {
-            let body = ''
-            response.setEncoding('utf8')
-            response.on('data', (chunk) => {
-              body += chunk
-            })
-            response.on('end', () => resolve({ status: response.statusCode, body }))
-          },
-        )
-        request.on('error', reject)
-      })
     const key = { 'X-API-KEY': process.env.E2B_API_KEY }
+    const get = (headers) => viaHost(host, headers)
     let answer = null
     await eventually(async () => {
       answer = await get(key) // 502 port_closed until the server listens
@@ -177,5 +181,25 @@ describe('getHost', () => {
     assert.ok([401, 404].includes(anonymous.status), `keyless: ${anonymous.status}`)
     assert.ok(!anonymous.body.includes('hello from the sandbox'))
     await server.kill()
+  })
+
+  it("answers 409 for a paused sandbox's port, and serves again after connect", async () => {
+    // Started by code rather than as a background command: a sandbox whose command still
+    // runs cannot be paused; a process the code started lives on.
+    const started = await sbx().runCode(
+      "import subprocess\nserver = subprocess.Popen(['python3', '-m', 'http.server', '8001'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)",
+    )
+    assert.equal(started.error, undefined)
+    const host = sbx().getHost(8001)
+    const get = () => viaHost(host, { 'X-API-KEY': process.env.E2B_API_KEY })
+    await eventually(async () => (await get()).status === 200, 30_000, 'the server in the sandbox to listen')
+    assert.equal(await sbx().pause(), true)
+    const paused = await get()
+    assert.equal(paused.status, 409)
+    assert.equal(JSON.parse(paused.body).error.code, 'sandbox_paused')
+    await sbx().connect()
+    const again = await get()
+    assert.equal(again.status, 200)
+    assert.equal(again.body, 'hello from the sandbox')
   })
 })
