@@ -196,6 +196,8 @@ def test_pause_then_connect_resumes_with_state():
     sbx = Sandbox.create()
     try:
         sbx.run_code("kept = 40 + 2")
+        # A background command is frozen with the rest, and goes on after.
+        running = sbx.commands.run("sleep 600", background=True)
         assert sbx.pause() is True  # POST /sandboxes/{id}/pause -> 204
         assert sbx.get_info().state.value == "paused"
         assert sbx.pause() is False  # already paused: 409
@@ -204,6 +206,8 @@ def test_pause_then_connect_resumes_with_state():
         again = Sandbox.connect(sbx.sandbox_id)  # resumes it
         assert again.get_info().state.value == "running"
         assert again.run_code("kept").text == "42"
+        assert running.pid in {p.pid for p in again.commands.list()}
+        assert again.commands.kill(running.pid) is True
         # The class-level pause, then the instance's connect.
         assert Sandbox.pause(sbx.sandbox_id) is True
         assert sbx.connect() is sbx

@@ -184,8 +184,8 @@ describe('getHost', () => {
   })
 
   it("answers 409 for a paused sandbox's port, and serves again after connect", async () => {
-    // Started by code rather than as a background command: a sandbox whose command still
-    // runs cannot be paused; a process the code started lives on.
+    // Started by code (a background command would do as well): a process the code started
+    // lives on, and is frozen with its sandbox.
     const started = await sbx().runCode(
       "import subprocess\nserver = subprocess.Popen(['python3', '-m', 'http.server', '8001'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)",
     )

@@ -87,6 +87,8 @@ describe('sandbox', () => {
     try {
       await sbx.runCode('kept = "the same interpreter"')
       await sbx.files.write('kept.txt', 'file kept')
+      // A background command is frozen with the rest, and goes on after.
+      const running = await sbx.commands.run('sleep 600', { background: true })
       assert.equal(await sbx.betaPause(), true)
       const paused = await Sandbox.list({ query: { state: ['paused'] } }).nextItems()
       assert.ok(paused.some((s) => s.sandboxId === sbx.sandboxId))
@@ -96,6 +98,8 @@ describe('sandbox', () => {
       assert.equal((await again.getInfo()).state, 'running')
       assert.equal((await again.runCode('kept')).text, 'the same interpreter')
       assert.equal(await again.files.read('kept.txt'), 'file kept')
+      assert.ok((await again.commands.list()).some((p) => p.pid === running.pid))
+      assert.equal(await again.commands.kill(running.pid), true)
 
       // The static pause, then the instance's connect.
       assert.equal(await Sandbox.pause(sbx.sandboxId), true)
