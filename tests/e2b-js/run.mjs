@@ -49,7 +49,13 @@ const files = readdirSync(join(HERE, 'test'))
   .filter((f) => only.length === 0 || only.some((name) => f.includes(name)))
   .sort()
   .map((f) => join(HERE, 'test', f))
-const run = spawnSync(process.execPath, ['--test', '--test-concurrency=1', ...files], {
+if (files.length === 0) {
+  console.error(`no test file matches ${JSON.stringify(only)}`)
+  process.exit(2)
+}
+// --test-force-exit: a file's process ends when its tests have, not when the SDK's last timer
+// does (runCode leaves its request timer running when the answer is an error status).
+const run = spawnSync(process.execPath, ['--test', '--test-concurrency=1', '--test-force-exit', ...files], {
   stdio: 'inherit',
   env,
   cwd: HERE,
