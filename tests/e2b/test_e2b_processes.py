@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from e2b import CommandExitException, PtySize
+from e2b import CommandExitException, PtySize, RateLimitException
 from e2b_code_interpreter import Sandbox
 
 
@@ -166,3 +166,25 @@ def test_processes_of_another_sandbox_are_out_of_reach(sandbox):
         assert handle.kill() is True
     finally:
         other.kill()
+
+
+def test_commands_and_their_streams_are_bounded():
+    # A sandbox of its own: the bounds are per sandbox. At most 32 commands at once, and 4
+    # streams of one command; what is refused says so, and the sandbox goes on.
+    sbx = Sandbox.create()
+    try:
+        handles = [sbx.commands.run("sleep 120", background=True) for _ in range(32)]
+        # resource_exhausted, which the SDK reads as RateLimitException.
+        with pytest.raises(RateLimitException, match="32 processes"):
+            sbx.commands.run("echo one too many")
+        streams = [sbx.commands.connect(handles[0].pid) for _ in range(3)]  # with its own: 4
+        with pytest.raises(RateLimitException) as excinfo:
+            sbx.commands.connect(handles[0].pid)
+        assert "4 output streams" in str(excinfo.value), repr(excinfo.value)
+        for stream in streams:
+            stream.disconnect()
+        for handle in handles:
+            assert handle.kill() is True
+        assert sbx.commands.run("echo room again").stdout == "room again\n"
+    finally:
+        sbx.kill()

@@ -138,7 +138,7 @@ def test_commands_run_nonzero_exit_raises(sandbox):
     assert excinfo.value.stdout == "partial\n"
 
 
-def test_commands_run_streams_to_callbacks_and_stops_at_its_timeout(sandbox):
+def test_commands_run_streams_to_callbacks_and_ends_at_its_timeout(sandbox):
     out, err = [], []
     result = sandbox.commands.run(
         "echo one; echo two >&2", on_stdout=out.append, on_stderr=err.append
@@ -149,6 +149,10 @@ def test_commands_run_streams_to_callbacks_and_stops_at_its_timeout(sandbox):
     with pytest.raises(TimeoutException):
         sandbox.commands.run("sleep 30", timeout=1.5)
     assert time.monotonic() - started < 20
+    # The stream ended, not the command (docs/e2b.md §11).
+    left = [p.pid for p in sandbox.commands.list() if p.args[-1] == "sleep 30"]
+    assert len(left) == 1
+    assert sandbox.commands.kill(left[0]) is True
     assert sandbox.commands.run("echo next").stdout == "next\n"
 
 
