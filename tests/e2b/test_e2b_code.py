@@ -68,7 +68,10 @@ def test_code_contexts_are_created_listed_restarted_and_removed(sandbox):
 
     js_ctx = sandbox.create_code_context(language="javascript")
     assert sandbox.run_code("typeof require", context=js_ctx).text == "function"
+    bash_ctx = sandbox.create_code_context(language="bash", cwd="/home/user/ctx")
+    assert "".join(sandbox.run_code("cat data.txt; echo", context=bash_ctx).logs.stdout) == "shared\n"
     sandbox.remove_code_context(js_ctx)
+    sandbox.remove_code_context(bash_ctx)
     sandbox.remove_code_context(ctx.id)
     ids = {c.id for c in sandbox.list_code_contexts()}
-    assert ctx.id not in ids and js_ctx.id not in ids
+    assert not {ctx.id, js_ctx.id, bash_ctx.id} & ids

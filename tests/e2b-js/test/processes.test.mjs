@@ -132,10 +132,13 @@ describe('runCode beyond the defaults', () => {
 
     const jsCtx = await sbx().createCodeContext({ language: 'js' })
     assert.equal((await sbx().runCode('typeof require', { context: jsCtx })).text, 'function')
+    const bashCtx = await sbx().createCodeContext({ language: 'bash', cwd: '/home/user/ctx' })
+    assert.equal((await sbx().runCode('cat data.txt; echo', { context: bashCtx })).logs.stdout.join(''), 'shared\n')
     await sbx().removeCodeContext(jsCtx)
+    await sbx().removeCodeContext(bashCtx)
     await sbx().removeCodeContext(ctx.id)
     const ids = (await sbx().listCodeContexts()).map((c) => c.id)
-    assert.ok(!ids.includes(ctx.id) && !ids.includes(jsCtx.id))
+    assert.ok(![ctx.id, jsCtx.id, bashCtx.id].some((id) => ids.includes(id)))
   })
 })
 
