@@ -251,6 +251,14 @@ def test_list_by_metadata_and_state_with_pages_and_metrics():
         last = metrics[-1]
         assert last.mem_used >= 32 << 20 and last.mem_total >= last.mem_used
         assert last.disk_total > 0 and last.cpu_count >= 1
+        # start and end bound the samples.
+        import datetime
+
+        now = datetime.datetime.now(datetime.timezone.utc)
+        hour = datetime.timedelta(hours=1)
+        assert made[0].get_metrics(start=now + hour) == []
+        assert Sandbox.get_metrics(made[0].sandbox_id, end=now - hour) == []
+        assert Sandbox.get_metrics(made[0].sandbox_id, start=now - hour, end=now + hour)
     finally:
         for s in made:
             s.kill()

@@ -13,6 +13,7 @@ describe('files', () => {
     assert.equal(info.name, 'a.txt')
     assert.equal(info.path, '/workspace/notes/a.txt')
     assert.equal(await sbx().files.read('/home/user/notes/a.txt'), 'hello')
+    assert.equal(await sbx().files.read('/workspace/notes/a.txt'), 'hello')
     const bytes = new Uint8Array([0, 1, 2, 255])
     await sbx().files.write('bin.dat', bytes.buffer)
     const back = await sbx().files.read('bin.dat', { format: 'bytes' })
@@ -114,6 +115,8 @@ describe('files', () => {
 
   it('refuses paths outside the workspace', async () => {
     await assert.rejects(sbx().files.list('/etc'), InvalidArgumentError)
+    await assert.rejects(sbx().files.read('/etc/passwd'), InvalidArgumentError)
+    await assert.rejects(sbx().files.write('/tmp/x.txt', 'x'), InvalidArgumentError)
     await assert.rejects(sbx().files.makeDir('/tmp/x'), InvalidArgumentError)
     await assert.rejects(sbx().files.getInfo('../x'), InvalidArgumentError)
   })

@@ -77,6 +77,12 @@ describe('sandbox', () => {
       assert.ok(last.memUsed > 0 && last.memTotal >= last.memUsed, JSON.stringify(last))
       assert.ok(last.cpuCount >= 1)
       assert.ok(last.timestamp instanceof Date)
+      // start and end bound the samples.
+      const hour = 3_600_000
+      assert.deepEqual(await made[0].getMetrics({ start: new Date(Date.now() + hour) }), [])
+      assert.deepEqual(await Sandbox.getMetrics(made[0].sandboxId, { end: new Date(Date.now() - hour) }), [])
+      const recent = await made[0].getMetrics({ start: new Date(Date.now() - 60_000), end: new Date(Date.now() + 60_000) })
+      assert.ok(recent.length >= 1)
     } finally {
       for (const s of made) await s.kill()
     }
