@@ -737,7 +737,11 @@ fn post_without_its_body(addr: &str, path: &str, length: usize) -> (String, bool
     let mut answer = Vec::new();
     let closed = stream.read_to_end(&mut answer).is_ok();
     let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
-    let head = answer.split("\r\n\r\n").next().unwrap_or_default().to_string();
+    let head = answer
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_string();
     (head, closed)
 }
 
@@ -1095,7 +1099,10 @@ fn off_loopback_every_request_needs_a_key() {
     for length in [64 * 1024 + 1, 10] {
         let (head, closed) = post_without_its_body(&addr, "/v1/run", length);
         assert!(head.starts_with("http/1.1 401"), "{length}: {head}");
-        assert!(head.contains("connection: close") && closed, "{length}: {head}");
+        assert!(
+            head.contains("connection: close") && closed,
+            "{length}: {head}"
+        );
     }
     let key = s.key("remote");
     let (head, open) = keep_alive_post(&addr, "/v1/run", Some(&key), "{not json");

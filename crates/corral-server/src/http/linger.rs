@@ -136,12 +136,14 @@ mod tests {
         assert!(drain(Body::from("small")).await);
         assert!(drain(chunks(&[1024; 64])).await); // exactly LINGER_BYTES
         assert!(!drain(chunks(&[1024, 64 * 1024])).await); // over, streamed without a length
-        assert!(!drain(Body::from(vec![0u8; LINGER_BYTES as usize + 1])).await); // its length says so
+        assert!(!drain(Body::from(vec![0u8; LINGER_BYTES as usize + 1])).await);
+        // its length says so
     }
 
     #[tokio::test]
     async fn a_rest_that_does_not_come_is_given_up() {
-        let never = Body::from_stream(futures_util::stream::pending::<Result<Bytes, std::io::Error>>());
+        let never =
+            Body::from_stream(futures_util::stream::pending::<Result<Bytes, std::io::Error>>());
         let started = std::time::Instant::now();
         assert!(!drain(never).await);
         assert!(started.elapsed() >= LINGER_TIME);
