@@ -2,115 +2,29 @@
 // does for the Python SDK), points the unmodified SDK at it, runs every test/*.test.mjs with
 // Node's own test runner, and stops the server.
 //
-//   node tests/e2b-js/run.mjs
+//   node tests/e2b-js/run.mjs            # every test/*.test.mjs
+//   node tests/e2b-js/run.mjs files      # the files whose names contain "files"
 //
 // With CORRAL_URL set (and CORRAL_API_KEY, and CORRAL_OTHER_API_KEY: a second key of that
-// server, for the tenancy tests), the tests use that server instead. Otherwise the binary is $CORRAL_BIN, else <repo>/target/debug/corral; the
-// database is fresh, in a temporary directory, with a key made by `corral key create`; the
-// image store is $CORRAL_DATA_DIR's (passed through). The server gets SIGTERM at the end.
+// server, for the tenancy tests), the tests use that server instead. Otherwise server.mjs
+// starts one (and the restart test one more of its own); it gets SIGTERM at the end.
 
-import { spawn, spawnSync } from 'node:child_process'
-import { createServer } from 'node:net'
-import { existsSync, mkdtempSync, openSync, readFileSync, readdirSync, rmSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { dirname, join, resolve } from 'node:path'
+import { spawnSync } from 'node:child_process'
+import { readdirSync } from 'node:fs'
+import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import { corralBinary, logTail, startServer } from './server.mjs'
 
 const HERE = dirname(fileURLToPath(import.meta.url))
-const REPO = resolve(HERE, '..', '..')
-const START_TIMEOUT_MS = 120_000
-const STOP_TIMEOUT_MS = 60_000
-
-function freePort() {
-  return new Promise((ok, fail) => {
-    const server = createServer()
-    server.on('error', fail)
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address()
-      server.close(() => ok(port))
-    })
-  })
-}
-
-function logTail(path, lines = 40) {
-  try {
-    return readFileSync(path, 'utf8').split('\n').slice(-lines).join('\n')
-  } catch {
-    return '(no log)'
-  }
-}
-
-async function startServer() {
-  const binary = process.env.CORRAL_BIN || join(REPO, 'target', 'debug', 'corral')
-  if (!existsSync(binary)) {
-    throw new Error(`no corral binary at ${binary}: build it, set CORRAL_BIN, or set CORRAL_URL`)
-  }
-  const dir = mkdtempSync(join(tmpdir(), 'corral-e2b-js-'))
-  const db = join(dir, 'corral.db')
-  const makeKey = (name) => {
-    const made = spawnSync(binary, ['key', 'create', '--name', name, '--db', db], {
-      encoding: 'utf8',
-    })
-    const key = made.stdout.trim().split('\n').pop()
-    if (made.status !== 0 || !key) {
-      throw new Error(`\`corral key create\` failed (${made.status}): ${made.stderr}`)
-    }
-    return key
-  }
-  const key = makeKey('e2b-js-test')
-  const otherKey = makeKey('e2b-js-other-tenant')
-  const port = await freePort()
-  const url = `http://127.0.0.1:${port}`
-  const logPath = join(dir, 'server.log')
-  const log = openSync(logPath, 'w')
-  const proc = spawn(binary, ['serve', '--listen', `127.0.0.1:${port}`, '--db', db], {
-    stdio: ['ignore', log, log],
-  })
-  let exited = null
-  proc.on('exit', (code, signal) => (exited = { code, signal }))
-  const deadline = Date.now() + START_TIMEOUT_MS
-  for (;;) {
-    if (exited) {
-      throw new Error(`corral serve exited (${JSON.stringify(exited)}); its log:\n${logTail(logPath)}`)
-    }
-    try {
-      const r = await fetch(`${url}/healthz`, { signal: AbortSignal.timeout(2000) })
-      if (r.status === 200) break
-    } catch {
-      // not up yet
-    }
-    if (Date.now() > deadline) {
-      proc.kill('SIGKILL')
-      throw new Error(`corral serve did not answer /healthz in time; its log:\n${logTail(logPath)}`)
-    }
-    await new Promise((r) => setTimeout(r, 100))
-  }
-  const stop = async () => {
-    if (!exited) {
-      proc.kill('SIGTERM')
-      const stopped = await Promise.race([
-        new Promise((r) => proc.once('exit', () => r(true))),
-        new Promise((r) => setTimeout(() => r(false), STOP_TIMEOUT_MS)),
-      ])
-      if (!stopped) {
-        proc.kill('SIGKILL')
-        console.error(`corral serve did not stop within ${STOP_TIMEOUT_MS} ms of SIGTERM`)
-        return false
-      }
-    }
-    rmSync(dir, { recursive: true, force: true })
-    return true
-  }
-  return { url, key, otherKey, stop, logPath }
-}
 
 let server = null
 let url = (process.env.CORRAL_URL || '').replace(/\/+$/, '')
 let key = process.env.CORRAL_API_KEY || 'corral-missing-api-key'
 let otherKey = process.env.CORRAL_OTHER_API_KEY || ''
 if (!url) {
-  server = await startServer()
-  ;({ url, key, otherKey } = server)
+  server = await startServer(['e2b-js-test', 'e2b-js-other-tenant'])
+  url = server.url
+  ;[key, otherKey] = server.keys
 }
 
 // What makes the SDK speak plain HTTP to one server: both URLs, http://, no trailing slash.
@@ -123,14 +37,25 @@ const env = {
   E2B_DEBUG: 'false',
   // A second tenant's key, for the tests that one tenant cannot reach another's sandboxes.
   CORRAL_OTHER_API_KEY: otherKey,
+  // The binary, for the tests that start a server of their own (a restart).
+  CORRAL_BIN: corralBinary(),
 }
 delete env.E2B_DOMAIN
 
+// `node run.mjs NAME…` runs the test files whose names contain one of the NAMEs.
+const only = process.argv.slice(2)
 const files = readdirSync(join(HERE, 'test'))
   .filter((f) => f.endsWith('.test.mjs'))
+  .filter((f) => only.length === 0 || only.some((name) => f.includes(name)))
   .sort()
   .map((f) => join(HERE, 'test', f))
-const run = spawnSync(process.execPath, ['--test', '--test-concurrency=1', ...files], {
+if (files.length === 0) {
+  console.error(`no test file matches ${JSON.stringify(only)}`)
+  process.exit(2)
+}
+// --test-force-exit: a file's process ends when its tests have, not when the SDK's last timer
+// does (runCode leaves its request timer running when the answer is an error status).
+const run = spawnSync(process.execPath, ['--test', '--test-concurrency=1', '--test-force-exit', ...files], {
   stdio: 'inherit',
   env,
   cwd: HERE,

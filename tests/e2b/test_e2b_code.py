@@ -1,6 +1,8 @@
 """run_code beyond the defaults with the unmodified E2B SDK (issue 22): per-execution envs,
 other languages, code contexts."""
 
+import time
+
 import pytest
 
 from e2b_code_interpreter import Sandbox
@@ -20,6 +22,23 @@ def test_envs_are_set_for_that_execution_only(sandbox):
     assert "".join(with_envs.logs.stdout) == "yes yes\n"
     after = sandbox.run_code(code)
     assert "".join(after.logs.stdout) == "None \n"
+    js = "process.env.CORRAL_E2B ?? 'unset'"
+    assert sandbox.run_code(js, language="js", envs={"CORRAL_E2B": "js"}).text == "js"
+    assert sandbox.run_code(js, language="js").text == "unset"
+    # A bash context refuses them.
+    bash = sandbox.run_code("echo $CORRAL_E2B", language="bash", envs={"CORRAL_E2B": "x"})
+    assert bash.logs.stdout == []
+    assert "per-execution environment" in bash.error.value
+
+
+def test_a_client_timeout_stops_the_execution_and_the_sandbox_goes_on(sandbox):
+    from e2b import TimeoutException
+
+    with pytest.raises(TimeoutException):
+        sandbox.run_code("import time; time.sleep(30)", timeout=1.5)
+    started = time.monotonic()
+    assert sandbox.run_code("'still here'").text == "still here"
+    assert time.monotonic() - started < 20
 
 
 def test_other_languages_run_in_their_default_contexts(sandbox):
@@ -49,7 +68,10 @@ def test_code_contexts_are_created_listed_restarted_and_removed(sandbox):
 
     js_ctx = sandbox.create_code_context(language="javascript")
     assert sandbox.run_code("typeof require", context=js_ctx).text == "function"
+    bash_ctx = sandbox.create_code_context(language="bash", cwd="/home/user/ctx")
+    assert "".join(sandbox.run_code("cat data.txt; echo", context=bash_ctx).logs.stdout) == "shared\n"
     sandbox.remove_code_context(js_ctx)
+    sandbox.remove_code_context(bash_ctx)
     sandbox.remove_code_context(ctx.id)
     ids = {c.id for c in sandbox.list_code_contexts()}
-    assert ctx.id not in ids and js_ctx.id not in ids
+    assert not {ctx.id, js_ctx.id, bash_ctx.id} & ids

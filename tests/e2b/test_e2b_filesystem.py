@@ -145,6 +145,8 @@ def test_remove_files_and_trees(sandbox):
 
 OUTSIDE = {
     "list": lambda s: s.files.list("/etc"),
+    "read": lambda s: s.files.read("/etc/passwd"),
+    "write": lambda s: s.files.write("/tmp/x.txt", "x"),
     "exists": lambda s: s.files.exists("/etc/passwd"),
     "get_info": lambda s: s.files.get_info("/etc/passwd"),
     "make_dir": lambda s: s.files.make_dir("/tmp/x"),

@@ -72,8 +72,8 @@ def test_get_host_reaches_a_background_http_server(sandbox):
 def test_a_paused_sandbox_port_answers_409_and_serves_again_after_connect(sandbox):
     key = os.environ["E2B_API_KEY"]
     sandbox.files.write("page.txt", "still here")
-    # Started by code rather than as a background command: a sandbox whose command still
-    # runs cannot be paused (docs/e2b.md); a process the code started lives on.
+    # Started by code (a background command would do as well): a process the code started
+    # lives on, and is frozen with its sandbox.
     started = sandbox.run_code(
         "import subprocess\n"
         "server = subprocess.Popen(['python3', '-m', 'http.server', '8000'],"

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from e2b import CommandExitException, PtySize
+from e2b import CommandExitException, PtySize, RateLimitException
 from e2b_code_interpreter import Sandbox
 
 
@@ -94,7 +94,7 @@ def test_a_pty_takes_input_resizes_and_is_killed(sandbox):
     output = bytearray()
     terminal = sandbox.pty.create(PtySize(rows=24, cols=80), envs={"PS1": "$ "})
 
-    def wait_for(needle, timeout=10):
+    def wait_for(needle, output=output, timeout=10):
         deadline = time.monotonic() + timeout
         while needle not in output.decode(errors="replace"):
             assert time.monotonic() < deadline, f"{needle!r} not in {bytes(output)!r}"
@@ -108,9 +108,22 @@ def test_a_pty_takes_input_resizes_and_is_killed(sandbox):
     sandbox.pty.resize(terminal.pid, PtySize(rows=40, cols=100))
     sandbox.pty.send_stdin(terminal.pid, b"stty size\n")
     wait_for("40 100")
+
+    # A second stream of the same terminal (the sync handle cannot be left from another
+    # thread while one reads it): output from now on, to both.
+    again_output = bytearray()
+    again = sandbox.pty.connect(terminal.pid)
+    second = threading.Thread(target=lambda: _read_terminal(again, again_output))
+    second.start()
+    sandbox.pty.send_stdin(terminal.pid, b"echo $((6 * 7))\n")
+    wait_for("42", again_output)
+    assert b"24 80" not in again_output  # no replay from the start
+
     assert sandbox.pty.kill(terminal.pid) is True
-    reader.join(timeout=10)
-    assert not reader.is_alive()
+    for thread in (reader, second):
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+    assert sandbox.pty.kill(terminal.pid) is False
 
 
 def _read_terminal(handle, output):
@@ -153,3 +166,25 @@ def test_processes_of_another_sandbox_are_out_of_reach(sandbox):
         assert handle.kill() is True
     finally:
         other.kill()
+
+
+def test_commands_and_their_streams_are_bounded():
+    # A sandbox of its own: the bounds are per sandbox. At most 32 commands at once, and 4
+    # streams of one command; what is refused says so, and the sandbox goes on.
+    sbx = Sandbox.create()
+    try:
+        handles = [sbx.commands.run("sleep 120", background=True) for _ in range(32)]
+        # resource_exhausted, which the SDK reads as RateLimitException.
+        with pytest.raises(RateLimitException, match="32 processes"):
+            sbx.commands.run("echo one too many")
+        streams = [sbx.commands.connect(handles[0].pid) for _ in range(3)]  # with its own: 4
+        with pytest.raises(RateLimitException) as excinfo:
+            sbx.commands.connect(handles[0].pid)
+        assert "4 output streams" in str(excinfo.value), repr(excinfo.value)
+        for stream in streams:
+            stream.disconnect()
+        for handle in handles:
+            assert handle.kill() is True
+        assert sbx.commands.run("echo room again").stdout == "room again\n"
+    finally:
+        sbx.kill()

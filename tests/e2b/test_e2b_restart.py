@@ -103,4 +103,8 @@ def test_a_paused_sandbox_resumes_on_its_files_after_a_restart(own_server):
         timeout=30,
     ).json()
     assert detail["memory"] == "not kept"
+    # Its commands run (the resumed sandbox's process agent).
+    assert again.commands.run("cat notes/kept.txt; echo; pwd").stdout == (
+        "written before the restart\n/workspace\n"
+    )
     again.kill()

@@ -15,7 +15,12 @@ import time
 
 import pytest
 
-from e2b import CommandExitException, FileNotFoundException, SandboxException
+from e2b import (
+    CommandExitException,
+    FileNotFoundException,
+    SandboxException,
+    TimeoutException,
+)
 from e2b_code_interpreter import Sandbox
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -29,9 +34,30 @@ def sandbox():
     sbx.kill()
 
 
-def test_create_returns_a_sandbox(sandbox):
+def test_create_returns_a_sandbox(sandbox, corral_server):
     assert sandbox.sandbox_id
     assert sandbox.is_running()  # GET /health on the sandbox plane
+    # The SDK's local values: the domain the server gave, the access token it sends.
+    port = corral_server.rsplit(":", 1)[1]
+    assert sandbox.sandbox_domain == f"localhost:{port}"
+    assert len(sandbox.traffic_access_token or "") >= 16
+
+
+def test_templates_name_images():
+    import datetime
+
+    for template in ("default", "base"):
+        sbx = Sandbox.create(template=template, envs={"FROM_CREATE": template}, timeout=120)
+        try:
+            assert sbx.run_code("1 + 1").text == "2"
+            assert sbx.commands.run("echo $FROM_CREATE").stdout == f"{template}\n"
+            left = sbx.get_info().end_at - datetime.datetime.now(datetime.timezone.utc)
+            assert datetime.timedelta(seconds=60) < left <= datetime.timedelta(seconds=121)
+        finally:
+            sbx.kill()
+    with pytest.raises(SandboxException) as excinfo:
+        Sandbox.create(template="no-such-image-here")
+    assert "no-such-image-here" in str(excinfo.value)
 
 
 def test_run_code_stdout(sandbox):
@@ -107,8 +133,27 @@ def test_commands_run_stdout_stderr(sandbox):
 
 def test_commands_run_nonzero_exit_raises(sandbox):
     with pytest.raises(CommandExitException) as excinfo:
-        sandbox.commands.run("exit 3")
+        sandbox.commands.run("echo partial; exit 3")
     assert excinfo.value.exit_code == 3
+    assert excinfo.value.stdout == "partial\n"
+
+
+def test_commands_run_streams_to_callbacks_and_ends_at_its_timeout(sandbox):
+    out, err = [], []
+    result = sandbox.commands.run(
+        "echo one; echo two >&2", on_stdout=out.append, on_stderr=err.append
+    )
+    assert "".join(out) == result.stdout == "one\n"
+    assert "".join(err) == result.stderr == "two\n"
+    started = time.monotonic()
+    with pytest.raises(TimeoutException):
+        sandbox.commands.run("sleep 30", timeout=1.5)
+    assert time.monotonic() - started < 20
+    # The stream ended, not the command (docs/e2b.md §11).
+    left = [p.pid for p in sandbox.commands.list() if p.args[-1] == "sleep 30"]
+    assert len(left) == 1
+    assert sandbox.commands.kill(left[0]) is True
+    assert sandbox.commands.run("echo next").stdout == "next\n"
 
 
 def test_kill_removes_the_sandbox():
@@ -133,11 +178,30 @@ def test_set_timeout_moves_the_expiry(sandbox):
     assert datetime.timedelta(minutes=50) < left <= datetime.timedelta(hours=1, minutes=1)
 
 
+def test_a_sandbox_is_killed_at_its_timeout():
+    sbx = Sandbox.create()
+    try:
+        Sandbox.set_timeout(sbx.sandbox_id, 2)
+        deadline = time.monotonic() + 20
+        # Listing does not count as use (the sandbox's own plane would).
+        while any(s.sandbox_id == sbx.sandbox_id for s in Sandbox.list().next_items()):
+            assert time.monotonic() < deadline, "the sandbox outlived its timeout"
+            time.sleep(0.2)
+        with pytest.raises(SandboxException):
+            Sandbox.get_info(sbx.sandbox_id)
+        assert sbx.is_running() is False
+        assert Sandbox.kill(sbx.sandbox_id) is False  # already gone
+    finally:
+        sbx.kill()
+
+
 def test_pause_then_connect_resumes_with_state():
     # A sandbox of its own: while paused it answers nothing but the control plane.
     sbx = Sandbox.create()
     try:
         sbx.run_code("kept = 40 + 2")
+        # A background command is frozen with the rest, and goes on after.
+        running = sbx.commands.run("sleep 600", background=True)
         assert sbx.pause() is True  # POST /sandboxes/{id}/pause -> 204
         assert sbx.get_info().state.value == "paused"
         assert sbx.pause() is False  # already paused: 409
@@ -146,6 +210,13 @@ def test_pause_then_connect_resumes_with_state():
         again = Sandbox.connect(sbx.sandbox_id)  # resumes it
         assert again.get_info().state.value == "running"
         assert again.run_code("kept").text == "42"
+        assert running.pid in {p.pid for p in again.commands.list()}
+        assert again.commands.kill(running.pid) is True
+        # The class-level pause, then the instance's connect.
+        assert Sandbox.pause(sbx.sandbox_id) is True
+        assert sbx.connect() is sbx
+        assert sbx.get_info().state.value == "running"
+        assert sbx.run_code("kept").text == "42"
     finally:
         sbx.kill()
 
@@ -180,6 +251,14 @@ def test_list_by_metadata_and_state_with_pages_and_metrics():
         last = metrics[-1]
         assert last.mem_used >= 32 << 20 and last.mem_total >= last.mem_used
         assert last.disk_total > 0 and last.cpu_count >= 1
+        # start and end bound the samples.
+        import datetime
+
+        now = datetime.datetime.now(datetime.timezone.utc)
+        hour = datetime.timedelta(hours=1)
+        assert made[0].get_metrics(start=now + hour) == []
+        assert Sandbox.get_metrics(made[0].sandbox_id, end=now - hour) == []
+        assert Sandbox.get_metrics(made[0].sandbox_id, start=now - hour, end=now + hour)
     finally:
         for s in made:
             s.kill()

@@ -8,10 +8,12 @@ into "file not found", `exists() == False`, "sandbox not found" or `kill() == Fa
 never a hang. docs/e2b.md lists them.
 """
 
+import httpx
 import pytest
 
 from e2b import (
     CommandExitException,
+    InvalidArgumentException,
     NotFoundException,
     SandboxException,
 )
@@ -46,6 +48,24 @@ def test_unsupported_calls_say_so(sandbox, call):
     assert "not supported by Corral" in str(error), repr(error)
     # The sandbox is untouched and still serves what Corral does serve.
     assert sandbox.is_running()
+
+
+def test_no_signed_urls_and_no_mcp_gateway(sandbox, corral_server):
+    sandbox.files.write("signed.txt", "not through a signed URL")
+    for url in (sandbox.download_url("signed.txt"), sandbox.upload_url("signed.txt")):
+        assert url.startswith(corral_server + "/"), url
+        answer = httpx.get(url, timeout=30)
+        assert answer.status_code == 404, url
+        assert "not through a signed URL" not in answer.text
+    assert f"50005-{sandbox.sandbox_id}" in sandbox.get_mcp_url()
+    with pytest.raises(InvalidArgumentException):
+        sandbox.get_mcp_token()
+
+
+def test_git_runs_through_commands_and_the_image_has_none(sandbox):
+    with pytest.raises(CommandExitException) as excinfo:
+        sandbox.git.init("repo")
+    assert excinfo.value.exit_code == 127
 
 
 def test_killing_a_background_command(sandbox):

@@ -153,6 +153,19 @@ def test_binary_files_round_trip(sbx):
     data = bytes(range(256)) * 64
     sbx.files.write("bin/data.bin", data)
     assert bytes(sbx.files.read("bin/data.bin", format="bytes")) == data
+    assert b"".join(sbx.files.read("bin/data.bin", format="stream")) == data
+
+
+def test_several_files_are_written_at_once(sbx):
+    written = sbx.files.write_files(
+        [
+            {"path": "many/one.txt", "data": "one"},
+            {"path": "/home/user/many/two.bin", "data": b"\x07\x08\x09"},
+        ]
+    )
+    assert [w.path for w in written] == ["/workspace/many/one.txt", "/workspace/many/two.bin"]
+    assert sbx.files.read("many/one.txt") == "one"
+    assert bytes(sbx.files.read("many/two.bin", format="bytes")) == b"\x07\x08\x09"
 
 
 def test_commands_see_envs_and_cwd(sbx):

@@ -6,10 +6,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod contexts;
+mod linger;
 mod openapi;
 mod processes;
 
-use axum::body::{Body, Bytes, HttpBody as _};
+pub use linger::close_if_body_unread;
+
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -335,63 +338,6 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn(crate::console::security_headers))
         .layer(axum::middleware::from_fn(close_if_body_unread))
         .with_state(state)
-}
-
-/// A request body that records when it has been read to its end.
-struct WatchedBody {
-    inner: Body,
-    read_to_end: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl axum::body::HttpBody for WatchedBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
-        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
-        if let std::task::Poll::Ready(None) = polled {
-            self.read_to_end
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// Closes the connection after a response sent before its request's body was read (a refusal:
-/// no key, too large, unknown route), and says so with `Connection: close`. The connection
-/// cannot carry another request until that body is gone, and hyper then closes it silently;
-/// a client that reused it would find it closed under its next request.
-pub async fn close_if_body_unread(req: Request, next: axum::middleware::Next) -> Response {
-    if req.body().is_end_stream() || req.version() > axum::http::Version::HTTP_11 {
-        return next.run(req).await;
-    }
-    let read_to_end = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watched = read_to_end.clone();
-    let req = req.map(|inner| {
-        Body::new(WatchedBody {
-            inner,
-            read_to_end: watched,
-        })
-    });
-    let mut response = next.run(req).await;
-    if !read_to_end.load(std::sync::atomic::Ordering::Relaxed) {
-        response.headers_mut().insert(
-            header::CONNECTION,
-            header::HeaderValue::from_static("close"),
-        );
-    }
-    response
 }
 
 async fn count_requests(

@@ -52,10 +52,14 @@ describe('commands', () => {
     assert.equal(r.stdout, 'after\n')
   })
 
-  it('stops a command at its timeout', async () => {
+  it('ends the call at its timeout, not the command', async () => {
     const started = Date.now()
     await assert.rejects(sbx().commands.run('sleep 30', { timeoutMs: 1500 }))
     assert.ok(Date.now() - started < 20_000)
+    // The stream ended, not the command (docs/e2b.md §11).
+    const left = (await sbx().commands.list()).filter((p) => p.args.at(-1) === 'sleep 30')
+    assert.equal(left.length, 1)
+    assert.equal(await sbx().commands.kill(left[0].pid), true)
     assert.equal((await sbx().commands.run('echo next')).stdout, 'next\n')
   })
 })

@@ -13,6 +13,7 @@ describe('files', () => {
     assert.equal(info.name, 'a.txt')
     assert.equal(info.path, '/workspace/notes/a.txt')
     assert.equal(await sbx().files.read('/home/user/notes/a.txt'), 'hello')
+    assert.equal(await sbx().files.read('/workspace/notes/a.txt'), 'hello')
     const bytes = new Uint8Array([0, 1, 2, 255])
     await sbx().files.write('bin.dat', bytes.buffer)
     const back = await sbx().files.read('bin.dat', { format: 'bytes' })
@@ -20,6 +21,20 @@ describe('files', () => {
     // The program inside sees the same file.
     assert.equal(await sh(sbx(), 'cat /workspace/notes/a.txt'), 'hello')
     await assert.rejects(sbx().files.read('no-such-file'), NotFoundError)
+  })
+
+  it('reads as a blob and as a stream, and writes several files at once', async () => {
+    const written = await sbx().files.writeFiles([
+      { path: 'many/one.txt', data: 'one' },
+      { path: '/home/user/many/two.bin', data: new Uint8Array([7, 8, 9]).buffer },
+    ])
+    assert.deepEqual(written.map((w) => w.path), ['/workspace/many/one.txt', '/workspace/many/two.bin'])
+    const blob = await sbx().files.read('many/one.txt', { format: 'blob' })
+    assert.equal(await blob.text(), 'one')
+    const stream = await sbx().files.read('many/two.bin', { format: 'stream' })
+    const chunks = []
+    for await (const chunk of stream) chunks.push(...chunk)
+    assert.deepEqual(chunks, [7, 8, 9])
   })
 
   it('lists with depth and entry info', async () => {
@@ -100,6 +115,8 @@ describe('files', () => {
 
   it('refuses paths outside the workspace', async () => {
     await assert.rejects(sbx().files.list('/etc'), InvalidArgumentError)
+    await assert.rejects(sbx().files.read('/etc/passwd'), InvalidArgumentError)
+    await assert.rejects(sbx().files.write('/tmp/x.txt', 'x'), InvalidArgumentError)
     await assert.rejects(sbx().files.makeDir('/tmp/x'), InvalidArgumentError)
     await assert.rejects(sbx().files.getInfo('../x'), InvalidArgumentError)
   })

@@ -43,6 +43,7 @@ describe('processes', () => {
   })
 
   it('sends stdin to a command and closes it', async () => {
+    assert.equal(sbx().commands.supportsStdinClose, true)
     const handle = await sbx().commands.run('cat; echo EOF', { background: true, stdin: true })
     await sbx().commands.sendStdin(handle.pid, 'hello ')
     await handle.sendStdin('world\n')
@@ -68,8 +69,22 @@ describe('processes', () => {
     await sbx().pty.resize(terminal.pid, { rows: 40, cols: 100 })
     await sbx().pty.sendInput(terminal.pid, new TextEncoder().encode('stty size\n'))
     await eventually(() => output.includes('40 100'), 10_000, '"40 100" after the resize')
+
+    // Leaving the terminal leaves it running; connecting again gets its output from now on.
+    await terminal.disconnect()
+    let again = ''
+    const reconnected = await sbx().pty.connect(terminal.pid, {
+      onData: (data) => {
+        again += text(data)
+      },
+    })
+    await sbx().pty.sendInput(terminal.pid, new TextEncoder().encode('echo $((6 * 7))\n'))
+    await eventually(() => again.includes('42'), 10_000, `"42" in ${JSON.stringify(again)}`)
+    assert.ok(!again.includes('24 80'), 'connect replays output from the start')
+
     assert.equal(await sbx().pty.kill(terminal.pid), true)
-    await assert.rejects(terminal.wait(), CommandExitError)
+    await assert.rejects(reconnected.wait(), CommandExitError)
+    assert.equal(await sbx().pty.kill(terminal.pid), false)
   })
 })
 
@@ -82,6 +97,13 @@ describe('runCode beyond the defaults', () => {
     assert.equal(withEnvs.error, undefined)
     assert.equal(withEnvs.logs.stdout.join(''), 'yes\n')
     assert.equal((await sbx().runCode(code)).logs.stdout.join(''), 'None\n')
+    const js = "process.env.CORRAL_E2B ?? 'unset'"
+    assert.equal((await sbx().runCode(js, { language: 'js', envs: { CORRAL_E2B: 'js' } })).text, 'js')
+    assert.equal((await sbx().runCode(js, { language: 'js' })).text, 'unset')
+    // A bash context refuses them.
+    const bash = await sbx().runCode('echo $CORRAL_E2B', { language: 'bash', envs: { CORRAL_E2B: 'x' } })
+    assert.deepEqual(bash.logs.stdout, [])
+    assert.match(bash.error?.value ?? '', /per-execution environment/, JSON.stringify(bash))
   })
 
   it('runs JavaScript and bash in their default contexts, each keeping its state', async () => {
@@ -110,12 +132,36 @@ describe('runCode beyond the defaults', () => {
 
     const jsCtx = await sbx().createCodeContext({ language: 'js' })
     assert.equal((await sbx().runCode('typeof require', { context: jsCtx })).text, 'function')
+    const bashCtx = await sbx().createCodeContext({ language: 'bash', cwd: '/home/user/ctx' })
+    assert.equal((await sbx().runCode('cat data.txt; echo', { context: bashCtx })).logs.stdout.join(''), 'shared\n')
     await sbx().removeCodeContext(jsCtx)
+    await sbx().removeCodeContext(bashCtx)
     await sbx().removeCodeContext(ctx.id)
     const ids = (await sbx().listCodeContexts()).map((c) => c.id)
-    assert.ok(!ids.includes(ctx.id) && !ids.includes(jsCtx.id))
+    assert.ok(![ctx.id, jsCtx.id, bashCtx.id].some((id) => ids.includes(id)))
   })
 })
+
+// A request to the server's address with the Host that getHost gave (what a browser sends,
+// `*.localhost` being the loopback itself; this machine's resolver may not know such names).
+// fetch() would not send that Host.
+function viaHost(host, headers) {
+  const api = new URL(process.env.E2B_API_URL)
+  return new Promise((resolve, reject) => {
+    const request = http.get(
+      { host: api.hostname, port: api.port, path: '/hello.txt', headers: { Host: host, ...headers } },
+      (response) => {
+        let body = ''
+        response.setEncoding('utf8')
+        response.on('data', (chunk) => {
+          body += chunk
+        })
+        response.on('end', () => resolve({ status: response.statusCode, body }))
+      },
+    )
+    request.on('error', reject)
+  })
+}
 
 describe('getHost', () => {
   const sbx = fileSandbox()
@@ -126,25 +172,8 @@ describe('getHost', () => {
     const host = sbx().getHost(8000)
     const api = new URL(process.env.E2B_API_URL)
     assert.equal(host, `8000-${sbx().sandboxId}.localhost:${api.port}`)
-    // The request goes to the server's address with the Host that getHost gave (what a
-    // browser sends, `*.localhost` being the loopback itself; this machine's resolver may not
-    // know such names).
-    const get = (headers) =>
-      new Promise((resolve, reject) => {
-        const request = http.get(
-          { host: api.hostname, port: api.port, path: '/hello.txt', headers: { Host: host, ...headers } },
-          (response) => {
-            let body = ''
-            response.setEncoding('utf8')
-            response.on('data', (chunk) => {
-              body += chunk
-            })
-            response.on('end', () => resolve({ status: response.statusCode, body }))
-          },
-        )
-        request.on('error', reject)
-      })
     const key = { 'X-API-KEY': process.env.E2B_API_KEY }
+    const get = (headers) => viaHost(host, headers)
     let answer = null
     await eventually(async () => {
       answer = await get(key) // 502 port_closed until the server listens
@@ -155,5 +184,25 @@ describe('getHost', () => {
     assert.ok([401, 404].includes(anonymous.status), `keyless: ${anonymous.status}`)
     assert.ok(!anonymous.body.includes('hello from the sandbox'))
     await server.kill()
+  })
+
+  it("answers 409 for a paused sandbox's port, and serves again after connect", async () => {
+    // Started by code (a background command would do as well): a process the code started
+    // lives on, and is frozen with its sandbox.
+    const started = await sbx().runCode(
+      "import subprocess\nserver = subprocess.Popen(['python3', '-m', 'http.server', '8001'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)",
+    )
+    assert.equal(started.error, undefined)
+    const host = sbx().getHost(8001)
+    const get = () => viaHost(host, { 'X-API-KEY': process.env.E2B_API_KEY })
+    await eventually(async () => (await get()).status === 200, 30_000, 'the server in the sandbox to listen')
+    assert.equal(await sbx().pause(), true)
+    const paused = await get()
+    assert.equal(paused.status, 409)
+    assert.equal(JSON.parse(paused.body).error.code, 'sandbox_paused')
+    await sbx().connect()
+    const again = await get()
+    assert.equal(again.status, 200)
+    assert.equal(again.body, 'hello from the sandbox')
   })
 })

@@ -4,7 +4,8 @@
 import assert from 'node:assert/strict'
 import { describe, it } from 'node:test'
 import { Sandbox } from '@e2b/code-interpreter'
-import { SandboxError } from 'e2b'
+import { NotFoundError, SandboxError } from 'e2b'
+import { eventually } from './helpers.mjs'
 
 describe('sandbox', () => {
   it('creates from the default template and from an image named as the template', async () => {
@@ -13,6 +14,9 @@ describe('sandbox', () => {
       assert.match(sbx.sandboxId, /\S/)
       assert.equal((await sbx.getInfo()).templateId, 'code-interpreter-v1')
       assert.equal(await sbx.isRunning(), true)
+      // The SDK's local values: the domain the server gave, the access token it sends.
+      assert.equal(sbx.sandboxDomain, `localhost:${new URL(process.env.E2B_API_URL).port}`)
+      assert.match(sbx.trafficAccessToken, /\S{16,}/)
     } finally {
       await sbx.kill()
     }
@@ -21,6 +25,12 @@ describe('sandbox', () => {
       assert.equal((await byImage.runCode('1 + 1')).text, '2')
     } finally {
       await byImage.kill()
+    }
+    const base = await Sandbox.create('base')
+    try {
+      assert.equal((await base.runCode('2 + 2')).text, '4')
+    } finally {
+      await base.kill()
     }
     await assert.rejects(Sandbox.create('no-such-image-here'), SandboxError)
   })
@@ -35,6 +45,10 @@ describe('sandbox', () => {
       const info = await made[0].getInfo()
       assert.deepEqual(info.metadata, { suite: tag, n: '0' })
       assert.equal(info.state, 'running')
+      const full = await Sandbox.getFullInfo(made[1].sandboxId)
+      assert.deepEqual(full.metadata, { suite: tag, n: '1' })
+      assert.equal(full.envdVersion, '0.5.2')
+      assert.ok(full.cpuCount >= 1 && full.memoryMB > 0, JSON.stringify(full))
 
       const before = (await made[0].getInfo()).endAt.getTime()
       await made[0].setTimeout(3_600_000)
@@ -63,6 +77,12 @@ describe('sandbox', () => {
       assert.ok(last.memUsed > 0 && last.memTotal >= last.memUsed, JSON.stringify(last))
       assert.ok(last.cpuCount >= 1)
       assert.ok(last.timestamp instanceof Date)
+      // start and end bound the samples.
+      const hour = 3_600_000
+      assert.deepEqual(await made[0].getMetrics({ start: new Date(Date.now() + hour) }), [])
+      assert.deepEqual(await Sandbox.getMetrics(made[0].sandboxId, { end: new Date(Date.now() - hour) }), [])
+      const recent = await made[0].getMetrics({ start: new Date(Date.now() - 60_000), end: new Date(Date.now() + 60_000) })
+      assert.ok(recent.length >= 1)
     } finally {
       for (const s of made) await s.kill()
     }
@@ -73,6 +93,8 @@ describe('sandbox', () => {
     try {
       await sbx.runCode('kept = "the same interpreter"')
       await sbx.files.write('kept.txt', 'file kept')
+      // A background command is frozen with the rest, and goes on after.
+      const running = await sbx.commands.run('sleep 600', { background: true })
       assert.equal(await sbx.betaPause(), true)
       const paused = await Sandbox.list({ query: { state: ['paused'] } }).nextItems()
       assert.ok(paused.some((s) => s.sandboxId === sbx.sandboxId))
@@ -82,6 +104,34 @@ describe('sandbox', () => {
       assert.equal((await again.getInfo()).state, 'running')
       assert.equal((await again.runCode('kept')).text, 'the same interpreter')
       assert.equal(await again.files.read('kept.txt'), 'file kept')
+      assert.ok((await again.commands.list()).some((p) => p.pid === running.pid))
+      assert.equal(await again.commands.kill(running.pid), true)
+
+      // The static pause, then the instance's connect.
+      assert.equal(await Sandbox.pause(sbx.sandboxId), true)
+      assert.equal(await Sandbox.pause(sbx.sandboxId), false) // already paused
+      assert.equal(await sbx.connect(), sbx)
+      assert.equal((await sbx.getInfo()).state, 'running')
+      assert.equal((await sbx.runCode('kept')).text, 'the same interpreter')
+    } finally {
+      await sbx.kill()
+    }
+  })
+
+  it('is killed at the timeout it was given', async () => {
+    const sbx = await Sandbox.create()
+    try {
+      await Sandbox.setTimeout(sbx.sandboxId, 2_000)
+      const endAt = (await Sandbox.getInfo(sbx.sandboxId)).endAt.getTime()
+      assert.ok(endAt <= Date.now() + 3_000, `endAt ${new Date(endAt).toISOString()}`)
+      // Listing does not count as use (a sandbox's own plane would).
+      await eventually(
+        async () => !(await Sandbox.list().nextItems()).some((s) => s.sandboxId === sbx.sandboxId),
+        20_000,
+        'the sandbox to expire',
+      )
+      await assert.rejects(Sandbox.getInfo(sbx.sandboxId), NotFoundError)
+      assert.equal(await sbx.isRunning(), false)
     } finally {
       await sbx.kill()
     }
