@@ -27,7 +27,10 @@ use serde_json::{json, Value};
 use crate::harness::*;
 use crate::host::HostSecret;
 
+mod control;
+mod port_floods;
 mod ports;
+mod streams;
 
 // ---- the server -----------------------------------------------------------------------------
 

@@ -93,12 +93,24 @@ pub enum ProcessEvent {
     End(Option<ProcessExit>),
 }
 
+/// What a subscriber that waits without a thread is told when an event arrives.
+type Wake = Arc<dyn Fn() + Send + Sync>;
+
 #[derive(Default)]
 struct QueueState {
     items: VecDeque<(OutputStream, Vec<u8>)>,
     bytes: usize,
     lost: u64,
     end: Option<Option<ProcessExit>>,
+    wake: Option<Wake>,
+}
+
+impl QueueState {
+    fn woken(&self) {
+        if let Some(wake) = &self.wake {
+            wake();
+        }
+    }
 }
 
 #[derive(Default)]
@@ -116,6 +128,7 @@ impl Queue {
             q.bytes += data.len();
             q.items.push_back((stream, data.to_vec()));
         }
+        q.woken();
         self.ready.notify_all();
     }
 
@@ -124,6 +137,7 @@ impl Queue {
         if q.end.is_none() {
             q.end = Some(exit);
         }
+        q.woken();
         self.ready.notify_all();
     }
 }
@@ -137,6 +151,13 @@ pub struct Subscription {
 impl Subscription {
     pub fn pid(&self) -> i32 {
         self.pid
+    }
+
+    /// Calls `wake` (from the agent's reader thread, so it must not block) whenever an event
+    /// arrives from now on: a caller that waits for events without a thread of its own (an
+    /// async task, which then takes them with `next(Duration::ZERO)`) is told when to look.
+    pub fn on_event(&self, wake: impl Fn() + Send + Sync + 'static) {
+        self.queue.state.lock().expect("lock").wake = Some(Arc::new(wake));
     }
 
     /// The next event, waiting at most `timeout` (none: `None`). After [`ProcessEvent::End`]
@@ -666,6 +687,35 @@ mod tests {
         }));
         assert_eq!(sub.next(t), Some(end.clone()));
         assert_eq!(sub.next(t), Some(end));
+    }
+
+    #[test]
+    fn a_subscriber_is_told_of_every_event_and_takes_it_without_waiting() {
+        let queue = Arc::new(Queue::default());
+        let sub = Subscription {
+            pid: 5,
+            queue: queue.clone(),
+        };
+        assert_eq!(sub.next(Duration::ZERO), None);
+        let told = Arc::new(AtomicU64::new(0));
+        let counter = told.clone();
+        sub.on_event(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        queue.push(OutputStream::Stdout, b"a");
+        // Output past the queue's bound is lost, and the subscriber is told of that too.
+        queue.push(OutputStream::Stdout, &vec![0; SUBSCRIBER_BYTES]);
+        queue.end(None);
+        assert_eq!(told.load(Ordering::SeqCst), 3);
+        assert!(matches!(
+            sub.next(Duration::ZERO),
+            Some(ProcessEvent::Lost { .. })
+        ));
+        assert!(matches!(
+            sub.next(Duration::ZERO),
+            Some(ProcessEvent::Output { .. })
+        ));
+        assert_eq!(sub.next(Duration::ZERO), Some(ProcessEvent::End(None)));
     }
 
     #[test]

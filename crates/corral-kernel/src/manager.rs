@@ -279,7 +279,7 @@ impl SessionManager {
                 .unwrap_or(0);
             let stamp = ((nanos & 0xffff_ffff) << 16)
                 | (self.next.fetch_add(1, Ordering::Relaxed) & 0xffff);
-            crate::node::sandbox_id(stamp, self.node.as_ref())
+            crate::node::sandbox_id(stamp, rand::random(), self.node.as_ref())
         });
         let now = SystemTime::now();
         let info = SessionInfo {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 mod contexts;
 mod processes;
+pub(crate) mod pump;
 
 use axum::body::{Body, Bytes, HttpBody as _};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
