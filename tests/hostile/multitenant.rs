@@ -28,6 +28,7 @@ use crate::harness::*;
 use crate::host::HostSecret;
 
 mod control;
+mod listings;
 mod port_floods;
 mod ports;
 mod streams;
