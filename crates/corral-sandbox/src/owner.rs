@@ -438,6 +438,10 @@ pub(crate) enum WireError {
         max: usize,
         removal: bool,
     },
+    TooLarge {
+        path: Vec<u8>,
+        max: usize,
+    },
 }
 
 /// What a walk that passed a bound was doing, as [`WorkspaceError`] says it.
@@ -486,6 +490,10 @@ impl WireError {
                 max: *max,
                 removal: *what == crate::workspace::REMOVING,
             },
+            WorkspaceError::TooLarge { path, max } => WireError::TooLarge {
+                path: bytes(path),
+                max: *max,
+            },
             WorkspaceError::TooDeep { path, max, what } => WireError::TooDeep {
                 path: bytes(path),
                 max: *max,
@@ -529,6 +537,7 @@ impl WireError {
                 max,
                 what: walk_what(removal),
             },
+            WireError::TooLarge { path: p, max } => WorkspaceError::TooLarge { path: path(p), max },
             WireError::TooDeep {
                 path: p,
                 max,

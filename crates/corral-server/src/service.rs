@@ -144,9 +144,9 @@ impl From<WorkspaceError> for ServiceError {
             | WorkspaceError::NotADirectory(_)
             | WorkspaceError::Link(_) => ServiceError::InvalidPath(e.to_string()),
             WorkspaceError::Exists(_) => ServiceError::FileExists(e.to_string()),
-            WorkspaceError::TooManyEntries { .. } | WorkspaceError::TooDeep { .. } => {
-                ServiceError::BadRequest(e.to_string())
-            }
+            WorkspaceError::TooManyEntries { .. }
+            | WorkspaceError::TooDeep { .. }
+            | WorkspaceError::TooLarge { .. } => ServiceError::BadRequest(e.to_string()),
             WorkspaceError::Io { ref source, .. } => match source.raw_os_error() {
                 Some(libc::ENOENT) => ServiceError::FileNotFound(e.to_string()),
                 // A path leaving the workspace, or a file where a directory was expected.

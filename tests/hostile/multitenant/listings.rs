@@ -109,7 +109,12 @@ fn listings_of_long_names_and_link_targets_are_bounded_in_bytes() {
         ));
     }
     // A listing of a reasonable part of the same tree still works.
-    let (status, answer) = s.call("GET", &format!("/v1/sandboxes/{id}/files:list?path="), &key, None);
+    let (status, answer) = s.call(
+        "GET",
+        &format!("/v1/sandboxes/{id}/files:list?path="),
+        &key,
+        None,
+    );
     assert_eq!(status, 200, "{answer}");
     let host = s.stop();
     verdict("a listing was not bounded in bytes", &found, &host);
