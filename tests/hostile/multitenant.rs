@@ -32,6 +32,7 @@ mod listings;
 mod port_floods;
 mod ports;
 mod streams;
+mod waiting;
 
 // ---- the server -----------------------------------------------------------------------------
 

@@ -171,7 +171,10 @@ pub enum CopyError {
     },
     #[error("{path:?} not copied: the cap of {max} files and directories written was reached")]
     TooManyEntries { path: PathBuf, max: usize },
-    #[error("the workspace holds more than {max} files: the rest were not copied")]
+    #[error(
+        "the workspace holds more than {max} files, or more than {MAX_LISTING_BYTES} bytes of \
+         their paths: the rest were not copied"
+    )]
     ListingTruncated { max: usize },
     #[error("{0:?} changed while it was copied: not copied")]
     Changed(PathBuf),
@@ -1218,7 +1221,7 @@ impl Workspace {
     }
 
     /// The regular files below `parts`, sorted, and whether the walk stopped at
-    /// [`MAX_ENTRIES`].
+    /// [`MAX_ENTRIES`] or [`MAX_LISTING_BYTES`].
     fn listing(
         &self,
         parts: &[&std::ffi::OsStr],
@@ -1234,7 +1237,7 @@ impl Workspace {
                 .open_dir(parts, false)
                 .map_err(|e| WorkspaceError::io(shown, e))?;
             let mut out = Vec::new();
-            let truncated = walk(root, prefix.clone(), 0, &mut out)?;
+            let truncated = walk(root, prefix.clone(), 0, &mut out, &mut 0)?;
             out.sort_by(|a, b| a.path.cmp(&b.path));
             Ok((out, truncated))
         })
@@ -1292,12 +1295,14 @@ impl Workspace {
     }
 }
 
-/// Adds the regular files below `dir` to `out`; true when it stopped at [`MAX_ENTRIES`].
+/// Adds the regular files below `dir` to `out`; true when it stopped at [`MAX_ENTRIES`], or
+/// at [`MAX_LISTING_BYTES`] of paths (`bytes`: those of `out` so far).
 fn walk(
     dir: OwnedFd,
     prefix: PathBuf,
     depth: usize,
     out: &mut Vec<FileEntry>,
+    bytes: &mut usize,
 ) -> Result<bool, WorkspaceError> {
     let raw = dir.as_raw_fd();
     let mut listing = nix::dir::Dir::from_fd(raw).map_err(|e| WorkspaceError::io(&prefix, e))?;
@@ -1317,11 +1322,13 @@ fn walk(
         };
         let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
         if kind == SFlag::S_IFREG {
-            if out.len() >= MAX_ENTRIES {
+            let path = prefix.join(name).to_string_lossy().into_owned();
+            *bytes += path.len();
+            if out.len() >= MAX_ENTRIES || *bytes > MAX_LISTING_BYTES {
                 return Ok(true);
             }
             out.push(FileEntry {
-                path: prefix.join(name).to_string_lossy().into_owned(),
+                path,
                 size: stat.st_size as u64,
             });
         } else if kind == SFlag::S_IFDIR && depth < MAX_DEPTH {
@@ -1335,7 +1342,7 @@ fn walk(
             OFlag::O_RDONLY | OFlag::O_DIRECTORY,
             Mode::empty(),
         ) {
-            if walk(fd, prefix.join(&name), depth + 1, out)? {
+            if walk(fd, prefix.join(&name), depth + 1, out, bytes)? {
                 return Ok(true);
             }
         }
@@ -1796,6 +1803,39 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn file_lists_stop_at_the_bytes_of_their_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        // 14 levels of 255-byte names: each file's path is under 4 KiB (PATH_MAX).
+        let deep: PathBuf = (0..14)
+            .map(|i| format!("{i:02}{}", "d".repeat(253)))
+            .collect();
+        std::fs::create_dir_all(dir.path().join(&deep)).unwrap();
+        let path_len = deep.as_os_str().len() + 1 + 255;
+        let fits = MAX_LISTING_BYTES / path_len;
+        for i in 0..fits + 10 {
+            std::fs::write(
+                dir.path()
+                    .join(&deep)
+                    .join(format!("{i:05}{}", "f".repeat(250))),
+                b"",
+            )
+            .unwrap();
+        }
+        let ws = workspace(dir.path());
+        let listed = ws.list().unwrap();
+        assert_eq!(listed.len(), fits);
+        let out = tempfile::tempdir().unwrap();
+        let mut copy =
+            OutDir::create(&out.path().join("o"), CopyLimits::for_workspace(1 << 30)).unwrap();
+        let report = ws.copy_out(&mut copy).unwrap();
+        assert_eq!(report.copied.len(), fits);
+        assert!(report
+            .skipped
+            .iter()
+            .any(|e| matches!(e, CopyError::ListingTruncated { .. })));
     }
 
     #[test]

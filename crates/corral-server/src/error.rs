@@ -117,6 +117,7 @@ impl From<ServiceError> for ApiError {
                     Unavailability::ZygoteRestarting => "zygote_restarting",
                     Unavailability::MemoryBudget => "memory_budget_committed",
                     Unavailability::Uploads => "uploads_busy",
+                    Unavailability::SandboxBusy => "sandbox_busy",
                 },
             ),
             ServiceError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),

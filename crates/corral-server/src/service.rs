@@ -134,6 +134,9 @@ pub enum Unavailability {
     MemoryBudget,
     /// Every upload slot (`max_uploads_in_flight`) is taken.
     Uploads,
+    /// The sandbox is busy and the most calls that may wait for it wait already
+    /// ([`corral_kernel::MAX_WAITING`]).
+    SandboxBusy,
 }
 
 impl From<WorkspaceError> for ServiceError {
@@ -1081,6 +1084,11 @@ impl Service {
             ManagerError::NotPaused(_) => ServiceError::Conflict {
                 state: Conflict::NotPaused,
                 message: format!("sandbox {id} is not paused"),
+            },
+            e @ ManagerError::QueueFull(_) => ServiceError::Unavailable {
+                reason: Unavailability::SandboxBusy,
+                message: e.to_string(),
+                retry_after_s: 1,
             },
             ManagerError::Busy(_) => ServiceError::Conflict {
                 state: Conflict::Busy,

@@ -1,10 +1,12 @@
 //! Listings of a workspace the sandbox shaped to be as large as the entry bound allows: a
 //! chain of 31 directories with 255-byte names (each path past it is 8 KiB long, beyond
-//! `PATH_MAX`, made relative to each directory) holding 9,000 links with 255-byte names and
-//! 4,000-byte targets. 9,031 entries are within the 10,000 of a listing, but the names and
-//! targets alone are some 110 MB, which the server would hold (and encode as JSON, twice as
-//! much) for every call: native `files:list`, E2B `ListDir` and a recursive watcher. Each
-//! must be refused whole, with the server's peak memory within 64 MiB of where it was.
+//! `PATH_MAX`, made relative to each directory) holding 5,000 links with 255-byte names and
+//! 4,000-byte targets and 4,000 empty files with 255-byte names. 9,031 entries are within the
+//! 10,000 of a listing, but the paths and targets alone are some 90 MB, which the server would
+//! hold (and encode as JSON, twice as much) for every call: native `files:list`, E2B `ListDir`
+//! and a recursive watcher must be refused whole, the list of files (`GET …/files`) cut at
+//! 8 MiB of paths as it is cut at 10,000 files, and the server's peak memory must stay within
+//! 64 MiB of where it was.
 
 use super::*;
 
@@ -17,8 +19,10 @@ for i in range(31):
     os.mkdir(name)
     os.chdir(name)
 target = "/" + "t" * 3999
-for i in range(9000):
+for i in range(5000):
     os.symlink(target, ("l%05d" % i) + "y" * 249)
+for i in range(4000):
+    open(("f%05d" % i) + "z" * 249, "w").close()
 print("SHAPED")
 "#;
 
@@ -100,6 +104,19 @@ fn listings_of_long_names_and_link_targets_are_bounded_in_bytes() {
         found.push(format!(
             "a recursive watcher was made: {status} {}",
             text.chars().take(200).collect::<String>()
+        ));
+    }
+    let (status, listed) = s.call("GET", &format!("/v1/sandboxes/{id}/files"), &key, None);
+    let files = listed["files"].as_array().cloned().unwrap_or_default();
+    let bytes: usize = files
+        .iter()
+        .filter_map(|f| f["path"].as_str())
+        .map(str::len)
+        .sum();
+    if status != 200 || files.is_empty() || files.len() >= 4000 || bytes > 8 << 20 {
+        found.push(format!(
+            "GET files answered {status}: {} files, {bytes} bytes of paths",
+            files.len()
         ));
     }
     let after = peak_kib(server);
