@@ -26,6 +26,11 @@ pub const SUBSCRIBER_BYTES: usize = 256 << 10;
 pub const MAX_SUBSCRIBERS: usize = 4;
 /// How long a request waits for the agent's answer (a paused session's agent answers none).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most requests that wait for the agent's answers at once; more are refused
+/// ([`AgentError::Busy`]). Each waits on a thread of its caller for up to [`REPLY_TIMEOUT`],
+/// and the session's code can stop its agent (`SIGSTOP`: the same uid): without this bound
+/// one key's requests to it would hold every thread of the server's blocking pool.
+pub const MAX_REQUESTS: usize = 8;
 
 /// What a request to the agent can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +47,11 @@ pub enum AgentError {
     NoAnswer(Duration),
     #[error("process {0} has {MAX_SUBSCRIBERS} output streams already, the most it may have")]
     TooManySubscribers(i32),
+    #[error(
+        "the session's process agent has {MAX_REQUESTS} requests waiting for its answers \
+         already (is it stopped?): retry when one is answered"
+    )]
+    Busy,
     #[error("invalid process request: {0}")]
     Invalid(String),
     #[error("talking to the process agent: {0}")]
@@ -293,6 +303,9 @@ impl ProcessAgent {
             let mut state = self.state.lock().expect("lock");
             if state.gone {
                 return Err(AgentError::Gone);
+            }
+            if state.replies.len() >= MAX_REQUESTS {
+                return Err(AgentError::Busy);
             }
             state.replies.insert(req, (tx, pending));
         }
@@ -716,6 +729,34 @@ mod tests {
             Some(ProcessEvent::Output { .. })
         ));
         assert_eq!(sub.next(Duration::ZERO), Some(ProcessEvent::End(None)));
+    }
+
+    #[test]
+    fn requests_to_an_agent_that_does_not_answer_are_bounded() {
+        let (host, silent) = std::os::unix::net::UnixStream::pair().unwrap();
+        let agent = ProcessAgent::new(host.into()).unwrap();
+        let spec = ProcessSpec {
+            argv: vec!["true".into()],
+            ..ProcessSpec::default()
+        };
+        let waiting: Vec<_> = (0..MAX_REQUESTS)
+            .map(|_| {
+                let (agent, spec) = (agent.clone(), spec.clone());
+                std::thread::spawn(move || agent.start(spec).map(|_| ()))
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while agent.state.lock().unwrap().replies.len() < MAX_REQUESTS {
+            assert!(Instant::now() < deadline, "the requests were not sent");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let started = Instant::now();
+        assert!(matches!(agent.start(spec), Err(AgentError::Busy)));
+        assert!(started.elapsed() < Duration::from_secs(1));
+        for t in waiting {
+            assert!(matches!(t.join().unwrap(), Err(AgentError::NoAnswer(_))));
+        }
+        drop(silent);
     }
 
     #[test]

@@ -102,3 +102,84 @@ fn calls_piled_on_a_busy_sandbox_do_not_starve_other_tenants() {
     let left = s.stop();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// The sandbox's code stops its own process agent (`SIGSTOP`: it runs as the same user), so
+/// that every call that needs the agent's answer waits for it (10 s); tenant A then sends 600
+/// such calls at once. At most `MAX_REQUESTS` (8) may wait, the rest are refused at once
+/// (429 `agent_busy`), and tenant B's sandbox answers meanwhile.
+#[test]
+fn calls_piled_on_a_stopped_process_agent_do_not_starve_other_tenants() {
+    let _g = shared();
+    let s = Server::start(1);
+    s.wait_pool(1);
+    let (key_a, key_b) = (s.key("A"), s.key("B"));
+    let a = s.session(&key_a, &json!({}));
+    let b = s.session(&key_b, &json!({}));
+    let (pid, _stream) = s.start_process(
+        &key_a,
+        &a,
+        &json!({"cmd": "sleep", "args": ["600"], "stdin": true}),
+    );
+    // The program's parent is the agent.
+    let o = s.exec(
+        &key_a,
+        &a,
+        &format!(
+            "import os, signal\nppid = int(open('/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1])\n\
+             os.kill(ppid, signal.SIGSTOP)\nprint('STOPPED', ppid)"
+        ),
+    );
+    assert!(o.stdout().starts_with("STOPPED"), "{}", o.dump());
+
+    let address = s.url.trim_start_matches("http://").to_string();
+    let mut piled: Vec<TcpStream> = (0..PILED)
+        .map(|_| {
+            let mut conn = TcpStream::connect(&address).unwrap();
+            write!(
+                conn,
+                "POST /v1/sandboxes/{a}/processes/{pid}/close-stdin HTTP/1.1\r\nHost: {address}\r\n\
+                 Authorization: Bearer {key_a}\r\nContent-Type: application/json\r\n\
+                 Content-Length: 2\r\n\r\n{{}}"
+            )
+            .unwrap();
+            conn
+        })
+        .collect();
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(8))
+        .build();
+    let started = Instant::now();
+    let answer = agent
+        .post(&format!("{}/v1/sandboxes/{b}/execute", s.url))
+        .set("Authorization", &format!("Bearer {key_b}"))
+        .set("Accept", "application/json")
+        .set("Content-Type", "application/json")
+        .send_string(&json!({"code": "6 * 7"}).to_string());
+    match answer {
+        Ok(r) => {
+            let v: Value = r.into_json().unwrap();
+            assert_eq!(v["results"][0]["text"], "42", "{v}");
+        }
+        Err(e) => panic!(
+            "B's execution did not answer within 8 s while A piled {PILED} calls on its stopped \
+             agent: {e} (after {:?})",
+            started.elapsed()
+        ),
+    }
+    let mut refused = 0;
+    for conn in &mut piled {
+        let head = answer_within(conn, Duration::from_secs(15));
+        if head.starts_with("HTTP/1.1 429") {
+            assert!(head.contains("agent_busy"), "{head}");
+            refused += 1;
+        }
+    }
+    assert!(
+        refused >= PILED - 8,
+        "only {refused} of {PILED} were refused"
+    );
+    drop(piled);
+    s.delete(&key_a, &a);
+    let left = s.stop();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -46,7 +46,7 @@ pub(super) fn connect_code(e: &AgentError) -> Code {
             AgentRefusal::Start(_) | AgentRefusal::Invalid(_) => Code::InvalidArgument,
         },
         AgentError::Invalid(_) => Code::InvalidArgument,
-        AgentError::TooManySubscribers(_) => Code::ResourceExhausted,
+        AgentError::TooManySubscribers(_) | AgentError::Busy => Code::ResourceExhausted,
         AgentError::Unavailable => Code::Unimplemented,
         AgentError::Gone | AgentError::NoAnswer(_) | AgentError::Io(_) => Code::Internal,
     }
