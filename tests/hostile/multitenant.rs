@@ -28,7 +28,12 @@ use crate::harness::*;
 use crate::host::HostSecret;
 
 mod agent_own;
+mod control;
+mod listings;
+mod port_floods;
 mod ports;
+mod streams;
+mod waiting;
 
 // ---- the server -----------------------------------------------------------------------------
 

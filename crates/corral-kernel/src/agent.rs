@@ -26,6 +26,11 @@ pub const SUBSCRIBER_BYTES: usize = 256 << 10;
 pub const MAX_SUBSCRIBERS: usize = 4;
 /// How long a request waits for the agent's answer (a paused session's agent answers none).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most requests that wait for the agent's answers at once; more are refused
+/// ([`AgentError::Busy`]). Each waits on a thread of its caller for up to [`REPLY_TIMEOUT`],
+/// and the session's code can stop its agent (`SIGSTOP`: the same uid): without this bound
+/// one key's requests to it would hold every thread of the server's blocking pool.
+pub const MAX_REQUESTS: usize = 8;
 
 /// What a request to the agent can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +47,11 @@ pub enum AgentError {
     NoAnswer(Duration),
     #[error("process {0} has {MAX_SUBSCRIBERS} output streams already, the most it may have")]
     TooManySubscribers(i32),
+    #[error(
+        "the session's process agent has {MAX_REQUESTS} requests waiting for its answers \
+         already (is it stopped?): retry when one is answered"
+    )]
+    Busy,
     #[error("invalid process request: {0}")]
     Invalid(String),
     #[error("talking to the process agent: {0}")]
@@ -93,12 +103,24 @@ pub enum ProcessEvent {
     End(Option<ProcessExit>),
 }
 
+/// What a subscriber that waits without a thread is told when an event arrives.
+type Wake = Arc<dyn Fn() + Send + Sync>;
+
 #[derive(Default)]
 struct QueueState {
     items: VecDeque<(OutputStream, Vec<u8>)>,
     bytes: usize,
     lost: u64,
     end: Option<Option<ProcessExit>>,
+    wake: Option<Wake>,
+}
+
+impl QueueState {
+    fn woken(&self) {
+        if let Some(wake) = &self.wake {
+            wake();
+        }
+    }
 }
 
 #[derive(Default)]
@@ -116,6 +138,7 @@ impl Queue {
             q.bytes += data.len();
             q.items.push_back((stream, data.to_vec()));
         }
+        q.woken();
         self.ready.notify_all();
     }
 
@@ -124,6 +147,7 @@ impl Queue {
         if q.end.is_none() {
             q.end = Some(exit);
         }
+        q.woken();
         self.ready.notify_all();
     }
 }
@@ -137,6 +161,13 @@ pub struct Subscription {
 impl Subscription {
     pub fn pid(&self) -> i32 {
         self.pid
+    }
+
+    /// Calls `wake` (from the agent's reader thread, so it must not block) whenever an event
+    /// arrives from now on: a caller that waits for events without a thread of its own (an
+    /// async task, which then takes them with `next(Duration::ZERO)`) is told when to look.
+    pub fn on_event(&self, wake: impl Fn() + Send + Sync + 'static) {
+        self.queue.state.lock().expect("lock").wake = Some(Arc::new(wake));
     }
 
     /// The next event, waiting at most `timeout` (none: `None`). After [`ProcessEvent::End`]
@@ -272,6 +303,9 @@ impl ProcessAgent {
             let mut state = self.state.lock().expect("lock");
             if state.gone {
                 return Err(AgentError::Gone);
+            }
+            if state.replies.len() >= MAX_REQUESTS {
+                return Err(AgentError::Busy);
             }
             state.replies.insert(req, (tx, pending));
         }
@@ -666,6 +700,63 @@ mod tests {
         }));
         assert_eq!(sub.next(t), Some(end.clone()));
         assert_eq!(sub.next(t), Some(end));
+    }
+
+    #[test]
+    fn a_subscriber_is_told_of_every_event_and_takes_it_without_waiting() {
+        let queue = Arc::new(Queue::default());
+        let sub = Subscription {
+            pid: 5,
+            queue: queue.clone(),
+        };
+        assert_eq!(sub.next(Duration::ZERO), None);
+        let told = Arc::new(AtomicU64::new(0));
+        let counter = told.clone();
+        sub.on_event(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        queue.push(OutputStream::Stdout, b"a");
+        // Output past the queue's bound is lost, and the subscriber is told of that too.
+        queue.push(OutputStream::Stdout, &vec![0; SUBSCRIBER_BYTES]);
+        queue.end(None);
+        assert_eq!(told.load(Ordering::SeqCst), 3);
+        assert!(matches!(
+            sub.next(Duration::ZERO),
+            Some(ProcessEvent::Lost { .. })
+        ));
+        assert!(matches!(
+            sub.next(Duration::ZERO),
+            Some(ProcessEvent::Output { .. })
+        ));
+        assert_eq!(sub.next(Duration::ZERO), Some(ProcessEvent::End(None)));
+    }
+
+    #[test]
+    fn requests_to_an_agent_that_does_not_answer_are_bounded() {
+        let (host, silent) = std::os::unix::net::UnixStream::pair().unwrap();
+        let agent = ProcessAgent::new(host.into()).unwrap();
+        let spec = ProcessSpec {
+            argv: vec!["true".into()],
+            ..ProcessSpec::default()
+        };
+        let waiting: Vec<_> = (0..MAX_REQUESTS)
+            .map(|_| {
+                let (agent, spec) = (agent.clone(), spec.clone());
+                std::thread::spawn(move || agent.start(spec).map(|_| ()))
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while agent.state.lock().unwrap().replies.len() < MAX_REQUESTS {
+            assert!(Instant::now() < deadline, "the requests were not sent");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let started = Instant::now();
+        assert!(matches!(agent.start(spec), Err(AgentError::Busy)));
+        assert!(started.elapsed() < Duration::from_secs(1));
+        for t in waiting {
+            assert!(matches!(t.join().unwrap(), Err(AgentError::NoAnswer(_))));
+        }
+        drop(silent);
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod zygote;
 pub use event::Event;
 pub use manager::{
     default_context_id, ContextInfo, ManagerError, MetricSample, SessionInfo, SessionManager,
+    MAX_WAITING,
 };
 pub use node::NodeName;
 pub use policy::{CodePolicy, PolicyError, Widening};

@@ -3,8 +3,8 @@
 //! idle expiry.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -64,6 +64,8 @@ pub struct MetricSample {
 
 struct Entry {
     session: Mutex<Session>,
+    /// Callers waiting for `session` ([`take_turn`]).
+    waiting: AtomicUsize,
     interrupter: Interrupter,
     /// The session's workspace, reachable without waiting for the session's lock (a restart
     /// replaces it).
@@ -161,6 +163,12 @@ pub enum ManagerError {
     /// A pause while the session executes or runs a command.
     #[error("session {0} is busy: pause it between executions")]
     Busy(String),
+    /// A call that would wait for a session (or one of its code contexts) while
+    /// [`MAX_WAITING`] calls wait for it already.
+    #[error(
+        "session {0} is busy and {MAX_WAITING} calls wait for it already: retry when one is done"
+    )]
+    QueueFull(String),
     /// A creation under the id of a live session.
     #[error("a session {0} exists already")]
     Exists(String),
@@ -174,6 +182,34 @@ pub enum ManagerError {
         "the default context of session {0} is its own kernel: restart it, or close the session"
     )]
     MainContext(String),
+}
+
+/// The most calls (executions, commands, restarts, resumes) that wait at once for one
+/// session, or one code context, while it is busy; more are refused
+/// ([`ManagerError::QueueFull`]). Each waiting call holds a thread of its caller (the server's
+/// blocking pool, shared by every key): without a bound, one key's calls piled on one busy
+/// session would take them all.
+pub const MAX_WAITING: usize = 4;
+
+/// `session`, once the calls before this one are done: at once if it is free; refused if
+/// [`MAX_WAITING`] calls wait for it already (`waiting` counts them).
+fn take_turn<'a>(
+    session: &'a Mutex<Session>,
+    waiting: &AtomicUsize,
+    id: &str,
+) -> Result<MutexGuard<'a, Session>, ManagerError> {
+    match session.try_lock() {
+        Ok(session) => return Ok(session),
+        Err(TryLockError::Poisoned(e)) => panic!("session lock: {e}"),
+        Err(TryLockError::WouldBlock) => {}
+    }
+    if waiting.fetch_add(1, Ordering::SeqCst) >= MAX_WAITING {
+        waiting.fetch_sub(1, Ordering::SeqCst);
+        return Err(ManagerError::QueueFull(id.to_string()));
+    }
+    let session = session.lock().expect("session lock");
+    waiting.fetch_sub(1, Ordering::SeqCst);
+    Ok(session)
 }
 
 /// All live sessions of a process.
@@ -279,7 +315,7 @@ impl SessionManager {
                 .unwrap_or(0);
             let stamp = ((nanos & 0xffff_ffff) << 16)
                 | (self.next.fetch_add(1, Ordering::Relaxed) & 0xffff);
-            crate::node::sandbox_id(stamp, self.node.as_ref())
+            crate::node::sandbox_id(stamp, rand::random(), self.node.as_ref())
         });
         let now = SystemTime::now();
         let info = SessionInfo {
@@ -309,6 +345,7 @@ impl SessionManager {
             workspace: Mutex::new(session.workspace().clone()),
             meter: Mutex::new(session.meter()),
             session: Mutex::new(session),
+            waiting: AtomicUsize::new(0),
             info: Mutex::new(info.clone()),
             last_used: Mutex::new(Instant::now()),
             paused: Mutex::new(None),
@@ -340,7 +377,7 @@ impl SessionManager {
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<ExecutionResult, ManagerError> {
         let entry = self.entry(id)?;
-        let mut session = entry.session.lock().expect("session lock");
+        let mut session = take_turn(&entry.session, &entry.waiting, id)?;
         entry.check_running(id)?;
         let result = session.execute_with_env(code, env, timeout, on_event)?;
         *entry.last_used.lock().expect("lock") = Instant::now();
@@ -366,7 +403,7 @@ impl SessionManager {
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<ExecutionResult, ManagerError> {
         let entry = self.entry(id)?;
-        let mut session = entry.session.lock().expect("session lock");
+        let mut session = take_turn(&entry.session, &entry.waiting, id)?;
         entry.check_running(id)?;
         let result = session.run_command(argv, cwd, env, timeout, stop, on_event)?;
         *entry.last_used.lock().expect("lock") = Instant::now();
@@ -420,7 +457,7 @@ impl SessionManager {
     /// from now.
     pub fn resume(&self, id: &str) -> Result<SessionInfo, ManagerError> {
         let entry = self.entry(id)?;
-        let mut session = entry.session.lock().expect("session lock");
+        let mut session = take_turn(&entry.session, &entry.waiting, id)?;
         let mut paused = entry.paused.lock().expect("lock");
         if paused.is_none() {
             return Err(ManagerError::NotPaused(id.to_string()));
@@ -439,7 +476,7 @@ impl SessionManager {
     /// Replaces the kernel of session `id` (state is lost, files are kept).
     pub fn restart(&self, id: &str) -> Result<SessionInfo, ManagerError> {
         let entry = self.entry(id)?;
-        let mut session = entry.session.lock().expect("session lock");
+        let mut session = take_turn(&entry.session, &entry.waiting, id)?;
         entry.check_running(id)?;
         session.restart()?;
         *entry.workspace.lock().expect("lock") = session.workspace().clone();
@@ -607,6 +644,8 @@ pub fn default_context_id(language: Language) -> String {
 struct Context {
     info: ContextInfo,
     session: Mutex<Session>,
+    /// Callers waiting for `session` ([`take_turn`]).
+    waiting: AtomicUsize,
 }
 
 impl SessionManager {
@@ -668,6 +707,7 @@ impl SessionManager {
             Arc::new(Context {
                 info: info.clone(),
                 session: Mutex::new(session),
+                waiting: AtomicUsize::new(0),
             }),
         );
         Ok(info)
@@ -741,7 +781,7 @@ impl SessionManager {
             return self.execute(id, code, env, timeout, on_event);
         }
         let context = self.context(&entry, id, context_id)?;
-        let mut session = context.session.lock().expect("session lock");
+        let mut session = take_turn(&context.session, &context.waiting, id)?;
         entry.check_running(id)?;
         let result = session.execute_with_env(code, env, timeout, on_event)?;
         *entry.last_used.lock().expect("lock") = Instant::now();
@@ -757,7 +797,7 @@ impl SessionManager {
             return self.restart(id).map(drop);
         }
         let context = self.context(&entry, id, context_id)?;
-        let mut session = context.session.lock().expect("session lock");
+        let mut session = take_turn(&context.session, &context.waiting, id)?;
         entry.check_running(id)?;
         Ok(session.restart()?)
     }

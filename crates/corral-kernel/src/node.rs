@@ -63,12 +63,17 @@ impl<'de> serde::Deserialize<'de> for NodeName {
     }
 }
 
-/// The id of a new sandbox: `sbx-<stamp in hex>`, followed by `-<node>` when the server has a
-/// node name.
-pub fn sandbox_id(stamp: u64, node: Option<&NodeName>) -> String {
+/// The id of a new sandbox: `sbx-<stamp in hex><random, 8 hex digits>`, followed by
+/// `-<node>` when the server has a node name. The stamp (time and a counter) keeps ids
+/// unique; the 32 random bits keep them from being guessed from ids made just before and
+/// after (hostile `multitenant::ports`: with public host-routed ports an id is all it takes
+/// to reach a sandbox's servers). `<port>-<id>` stays within one DNS label:
+/// 6 + 4 + 12 + 8 + 1 + [`MAX_NODE_NAME`] = 63 bytes.
+pub fn sandbox_id(stamp: u64, random: u32, node: Option<&NodeName>) -> String {
+    let stamp = stamp & 0xffff_ffff_ffff;
     match node {
-        Some(node) => format!("{ID_PREFIX}{stamp:x}-{node}"),
-        None => format!("{ID_PREFIX}{stamp:x}"),
+        Some(node) => format!("{ID_PREFIX}{stamp:x}{random:08x}-{node}"),
+        None => format!("{ID_PREFIX}{stamp:x}{random:08x}"),
     }
 }
 
@@ -110,11 +115,11 @@ mod tests {
     #[test]
     fn an_id_names_its_node_and_single_node_ids_name_none() {
         let node: NodeName = "corral-node-2".parse().unwrap();
-        let id = sandbox_id(0x1234_abcd_0001, Some(&node));
-        assert_eq!(id, "sbx-1234abcd0001-corral-node-2");
+        let id = sandbox_id(0x1234_abcd_0001, 0x5eed, Some(&node));
+        assert_eq!(id, "sbx-1234abcd000100005eed-corral-node-2");
         assert_eq!(node_of(&id), Some(node));
-        let single = sandbox_id(0x1234_abcd_0001, None);
-        assert_eq!(single, "sbx-1234abcd0001");
+        let single = sandbox_id(0x1234_abcd_0001, 0x5eed, None);
+        assert_eq!(single, "sbx-1234abcd000100005eed");
         assert_eq!(node_of(&single), None);
         // Not sandbox ids, or ids whose node part is no node name: no node.
         for other in [
@@ -129,5 +134,12 @@ mod tests {
         ] {
             assert_eq!(node_of(other), None, "{other:?}");
         }
+    }
+
+    #[test]
+    fn the_longest_id_with_a_port_is_one_dns_label() {
+        let node: NodeName = "n".repeat(MAX_NODE_NAME).parse().unwrap();
+        let id = sandbox_id(u64::MAX, u32::MAX, Some(&node));
+        assert_eq!(format!("65535-{id}").len(), 63, "{id}");
     }
 }

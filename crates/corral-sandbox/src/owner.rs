@@ -438,6 +438,10 @@ pub(crate) enum WireError {
         max: usize,
         what: crate::workspace::Walk,
     },
+    TooLarge {
+        path: Vec<u8>,
+        max: usize,
+    },
 }
 
 fn bytes(path: &Path) -> Vec<u8> {
@@ -476,6 +480,10 @@ impl WireError {
                 path: bytes(path),
                 max: *max,
                 what: *what,
+            },
+            WorkspaceError::TooLarge { path, max } => WireError::TooLarge {
+                path: bytes(path),
+                max: *max,
             },
             WorkspaceError::TooDeep { path, max, what } => WireError::TooDeep {
                 path: bytes(path),
@@ -516,6 +524,7 @@ impl WireError {
                 max,
                 what,
             },
+            WireError::TooLarge { path: p, max } => WorkspaceError::TooLarge { path: path(p), max },
             WireError::TooDeep { path: p, max, what } => WorkspaceError::TooDeep {
                 path: path(p),
                 max,

@@ -35,6 +35,11 @@ use crate::result::FileEntry;
 pub const MAX_ENTRIES: usize = 10_000;
 /// The most directory levels a walk descends below where it starts.
 pub const MAX_DEPTH: usize = 32;
+/// The most bytes of paths and link targets one [`Workspace::list_dir`] returns. Within
+/// [`MAX_ENTRIES`] and [`MAX_DEPTH`] a sandbox can make each path 8 KiB long (32 levels of
+/// 255-byte names, made relative to each directory, past `PATH_MAX`) and each link's target
+/// 4 KiB: 120 MB that the host would hold and encode for every listing.
+pub const MAX_LISTING_BYTES: usize = 8 << 20;
 /// The most names one [`Workspace::remove`] unlinks (files, links, directories, and attempts
 /// the sandbox made fail by changing the tree meanwhile).
 pub const MAX_REMOVE_ENTRIES: usize = 100_000;
@@ -90,6 +95,13 @@ pub enum WorkspaceError {
         max: usize,
         what: Walk,
     },
+    /// A listing passed the bound on the bytes of its paths and link targets; nothing was
+    /// listed.
+    #[error(
+        "the entries below {path:?} have more than {max} bytes of names and link targets: \
+         nothing listed (list a subdirectory, a smaller depth, or use a command)"
+    )]
+    TooLarge { path: PathBuf, max: usize },
     /// A listing or removal passed the bound on directory levels.
     #[error(
         "{path:?} is more than {max} directory levels deep {what}: stopped there (list a \
@@ -159,7 +171,10 @@ pub enum CopyError {
     },
     #[error("{path:?} not copied: the cap of {max} files and directories written was reached")]
     TooManyEntries { path: PathBuf, max: usize },
-    #[error("the workspace holds more than {max} files: the rest were not copied")]
+    #[error(
+        "the workspace holds more than {max} files, or more than {MAX_LISTING_BYTES} bytes of \
+         their paths: the rest were not copied"
+    )]
     ListingTruncated { max: usize },
     #[error("{0:?} changed while it was copied: not copied")]
     Changed(PathBuf),
@@ -642,19 +657,28 @@ fn dir_names(
     Ok(names)
 }
 
+/// What a listing holds so far: its entries, and the bytes of their paths and link targets.
+#[derive(Default)]
+struct Listing {
+    entries: Vec<EntryInfo>,
+    bytes: usize,
+}
+
 /// Adds the entries below `dir` (shown as `prefix`), `levels` levels of them, to `out`, each
-/// directory followed by what is in it (names in sorted order).
+/// directory followed by what is in it (names in sorted order); at most [`MAX_ENTRIES`]
+/// entries, [`MAX_DEPTH`] levels and [`MAX_LISTING_BYTES`].
 fn walk_entries(
     dir: &OwnedFd,
     prefix: &Path,
     levels: usize,
     below: usize,
-    out: &mut Vec<EntryInfo>,
+    listing: &mut Listing,
 ) -> Result<(), WorkspaceError> {
     const WHAT: Walk = Walk::Listing;
-    let names = dir_names(dir, prefix, MAX_ENTRIES - out.len(), MAX_ENTRIES, WHAT)?;
+    let room = MAX_ENTRIES - listing.entries.len();
+    let names = dir_names(dir, prefix, room, MAX_ENTRIES, WHAT)?;
     for name in names {
-        if out.len() >= MAX_ENTRIES {
+        if listing.entries.len() >= MAX_ENTRIES {
             return Err(WorkspaceError::TooManyEntries {
                 path: prefix.to_path_buf(),
                 max: MAX_ENTRIES,
@@ -665,8 +689,19 @@ fn walk_entries(
         let Ok(entry) = entry_at(dir.as_raw_fd(), &name, path.clone()) else {
             continue; // gone meanwhile
         };
+        listing.bytes += entry.path.as_os_str().len()
+            + entry
+                .link_target
+                .as_ref()
+                .map_or(0, |t| t.as_os_str().len());
+        if listing.bytes > MAX_LISTING_BYTES {
+            return Err(WorkspaceError::TooLarge {
+                path: prefix.to_path_buf(),
+                max: MAX_LISTING_BYTES,
+            });
+        }
         let is_dir = entry.kind == EntryKind::Dir;
-        out.push(entry);
+        listing.entries.push(entry);
         if !is_dir || levels <= 1 {
             continue;
         }
@@ -684,7 +719,7 @@ fn walk_entries(
             OFlag::O_RDONLY | OFlag::O_DIRECTORY,
             Mode::empty(),
         ) {
-            walk_entries(&sub, &path, levels - 1, below + 1, out)?;
+            walk_entries(&sub, &path, levels - 1, below + 1, listing)?;
         }
     }
     Ok(())
@@ -1064,15 +1099,16 @@ impl Workspace {
     /// The entries below the directory `path` (the workspace when empty), `depth` levels of
     /// them (1: its own entries), each directory followed by its entries, names sorted.
     /// Links are listed as links and never entered. Fails, listing nothing, past
-    /// [`MAX_ENTRIES`] entries or [`MAX_DEPTH`] levels: a partial listing would look whole.
+    /// [`MAX_ENTRIES`] entries, [`MAX_DEPTH`] levels or [`MAX_LISTING_BYTES`]: a partial
+    /// listing would look whole.
     pub fn list_dir(&self, path: &Path, depth: usize) -> Result<Vec<EntryInfo>, WorkspaceError> {
         let parts = Self::components_or_root(path)?;
         let prefix: PathBuf = parts.iter().collect();
         self.as_owner(path, &[], || {
             let dir = self.dir_of(&parts, false)?;
-            let mut out = Vec::new();
-            walk_entries(&dir, &prefix, depth.max(1), 0, &mut out)?;
-            Ok(out)
+            let mut listing = Listing::default();
+            walk_entries(&dir, &prefix, depth.max(1), 0, &mut listing)?;
+            Ok(listing.entries)
         })
     }
 
@@ -1198,7 +1234,7 @@ impl Workspace {
     }
 
     /// The regular files below `parts`, sorted, and whether the walk stopped at
-    /// [`MAX_ENTRIES`].
+    /// [`MAX_ENTRIES`] or [`MAX_LISTING_BYTES`].
     fn listing(
         &self,
         parts: &[&std::ffi::OsStr],
@@ -1214,7 +1250,7 @@ impl Workspace {
                 .open_dir(parts, false)
                 .map_err(|e| WorkspaceError::io(shown, e))?;
             let mut out = Vec::new();
-            let truncated = walk(root, prefix.clone(), 0, &mut out)?;
+            let truncated = walk(root, prefix.clone(), 0, &mut out, &mut 0)?;
             out.sort_by(|a, b| a.path.cmp(&b.path));
             Ok((out, truncated))
         })
@@ -1272,12 +1308,14 @@ impl Workspace {
     }
 }
 
-/// Adds the regular files below `dir` to `out`; true when it stopped at [`MAX_ENTRIES`].
+/// Adds the regular files below `dir` to `out`; true when it stopped at [`MAX_ENTRIES`], or
+/// at [`MAX_LISTING_BYTES`] of paths (`bytes`: those of `out` so far).
 fn walk(
     dir: OwnedFd,
     prefix: PathBuf,
     depth: usize,
     out: &mut Vec<FileEntry>,
+    bytes: &mut usize,
 ) -> Result<bool, WorkspaceError> {
     let raw = dir.as_raw_fd();
     let mut listing = nix::dir::Dir::from_fd(raw).map_err(|e| WorkspaceError::io(&prefix, e))?;
@@ -1297,11 +1335,13 @@ fn walk(
         };
         let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
         if kind == SFlag::S_IFREG {
-            if out.len() >= MAX_ENTRIES {
+            let path = prefix.join(name).to_string_lossy().into_owned();
+            *bytes += path.len();
+            if out.len() >= MAX_ENTRIES || *bytes > MAX_LISTING_BYTES {
                 return Ok(true);
             }
             out.push(FileEntry {
-                path: prefix.join(name).to_string_lossy().into_owned(),
+                path,
                 size: stat.st_size as u64,
             });
         } else if kind == SFlag::S_IFDIR && depth < MAX_DEPTH {
@@ -1315,7 +1355,7 @@ fn walk(
             OFlag::O_RDONLY | OFlag::O_DIRECTORY,
             Mode::empty(),
         ) {
-            if walk(fd, prefix.join(&name), depth + 1, out)? {
+            if walk(fd, prefix.join(&name), depth + 1, out, bytes)? {
                 return Ok(true);
             }
         }
@@ -1749,6 +1789,66 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn listings_are_bounded_in_the_bytes_of_names_and_link_targets() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = format!("/{}", "t".repeat(3999));
+        // Each link: a 255-byte name and a 4000-byte target; 2,000 of them pass the bound.
+        let per_link = 255 + 4000;
+        let fits = MAX_LISTING_BYTES / per_link;
+        for i in 0..fits {
+            let name = format!("{i:05}{}", "n".repeat(250));
+            std::os::unix::fs::symlink(&target, dir.path().join(name)).unwrap();
+        }
+        let ws = workspace(dir.path());
+        assert_eq!(ws.list_dir(Path::new(""), 1).unwrap().len(), fits);
+        std::os::unix::fs::symlink(&target, dir.path().join("z".repeat(255))).unwrap();
+        let err = ws.list_dir(Path::new(""), 1).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                WorkspaceError::TooLarge {
+                    max: MAX_LISTING_BYTES,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn file_lists_stop_at_the_bytes_of_their_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        // 14 levels of 255-byte names: each file's path is under 4 KiB (PATH_MAX).
+        let deep: PathBuf = (0..14)
+            .map(|i| format!("{i:02}{}", "d".repeat(253)))
+            .collect();
+        std::fs::create_dir_all(dir.path().join(&deep)).unwrap();
+        let path_len = deep.as_os_str().len() + 1 + 255;
+        let fits = MAX_LISTING_BYTES / path_len;
+        for i in 0..fits + 10 {
+            std::fs::write(
+                dir.path()
+                    .join(&deep)
+                    .join(format!("{i:05}{}", "f".repeat(250))),
+                b"",
+            )
+            .unwrap();
+        }
+        let ws = workspace(dir.path());
+        let listed = ws.list().unwrap();
+        assert_eq!(listed.len(), fits);
+        let out = tempfile::tempdir().unwrap();
+        let mut copy =
+            OutDir::create(&out.path().join("o"), CopyLimits::for_workspace(1 << 30)).unwrap();
+        let report = ws.copy_out(&mut copy).unwrap();
+        assert_eq!(report.copied.len(), fits);
+        assert!(report
+            .skipped
+            .iter()
+            .any(|e| matches!(e, CopyError::ListingTruncated { .. })));
     }
 
     #[test]

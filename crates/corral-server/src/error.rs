@@ -79,6 +79,7 @@ pub fn process_status(e: &AgentError) -> (StatusCode, &'static str) {
         },
         AgentError::Invalid(_) => (StatusCode::BAD_REQUEST, "bad_request"),
         AgentError::TooManySubscribers(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_streams"),
+        AgentError::Busy => (StatusCode::TOO_MANY_REQUESTS, "agent_busy"),
         AgentError::Unavailable => (StatusCode::NOT_IMPLEMENTED, "processes_unsupported"),
         AgentError::Gone | AgentError::NoAnswer(_) | AgentError::Io(_) => {
             (StatusCode::INTERNAL_SERVER_ERROR, "sandbox_error")
@@ -117,6 +118,7 @@ impl From<ServiceError> for ApiError {
                     Unavailability::ZygoteRestarting => "zygote_restarting",
                     Unavailability::MemoryBudget => "memory_budget_committed",
                     Unavailability::Uploads => "uploads_busy",
+                    Unavailability::SandboxBusy => "sandbox_busy",
                 },
             ),
             ServiceError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),

@@ -9,6 +9,7 @@ mod contexts;
 mod linger;
 mod openapi;
 mod processes;
+pub(crate) mod pump;
 
 pub use linger::close_if_body_unread;
 

@@ -353,16 +353,26 @@ async fn forward(
         .await
         .map_err(|e| bad_gateway(port, e))?;
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-        if let Some(client) = client_upgrade {
-            let sandbox = hyper::upgrade::on(&mut response);
-            tokio::spawn(async move {
-                if let (Ok(client), Ok(sandbox)) = (client.await, sandbox.await) {
-                    let (mut client, mut sandbox) = (TokioIo::new(client), TokioIo::new(sandbox));
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut sandbox).await;
-                }
-                drop(slot);
-            });
-        }
+        // A switch the client did not ask for is no answer to pass on: a proxy in front of
+        // Corral would take the client's connection for a tunnel.
+        let Some(client) = client_upgrade else {
+            return Err(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "port_error",
+                format!(
+                    "the server on port {port} of the sandbox switched protocols (101) for a \
+                     request that asked for no upgrade"
+                ),
+            ));
+        };
+        let sandbox = hyper::upgrade::on(&mut response);
+        tokio::spawn(async move {
+            if let (Ok(client), Ok(sandbox)) = (client.await, sandbox.await) {
+                let (mut client, mut sandbox) = (TokioIo::new(client), TokioIo::new(sandbox));
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut sandbox).await;
+            }
+            drop(slot);
+        });
     }
     Ok(response.map(Body::new))
 }

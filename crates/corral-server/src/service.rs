@@ -134,6 +134,9 @@ pub enum Unavailability {
     MemoryBudget,
     /// Every upload slot (`max_uploads_in_flight`) is taken.
     Uploads,
+    /// The sandbox is busy and the most calls that may wait for it wait already
+    /// ([`corral_kernel::MAX_WAITING`]).
+    SandboxBusy,
 }
 
 impl From<WorkspaceError> for ServiceError {
@@ -144,9 +147,9 @@ impl From<WorkspaceError> for ServiceError {
             | WorkspaceError::NotADirectory(_)
             | WorkspaceError::Link(_) => ServiceError::InvalidPath(e.to_string()),
             WorkspaceError::Exists(_) => ServiceError::FileExists(e.to_string()),
-            WorkspaceError::TooManyEntries { .. } | WorkspaceError::TooDeep { .. } => {
-                ServiceError::BadRequest(e.to_string())
-            }
+            WorkspaceError::TooManyEntries { .. }
+            | WorkspaceError::TooDeep { .. }
+            | WorkspaceError::TooLarge { .. } => ServiceError::BadRequest(e.to_string()),
             WorkspaceError::Io { ref source, .. } => match source.raw_os_error() {
                 Some(libc::ENOENT) => ServiceError::FileNotFound(e.to_string()),
                 // A path leaving the workspace, or a file where a directory was expected.
@@ -1081,6 +1084,11 @@ impl Service {
             ManagerError::NotPaused(_) => ServiceError::Conflict {
                 state: Conflict::NotPaused,
                 message: format!("sandbox {id} is not paused"),
+            },
+            e @ ManagerError::QueueFull(_) => ServiceError::Unavailable {
+                reason: Unavailability::SandboxBusy,
+                message: e.to_string(),
+                retry_after_s: 1,
             },
             ManagerError::Busy(_) => ServiceError::Conflict {
                 state: Conflict::Busy,

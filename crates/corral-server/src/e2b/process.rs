@@ -4,7 +4,6 @@
 //! every call finds them in the sandbox its token names, and no other.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,7 +17,6 @@ use corral_kernel::agent::{
     AgentError, AgentRefusal, OutputStream, ProcessAgent, ProcessEvent, ProcessExit, ProcessSpec,
     PtySize, Subscription,
 };
-use corral_sandbox::Reservation;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -28,7 +26,7 @@ use super::{
     E2bError, PlaneSandbox, CONNECT_JSON, E2B_HOME, PROCESS_SERVICE,
 };
 use crate::connect::Code;
-use crate::http::{blocking, parse_json, stream_frames, AppState};
+use crate::http::{blocking, parse_json, pump, AppState};
 use crate::service::ServiceError;
 
 /// How often a stream without output says it is alive (envd's keepalive event).
@@ -48,7 +46,7 @@ pub(super) fn connect_code(e: &AgentError) -> Code {
             AgentRefusal::Start(_) | AgentRefusal::Invalid(_) => Code::InvalidArgument,
         },
         AgentError::Invalid(_) => Code::InvalidArgument,
-        AgentError::TooManySubscribers(_) => Code::ResourceExhausted,
+        AgentError::TooManySubscribers(_) | AgentError::Busy => Code::ResourceExhausted,
         AgentError::Unavailable => Code::Unimplemented,
         AgentError::Gone | AgentError::NoAnswer(_) | AgentError::Io(_) => Code::Internal,
     }
@@ -184,67 +182,61 @@ fn end_event(exit: Option<ProcessExit>) -> Result<Value, Value> {
 
 /// Streams a subscription as `start`, `data`…, `end` events, until the program ends, the
 /// client goes away, or `deadline` passes (the stream ends with `deadline_exceeded`; the
-/// program goes on, as envd's does when its connection times out).
+/// program goes on, as envd's does when its connection times out). The stream holds no
+/// thread ([`pump`]).
 fn stream_process(sub: Subscription, deadline: Option<Duration>) -> Response {
-    let gone = Arc::new(AtomicBool::new(false));
-    let gone_flag = gone.clone();
-    stream_frames(
-        CONNECT_JSON,
-        move |emit| {
-            emit(connect_message(
-                &json!({"event": {"start": {"pid": sub.pid()}}}),
-            ));
-            let deadline = deadline.map(|d| Instant::now() + d);
-            let error = loop {
-                if gone.load(Ordering::Relaxed) {
-                    break None;
-                }
-                let wait = match deadline {
-                    Some(at) => {
-                        let left = at.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
-                            break Some(connect_error(
-                                Code::DeadlineExceeded,
-                                "the stream's timeout passed; the process goes on (connect to it \
-                                 again, or kill it)",
-                            ));
-                        }
-                        left.min(KEEPALIVE)
-                    }
-                    None => KEEPALIVE,
-                };
-                match sub.next(wait) {
-                    None => {
-                        if deadline.is_none_or(|at| Instant::now() < at) {
-                            emit(connect_message(&json!({"event": {"keepalive": {}}})));
-                        }
-                    }
-                    // What the client did not read in time is gone; the rest follows.
-                    Some(ProcessEvent::Lost { .. }) => {}
-                    Some(ProcessEvent::Output { stream, data }) => {
-                        let key = match stream {
-                            OutputStream::Stdout => "stdout",
-                            OutputStream::Stderr => "stderr",
-                            OutputStream::Pty => "pty",
-                        };
-                        emit(connect_message(
-                            &json!({"event": {"data": {key: b64(&data)}}}),
+    pump::stream(CONNECT_JSON, sub, move |pump| async move {
+        pump.send(connect_message(
+            &json!({"event": {"start": {"pid": pump.pid()}}}),
+        ))
+        .await?;
+        let deadline = deadline.map(|d| Instant::now() + d);
+        let error = loop {
+            let wait = match deadline {
+                Some(at) => {
+                    let left = at.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break Some(connect_error(
+                            Code::DeadlineExceeded,
+                            "the stream's timeout passed; the process goes on (connect to it \
+                             again, or kill it)",
                         ));
                     }
-                    Some(ProcessEvent::End(exit)) => match end_event(exit) {
-                        Ok(end) => {
-                            emit(connect_message(&end));
-                            break None;
-                        }
-                        Err(error) => break Some(error),
-                    },
+                    left.min(KEEPALIVE)
                 }
+                None => KEEPALIVE,
             };
-            emit(connect_end_of_stream(error));
-            Reservation::default()
-        },
-        move || gone_flag.store(true, Ordering::Relaxed),
-    )
+            match pump.next(wait).await? {
+                None => {
+                    if deadline.is_none_or(|at| Instant::now() < at) {
+                        pump.send(connect_message(&json!({"event": {"keepalive": {}}})))
+                            .await?;
+                    }
+                }
+                // What the client did not read in time is gone; the rest follows.
+                Some(ProcessEvent::Lost { .. }) => {}
+                Some(ProcessEvent::Output { stream, data }) => {
+                    let key = match stream {
+                        OutputStream::Stdout => "stdout",
+                        OutputStream::Stderr => "stderr",
+                        OutputStream::Pty => "pty",
+                    };
+                    pump.send(connect_message(
+                        &json!({"event": {"data": {key: b64(&data)}}}),
+                    ))
+                    .await?;
+                }
+                Some(ProcessEvent::End(exit)) => match end_event(exit) {
+                    Ok(end) => {
+                        pump.send(connect_message(&end)).await?;
+                        break None;
+                    }
+                    Err(error) => break Some(error),
+                },
+            }
+        };
+        pump.send(connect_end_of_stream(error)).await
+    })
 }
 
 /// `commands.run` and `pty.create`: the Connect server-streaming RPC, JSON codec.

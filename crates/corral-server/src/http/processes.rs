@@ -2,8 +2,6 @@
 //! interpreter, run by the sandbox's process agent, with pipes or a terminal.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -15,11 +13,10 @@ use base64::Engine as _;
 use corral_kernel::agent::{
     OutputStream, ProcessAgent, ProcessEvent, ProcessSpec, PtySize, Subscription,
 };
-use corral_sandbox::Reservation;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{blocking, stream_frames, ApiJson, AppState};
+use super::{blocking, pump, ApiJson, AppState};
 use crate::error::{ApiError, ErrorBody};
 use crate::service::{ServiceError, Tenant};
 
@@ -104,49 +101,42 @@ fn line(event: &OutputEvent) -> Bytes {
 
 /// Streams a subscription as NDJSON: `start`, then `stdout`/`stderr`/`pty` lines (`data` in
 /// base64), `lost` when the client read too slowly, `keepalive`, and `end` last. A client
-/// that goes away leaves the program running.
+/// that goes away leaves the program running. The stream holds no thread ([`pump`]).
 fn output_stream(sub: Subscription) -> Response {
-    let gone = Arc::new(AtomicBool::new(false));
-    let gone_flag = gone.clone();
-    stream_frames(
-        "application/x-ndjson",
-        move |send| {
-            send(line(&OutputEvent::Start { pid: sub.pid() }));
-            while !gone.load(Ordering::Relaxed) {
-                let event = match sub.next(KEEPALIVE) {
-                    None => OutputEvent::Keepalive,
-                    Some(ProcessEvent::Lost { bytes }) => OutputEvent::Lost { bytes },
-                    Some(ProcessEvent::Output { stream, data }) => {
-                        let data = base64::engine::general_purpose::STANDARD.encode(data);
-                        match stream {
-                            OutputStream::Stdout => OutputEvent::Stdout { data },
-                            OutputStream::Stderr => OutputEvent::Stderr { data },
-                            OutputStream::Pty => OutputEvent::Pty { data },
-                        }
+    pump::stream("application/x-ndjson", sub, |pump| async move {
+        pump.send(line(&OutputEvent::Start { pid: pump.pid() }))
+            .await?;
+        loop {
+            let event = match pump.next(KEEPALIVE).await? {
+                None => OutputEvent::Keepalive,
+                Some(ProcessEvent::Lost { bytes }) => OutputEvent::Lost { bytes },
+                Some(ProcessEvent::Output { stream, data }) => {
+                    let data = base64::engine::general_purpose::STANDARD.encode(data);
+                    match stream {
+                        OutputStream::Stdout => OutputEvent::Stdout { data },
+                        OutputStream::Stderr => OutputEvent::Stderr { data },
+                        OutputStream::Pty => OutputEvent::Pty { data },
                     }
-                    Some(ProcessEvent::End(exit)) => {
-                        let end = match exit {
-                            Some(exit) => OutputEvent::End {
-                                exit_code: exit.exit_code,
-                                signal: exit.signal,
-                                error: None,
-                            },
-                            None => OutputEvent::End {
-                                exit_code: None,
-                                signal: None,
-                                error: Some("the sandbox's process agent went away".into()),
-                            },
-                        };
-                        send(line(&end));
-                        break;
-                    }
-                };
-                send(line(&event));
-            }
-            Reservation::default()
-        },
-        move || gone_flag.store(true, Ordering::Relaxed),
-    )
+                }
+                Some(ProcessEvent::End(exit)) => {
+                    let end = match exit {
+                        Some(exit) => OutputEvent::End {
+                            exit_code: exit.exit_code,
+                            signal: exit.signal,
+                            error: None,
+                        },
+                        None => OutputEvent::End {
+                            exit_code: None,
+                            signal: None,
+                            error: Some("the sandbox's process agent went away".into()),
+                        },
+                    };
+                    return pump.send(line(&end)).await;
+                }
+            };
+            pump.send(line(&event)).await?;
+        }
+    })
 }
 
 /// Start a program in the sandbox, beside its interpreter (no shell: `cmd` is the program):
