@@ -1,8 +1,15 @@
 //! The nodes a router knows: where they are (a static list, or DNS), their names, health and
 //! load, read from each node's `/healthz` at every probe. Nothing here is shared between
 //! router replicas: each learns the same facts from the nodes themselves.
+//!
+//! The node source says where new sandboxes may go; a node's `/healthz` says whether its
+//! sandboxes live. A node that leaves the source (a pod that is not ready, or is terminating,
+//! leaves its headless Service's DNS) takes no new sandboxes, and its existing ones are still
+//! served at its last address for as long as it answers there with its name; once it does not,
+//! it is down (its sandboxes answer 410) and is no longer probed. A lookup that fails keeps
+//! the last answer: a DNS outage is not every node leaving.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
@@ -59,6 +66,9 @@ pub struct Member {
     pub addr: SocketAddr,
     /// Its last probe (or the last request sent to it) reached it.
     pub up: bool,
+    /// The node source gave its address at the last probe: only such nodes get new
+    /// sandboxes. A node up and not listed has left DNS and still serves its sandboxes.
+    pub listed: bool,
     /// A zygote of its pool is being replaced: new sandboxes go elsewhere while any other
     /// node is fully up.
     pub degraded: bool,
@@ -90,6 +100,8 @@ pub struct Nodes {
     config: Arc<RouterConfig>,
     client: Client,
     members: Mutex<BTreeMap<NodeName, Member>>,
+    /// Each entry of the node source's last successful lookup, kept when a lookup fails.
+    resolved: Mutex<BTreeMap<String, Vec<SocketAddr>>>,
     /// Addresses not used (a server without a node name, a loopback node of a public
     /// router), reported once each.
     reported: Mutex<HashSet<SocketAddr>>,
@@ -101,6 +113,7 @@ impl Nodes {
             client: client(&config),
             config,
             members: Mutex::new(BTreeMap::new()),
+            resolved: Mutex::new(BTreeMap::new()),
             reported: Mutex::new(HashSet::new()),
         })
     }
@@ -127,42 +140,91 @@ impl Nodes {
         }
     }
 
-    /// Resolves the nodes' addresses and reads every one's `/healthz`; a node not reached is
-    /// down until a later probe reaches it.
+    /// Resolves the nodes' addresses and reads the `/healthz` of every one, and of every node
+    /// up that is no longer listed; a node not reached is down until a later probe reaches it.
     pub async fn probe(&self) {
-        let mut addrs: Vec<SocketAddr> = Vec::new();
+        let mut listed = BTreeSet::new();
         for entry in self.config.nodes.entries() {
-            match tokio::net::lookup_host(entry.as_str()).await {
-                Ok(found) => addrs.extend(found),
-                Err(e) => eprintln!("corral route: resolving {entry}: {e}"),
-            }
+            let found = tokio::net::lookup_host(entry.as_str())
+                .await
+                .map(|found| found.collect());
+            listed.extend(self.remember(entry, found));
         }
-        addrs.sort();
-        addrs.dedup();
-        addrs.retain(|addr| {
+        listed.retain(|addr| {
             let allowed = self.config.allows(addr);
             if !allowed {
                 self.report_once(*addr, "is on loopback, and this router is not: not used");
             }
             allowed
         });
+        let addrs = self.targets(&listed);
         let seen =
             futures_util::future::join_all(addrs.iter().map(|&addr| self.health(addr))).await;
+        self.record(&listed, addrs.into_iter().zip(seen));
+    }
+
+    /// Where a probe reads `/healthz`: the listed addresses, and those of the nodes up that
+    /// are not listed (their sandboxes live while they answer).
+    fn targets(&self, listed: &BTreeSet<SocketAddr>) -> Vec<SocketAddr> {
+        let mut addrs = listed.clone();
+        addrs.extend(
+            self.members()
+                .values()
+                .filter(|m| m.up && !listed.contains(&m.addr))
+                .map(|m| m.addr),
+        );
+        addrs.into_iter().collect()
+    }
+
+    /// The addresses of `entry`: this lookup's, or when it failed the last successful one's.
+    fn remember(&self, entry: &str, found: std::io::Result<Vec<SocketAddr>>) -> Vec<SocketAddr> {
+        let mut resolved = self.resolved.lock().unwrap_or_else(|e| e.into_inner());
+        match found {
+            Ok(addrs) => {
+                resolved.insert(entry.to_string(), addrs.clone());
+                addrs
+            }
+            Err(e) => {
+                let last = resolved.get(entry).cloned().unwrap_or_default();
+                eprintln!(
+                    "corral route: resolving {entry}: {e}; using its last answer ({} addresses)",
+                    last.len()
+                );
+                last
+            }
+        }
+    }
+
+    /// What a probe saw: every node that answered at `addr` is up under the name it gave, and
+    /// listed if the source gave `addr`; every other node is down.
+    fn record(
+        &self,
+        listed: &BTreeSet<SocketAddr>,
+        seen: impl IntoIterator<Item = (SocketAddr, Option<Health>)>,
+    ) {
         let mut members = self.members();
         for member in members.values_mut() {
             member.up = false;
+            member.listed = false;
         }
-        for (addr, health) in addrs.into_iter().zip(seen) {
+        for (addr, health) in seen {
             let Some(health) = health else { continue };
             let Some(name) = health.node else {
                 self.report_once(addr, "has no node_name: not used (docs/scale-out.md)");
                 continue;
             };
+            let listed = listed.contains(&addr);
+            // Two addresses that answer with one name (a node that came back at a new
+            // address while its old one still answers): the listed one is the node.
+            if members.get(&name).is_some_and(|m| m.up && m.listed) && !listed {
+                continue;
+            }
             members.insert(
                 name,
                 Member {
                     addr,
                     up: true,
+                    listed,
                     degraded: health.status != "ok",
                     live: health.sessions_live.unwrap_or(0),
                     max: health.max_sessions.unwrap_or(1),
@@ -205,7 +267,7 @@ impl Nodes {
         serde_json::from_slice(&bytes).ok()
     }
 
-    /// The node that gets a new sandbox: the least loaded of the nodes up, those without a
+    /// The node that gets a new sandbox: the least loaded of the nodes up and listed, those without a
     /// zygote being replaced first; between nodes loaded alike, one at random, so that router
     /// replicas (which do not know of each other's placements until the next probe) do not all
     /// pick the same one.
@@ -214,12 +276,12 @@ impl Nodes {
         let rank = |m: &Member| (m.degraded, m.load());
         let best = members
             .values()
-            .filter(|m| m.up)
+            .filter(|m| m.up && m.listed)
             .map(rank)
             .min_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal))?;
         let tied: Vec<&NodeName> = members
             .iter()
-            .filter(|(_, m)| m.up && rank(m) == best)
+            .filter(|(_, m)| m.up && m.listed && rank(m) == best)
             .map(|(name, _)| name)
             .collect();
         let name = tied[rand::random_range(0..tied.len())].clone();
@@ -243,7 +305,7 @@ impl Nodes {
         }
     }
 
-    /// The nodes up, by name.
+    /// The nodes up (listed or not: their sandboxes live), by name.
     pub fn up(&self) -> Vec<(NodeName, SocketAddr)> {
         self.members()
             .iter()
@@ -279,6 +341,7 @@ mod tests {
                     Member {
                         addr: SocketAddr::from(([127, 0, 0, 1], 9000 + i as u16)),
                         up,
+                        listed: up,
                         degraded,
                         live,
                         max,
@@ -321,5 +384,110 @@ mod tests {
         assert_eq!(nodes.lookup(&"z".parse().unwrap()), Lookup::Unknown);
         nodes.mark_down(&"a".parse().unwrap());
         assert_eq!(nodes.lookup(&"a".parse().unwrap()), Lookup::Down);
+    }
+
+    fn addr(last: u8) -> SocketAddr {
+        SocketAddr::from(([10, 0, 0, last], 8420))
+    }
+
+    fn healthy(name: &str) -> Option<Health> {
+        Some(Health {
+            status: "ok".into(),
+            node: Some(name.parse().unwrap()),
+            sessions_live: Some(0),
+            max_sessions: Some(10),
+        })
+    }
+
+    fn placed(nodes: &Nodes, times: usize) -> BTreeSet<String> {
+        (0..times)
+            .map(|_| nodes.place().unwrap().0.to_string())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_node_that_leaves_the_source_keeps_its_sandboxes_and_gets_no_new_ones() {
+        let nodes = nodes_with(&[]);
+        let all: BTreeSet<SocketAddr> = [addr(1), addr(2), addr(3)].into();
+        nodes.record(
+            &all,
+            [
+                (addr(1), healthy("a")),
+                (addr(2), healthy("b")),
+                (addr(3), healthy("c")),
+            ],
+        );
+        assert_eq!(placed(&nodes, 30), ["a", "b", "c"].map(String::from).into());
+
+        // c leaves DNS and still answers at its address: it is probed there, serves its
+        // sandboxes, is in lists, and takes no new sandbox.
+        let two: BTreeSet<SocketAddr> = [addr(1), addr(2)].into();
+        assert_eq!(nodes.targets(&two), vec![addr(1), addr(2), addr(3)]);
+        nodes.record(
+            &two,
+            [
+                (addr(1), healthy("a")),
+                (addr(2), healthy("b")),
+                (addr(3), healthy("c")),
+            ],
+        );
+        let c: NodeName = "c".parse().unwrap();
+        assert_eq!(nodes.lookup(&c), Lookup::Up(addr(3)));
+        assert_eq!(nodes.up().len(), 3);
+        assert_eq!(placed(&nodes, 30), ["a", "b"].map(String::from).into());
+
+        // It stops answering: down (its sandboxes are gone), and no longer probed.
+        nodes.record(
+            &two,
+            [
+                (addr(1), healthy("a")),
+                (addr(2), healthy("b")),
+                (addr(3), None),
+            ],
+        );
+        assert_eq!(nodes.lookup(&c), Lookup::Down);
+        assert_eq!(nodes.targets(&two), vec![addr(1), addr(2)]);
+
+        // Listed again, it takes new sandboxes again.
+        nodes.record(
+            &all,
+            [
+                (addr(1), healthy("a")),
+                (addr(2), healthy("b")),
+                (addr(3), healthy("c")),
+            ],
+        );
+        assert_eq!(placed(&nodes, 30), ["a", "b", "c"].map(String::from).into());
+    }
+
+    #[tokio::test]
+    async fn a_name_answering_at_two_addresses_is_the_listed_one() {
+        let nodes = nodes_with(&[]);
+        let listed: BTreeSet<SocketAddr> = [addr(2)].into();
+        // Its old address (not listed) is probed first, its new one (listed) next, and the
+        // reverse: either way the node is at its listed address.
+        for seen in [
+            [(addr(1), healthy("a")), (addr(2), healthy("a"))],
+            [(addr(2), healthy("a")), (addr(1), healthy("a"))],
+        ] {
+            nodes.record(&listed, seen);
+            assert_eq!(nodes.lookup(&"a".parse().unwrap()), Lookup::Up(addr(2)));
+            assert_eq!(nodes.place().unwrap().1, addr(2));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_lookup_keeps_the_last_answer() {
+        let nodes = nodes_with(&[]);
+        let failed = || Err(std::io::Error::other("no answer"));
+        assert_eq!(nodes.remember("x:1", failed()), Vec::<SocketAddr>::new());
+        assert_eq!(
+            nodes.remember("x:1", Ok(vec![addr(1), addr(2)])),
+            vec![addr(1), addr(2)]
+        );
+        assert_eq!(nodes.remember("x:1", failed()), vec![addr(1), addr(2)]);
+        assert_eq!(nodes.remember("x:1", Ok(vec![addr(3)])), vec![addr(3)]);
+        assert_eq!(nodes.remember("x:1", failed()), vec![addr(3)]);
+        assert_eq!(nodes.remember("y:1", failed()), Vec::<SocketAddr>::new());
     }
 }

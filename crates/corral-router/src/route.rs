@@ -355,6 +355,7 @@ fn source_chain(e: &dyn std::error::Error) -> String {
 fn health(nodes: &Nodes) -> Response {
     let known = nodes.known();
     let up = known.iter().filter(|(_, m)| m.up).count();
+    let listed = known.iter().filter(|(_, m)| m.up && m.listed).count();
     let status = if up > 0 {
         StatusCode::OK
     } else {
@@ -363,6 +364,7 @@ fn health(nodes: &Nodes) -> Response {
     let body = serde_json::json!({
         "status": if up > 0 { "ok" } else { "no_nodes" },
         "nodes_up": up,
+        "nodes_listed": listed,
         "nodes_known": known.len(),
     });
     (status, axum::Json(body)).into_response()
