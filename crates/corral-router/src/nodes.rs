@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
@@ -74,15 +75,39 @@ pub struct Member {
     pub degraded: bool,
     pub live: u64,
     pub max: u64,
-    /// Sandboxes this router placed on it since its last probe, so that a burst of creations
-    /// is spread before the next probe tells the new load.
-    placed: u64,
+    /// Creations this router placed on it whose answer has not come back.
+    pending: u64,
+    /// When the answers of the creations placed on it came back, kept until a probe that
+    /// began after them (whose `sessions_live` counts them): a burst of creations is spread
+    /// before the node tells its new load, and a probe that read the load before a creation
+    /// was made does not forget it.
+    answered: Vec<Instant>,
 }
 
 impl Member {
-    /// Its load, as a fraction of its `max_sessions`, with what was placed since the probe.
+    /// Its load, as a fraction of its `max_sessions`, with what was placed and not yet
+    /// counted by it.
     fn load(&self) -> f64 {
-        (self.live + self.placed) as f64 / self.max.max(1) as f64
+        (self.live + self.pending + self.answered.len() as u64) as f64 / self.max.max(1) as f64
+    }
+}
+
+/// A creation placed on a node (`place`), counted in its load while it is on its way and,
+/// once dropped (its answer came back), until the node's next probe counts it.
+pub struct Placement<'a> {
+    nodes: &'a Nodes,
+    name: NodeName,
+}
+
+impl Placement<'_> {
+    pub fn node(&self) -> &NodeName {
+        &self.name
+    }
+}
+
+impl Drop for Placement<'_> {
+    fn drop(&mut self) {
+        self.nodes.answered(&self.name);
     }
 }
 
@@ -158,9 +183,10 @@ impl Nodes {
             allowed
         });
         let addrs = self.targets(&listed);
+        let began = Instant::now();
         let seen =
             futures_util::future::join_all(addrs.iter().map(|&addr| self.health(addr))).await;
-        self.record(&listed, addrs.into_iter().zip(seen));
+        self.record(&listed, began, addrs.into_iter().zip(seen));
     }
 
     /// Where a probe reads `/healthz`: the listed addresses, and those of the nodes up that
@@ -195,11 +221,12 @@ impl Nodes {
         }
     }
 
-    /// What a probe saw: every node that answered at `addr` is up under the name it gave, and
-    /// listed if the source gave `addr`; every other node is down.
+    /// What a probe that `began` saw: every node that answered at `addr` is up under the
+    /// name it gave, and listed if the source gave `addr`; every other node is down.
     fn record(
         &self,
         listed: &BTreeSet<SocketAddr>,
+        began: Instant,
         seen: impl IntoIterator<Item = (SocketAddr, Option<Health>)>,
     ) {
         let mut members = self.members();
@@ -216,9 +243,13 @@ impl Nodes {
             let listed = listed.contains(&addr);
             // Two addresses that answer with one name (a node that came back at a new
             // address while its old one still answers): the listed one is the node.
-            if members.get(&name).is_some_and(|m| m.up && m.listed) && !listed {
+            let before = members.get(&name);
+            if before.is_some_and(|m| m.up && m.listed) && !listed {
                 continue;
             }
+            let pending = before.map_or(0, |m| m.pending);
+            let mut answered = before.map(|m| m.answered.clone()).unwrap_or_default();
+            answered.retain(|at| *at >= began);
             members.insert(
                 name,
                 Member {
@@ -228,7 +259,8 @@ impl Nodes {
                     degraded: health.status != "ok",
                     live: health.sessions_live.unwrap_or(0),
                     max: health.max_sessions.unwrap_or(1),
-                    placed: 0,
+                    pending,
+                    answered,
                 },
             );
         }
@@ -271,7 +303,7 @@ impl Nodes {
     /// zygote being replaced first; between nodes loaded alike, one at random, so that router
     /// replicas (which do not know of each other's placements until the next probe) do not all
     /// pick the same one.
-    pub fn place(&self) -> Option<(NodeName, SocketAddr)> {
+    pub fn place(&self) -> Option<(Placement<'_>, SocketAddr)> {
         let mut members = self.members();
         let rank = |m: &Member| (m.degraded, m.load());
         let best = members
@@ -286,8 +318,17 @@ impl Nodes {
             .collect();
         let name = tied[rand::random_range(0..tied.len())].clone();
         let member = members.get_mut(&name)?;
-        member.placed += 1;
-        Some((name, member.addr))
+        member.pending += 1;
+        let addr = member.addr;
+        Some((Placement { nodes: self, name }, addr))
+    }
+
+    /// The answer of a creation placed on `name` came back.
+    fn answered(&self, name: &NodeName) {
+        if let Some(m) = self.members().get_mut(name) {
+            m.pending = m.pending.saturating_sub(1);
+            m.answered.push(Instant::now());
+        }
     }
 
     pub fn lookup(&self, name: &NodeName) -> Lookup {
@@ -345,7 +386,8 @@ mod tests {
                         degraded,
                         live,
                         max,
-                        placed: 0,
+                        pending: 0,
+                        answered: Vec::new(),
                     },
                 );
             }
@@ -364,7 +406,7 @@ mod tests {
         // c is down and d's zygote is being replaced: b, the least loaded, until it has as
         // many as a; then one each.
         let picks: Vec<String> = (0..6)
-            .map(|_| nodes.place().unwrap().0.to_string())
+            .map(|_| nodes.place().unwrap().0.node().to_string())
             .collect();
         assert_eq!(picks[..4], ["b", "b", "b", "b"]);
         let mut last_two = picks[4..].to_vec();
@@ -372,7 +414,7 @@ mod tests {
         assert_eq!(last_two, ["a", "b"]);
         // With nothing else up, a degraded node still takes sandboxes.
         let only_degraded = nodes_with(&[("a", false, false, 0, 10), ("d", true, true, 9, 10)]);
-        assert_eq!(only_degraded.place().unwrap().0.as_str(), "d");
+        assert_eq!(only_degraded.place().unwrap().0.node().as_str(), "d");
         assert!(nodes_with(&[("a", false, false, 0, 10)]).place().is_none());
     }
 
@@ -401,7 +443,7 @@ mod tests {
 
     fn placed(nodes: &Nodes, times: usize) -> BTreeSet<String> {
         (0..times)
-            .map(|_| nodes.place().unwrap().0.to_string())
+            .map(|_| nodes.place().unwrap().0.node().to_string())
             .collect()
     }
 
@@ -411,6 +453,7 @@ mod tests {
         let all: BTreeSet<SocketAddr> = [addr(1), addr(2), addr(3)].into();
         nodes.record(
             &all,
+            Instant::now(),
             [
                 (addr(1), healthy("a")),
                 (addr(2), healthy("b")),
@@ -425,6 +468,7 @@ mod tests {
         assert_eq!(nodes.targets(&two), vec![addr(1), addr(2), addr(3)]);
         nodes.record(
             &two,
+            Instant::now(),
             [
                 (addr(1), healthy("a")),
                 (addr(2), healthy("b")),
@@ -439,6 +483,7 @@ mod tests {
         // It stops answering: down (its sandboxes are gone), and no longer probed.
         nodes.record(
             &two,
+            Instant::now(),
             [
                 (addr(1), healthy("a")),
                 (addr(2), healthy("b")),
@@ -451,6 +496,7 @@ mod tests {
         // Listed again, it takes new sandboxes again.
         nodes.record(
             &all,
+            Instant::now(),
             [
                 (addr(1), healthy("a")),
                 (addr(2), healthy("b")),
@@ -470,7 +516,7 @@ mod tests {
             [(addr(1), healthy("a")), (addr(2), healthy("a"))],
             [(addr(2), healthy("a")), (addr(1), healthy("a"))],
         ] {
-            nodes.record(&listed, seen);
+            nodes.record(&listed, Instant::now(), seen);
             assert_eq!(nodes.lookup(&"a".parse().unwrap()), Lookup::Up(addr(2)));
             assert_eq!(nodes.place().unwrap().1, addr(2));
         }
@@ -489,5 +535,46 @@ mod tests {
         assert_eq!(nodes.remember("x:1", Ok(vec![addr(3)])), vec![addr(3)]);
         assert_eq!(nodes.remember("x:1", failed()), vec![addr(3)]);
         assert_eq!(nodes.remember("y:1", failed()), Vec::<SocketAddr>::new());
+    }
+
+    #[tokio::test]
+    async fn a_creation_counts_until_a_probe_that_began_after_its_answer() {
+        let nodes = nodes_with(&[]);
+        let all: BTreeSet<SocketAddr> = [addr(1), addr(2)].into();
+        let probe = |began| {
+            nodes.record(
+                &all,
+                began,
+                [(addr(1), healthy("a")), (addr(2), healthy("b"))],
+            )
+        };
+        let counted = |name: &str| {
+            let member = nodes
+                .members()
+                .get(&name.parse().unwrap())
+                .cloned()
+                .unwrap();
+            member.pending + member.answered.len() as u64
+        };
+        probe(Instant::now());
+        // A creation on its way: a probe that read the node's load before the node made the
+        // sandbox (sessions_live still 0) does not forget it, and the next creation goes to
+        // the other node.
+        let (first, _) = nodes.place().unwrap();
+        let on = first.node().to_string();
+        probe(Instant::now());
+        assert_eq!(counted(&on), 1);
+        let (second, _) = nodes.place().unwrap();
+        assert_ne!(second.node().as_str(), on);
+        // Both answered after a probe began (which read the loads before): still counted.
+        let began = Instant::now();
+        drop(first);
+        drop(second);
+        probe(began);
+        assert_eq!((counted("a"), counted("b")), (1, 1));
+        // A probe that began after the answers reads them in sessions_live: no longer counted
+        // here.
+        probe(Instant::now());
+        assert_eq!((counted("a"), counted("b")), (0, 0));
     }
 }

@@ -284,13 +284,13 @@ async fn place(nodes: &Nodes, face: Face, request: Request) -> Response {
         }
     };
     for _ in 0..PLACE_ATTEMPTS {
-        let Some((name, addr)) = nodes.place() else {
+        let Some((placed, addr)) = nodes.place() else {
             break;
         };
         let request = Request::from_parts(parts.clone(), Body::from(bytes.clone()));
         match forward(nodes.client(), nodes.config(), addr, request).await {
             Ok(answer) => return answer,
-            Err(ForwardError::Unreachable { .. }) => nodes.mark_down(&name),
+            Err(ForwardError::Unreachable { .. }) => nodes.mark_down(placed.node()),
             Err(e) => {
                 return error(
                     face,
