@@ -22,12 +22,12 @@ import json
 import os
 import re
 import resource
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -149,7 +149,10 @@ def node_image():
         pytest.fail("the node image needs root (umoci unpack keeps the image's owners)", pytrace=False)
     if shutil.which("umoci") is None:
         pytest.fail("umoci is missing: scripts/setup installs it", pytrace=False)
-    work = Path(tempfile.mkdtemp(prefix="corral-node-image-", dir="/var/tmp"))
+    # podman names an image pulled from a layout after its path, which must then be a valid
+    # reference (mkdtemp's names may hold `_` where a reference may not).
+    work = Path("/var/tmp") / f"corral-node-image-{os.getpid()}-{secrets.token_hex(4)}"
+    work.mkdir(mode=0o755)
     image = None
     try:
         work.chmod(0o755)
