@@ -1,3 +1,3 @@
-"""Fixtures of the scale suite: the cluster (corral_cluster.py)."""
+"""Fixtures of the scale suite: the cluster and the node image (corral_cluster.py)."""
 
-from corral_cluster import cluster  # noqa: F401 - a fixture, found by name
+from corral_cluster import cluster, node_image  # noqa: F401 - fixtures, found by name

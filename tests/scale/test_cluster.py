@@ -2,9 +2,10 @@
 unmodified E2B SDK and `corral mcp --server` work through either router; creations spread over
 the nodes; lists page across nodes; a second tenant reaches nothing of the first; an operator
 sees every node's sandboxes, audit lines, keys and gauges through either router; and killing
-a node mid-run loses its sandboxes (410 / E2B's "not found", at once) and nothing else (the
-operator's list names the node unreachable), and the node is used again once it is back.
-Runs last in its module: the kill test changes the cluster.
+a node mid-run (SIGKILL; `podman kill` of a node's container) loses its sandboxes (410 / E2B's
+"not found", at once) and nothing else (the operator's list names the node unreachable), and the
+node is used again once it is back. The kill test runs last in its module and starts the node
+again: the cluster is the session's.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import threading
 import time
 from collections import Counter
@@ -23,7 +23,7 @@ import anyio
 import httpx
 import pytest
 
-from corral_cluster import Cluster, corral_bin, descendants, node_of
+from corral_cluster import Cluster, corral_bin, descendants, node_of, podman
 
 from corral import NotFoundError, Sandbox
 
@@ -431,10 +431,9 @@ def test_killing_a_node_loses_only_its_sandboxes(cluster: Cluster) -> None:
         w.start()
     try:
         time.sleep(1.5)
-        below = descendants(victim.proc.pid)
+        below = descendants(victim.main_pid())
         assert below, "the node runs its sandboxes as its children"
-        victim.proc.send_signal(signal.SIGKILL)
-        victim.proc.wait()
+        victim.kill()
         killed_at = time.monotonic()
         # Its sandboxes are gone, and say so at once through both routers.
         for router in cluster.routers:
@@ -477,6 +476,14 @@ def test_killing_a_node_loses_only_its_sandboxes(cluster: Cluster) -> None:
         time.sleep(0.2)
     left = [pid for pid in below if Path(f"/proc/{pid}").exists()]
     assert not left, f"processes of the killed node still run: {left}"
+    if victim.containers is not None:
+        # Its container is removed (`--rm`), with its cgroup and the sandboxes' below it.
+        while time.monotonic() < deadline and podman("container", "exists", victim.container).returncode == 0:
+            time.sleep(0.2)
+        assert podman("container", "exists", victim.container).returncode == 1, "the killed container is left"
+        for parent in Path("/sys/fs/cgroup").glob(f"*/{victim.containers.prefix}"):
+            containers = [p.name for p in parent.glob("libpod-*")]
+            assert len(containers) == len(cluster.nodes) - 1, f"{parent}: {containers}"
     # Back again (a fresh process: no sandboxes), it takes new sandboxes; the old ids are not
     # found, as on any node that does not hold them.
     victim.start()

@@ -1,8 +1,9 @@
 """The node image (scripts/node-image, docs/scale-out.md): built twice from the same inputs it
 has the same tag and digest; its configuration starts `corral serve` with the store it
-carries; and unpacked, what it carries runs a sandbox in its `default` image (without a
-container runtime: the unpacked files are run directly, the binary from the image with the
-store from the image). Needs root (umoci unpacks as root) and umoci (scripts/setup)."""
+carries; and unpacked, what it carries runs a sandbox in its `default` image (the unpacked
+files run directly, the binary from the image with the store from the image; under podman, the
+scale suite's nodes are containers of this image: corral_cluster.py). Needs root (umoci
+unpacks as root) and umoci (scripts/setup)."""
 
 from __future__ import annotations
 
@@ -11,52 +12,20 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
-from pathlib import Path
-from typing import Dict
 
-import pytest
-
-from corral_cluster import REPO, corral_bin
-
-BUILD_TIMEOUT_S = 900
+from corral_cluster import BUILD_TIMEOUT_S, NodeImage, build_node_image
 
 
-def build(binary: Path, out: Path) -> Dict[str, str]:
-    done = subprocess.run([str(REPO / "scripts" / "node-image"), "--binary", str(binary), "--out", str(out)],
-                          capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-    assert done.returncode == 0, done.stderr[-4000:]
-    fields = dict(re.findall(r"^(layout|tag|digest|size)\s+(.*)$", done.stdout, re.M))
-    assert set(fields) == {"layout", "tag", "digest", "size"}, done.stdout
-    return fields
-
-
-def test_the_node_image_is_reproducible_and_runs_sandboxes() -> None:
-    if os.geteuid() != 0:
-        pytest.fail("the node image test needs root (umoci unpack keeps the image's owners)", pytrace=False)
-    if shutil.which("umoci") is None:
-        pytest.fail("umoci is missing: scripts/setup installs it", pytrace=False)
-    # Outside pytest's private temporary directory: the sandbox's unprivileged user must be
-    # able to enter the image's store, as it can in /var/lib/corral of a node.
-    work = Path(tempfile.mkdtemp(prefix="corral-node-image-", dir="/var/tmp"))
-    try:
-        work.chmod(0o755)
-        check_image(work)
-    finally:
-        shutil.rmtree(work)
-
-
-def check_image(work: Path) -> None:
-    # Both builds from one copy of the binary: a build elsewhere may replace the original.
-    binary = work / "corral"
-    shutil.copy2(corral_bin(), binary)
-    first = build(binary, work / "a")
-    second = build(binary, work / "b")
+def test_the_node_image_is_reproducible_and_runs_sandboxes(node_image: NodeImage) -> None:
+    # The session's build, and a second one from the same binary.
+    first = node_image.fields
+    second = build_node_image(node_image.binary, node_image.work / "b")
     assert first["tag"] == second["tag"]
     assert first["digest"] == second["digest"], "the same inputs gave two digests"
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", first["digest"])
-    shutil.rmtree(work / "b")
+    shutil.rmtree(node_image.work / "b")
 
+    work = node_image.work
     tag = first["tag"].split(":", 1)[1]
     bundle = work / "bundle"
     subprocess.run(["umoci", "unpack", "--image", f"{first['layout']}:{tag}", str(bundle)],
@@ -70,8 +39,9 @@ def check_image(work: Path) -> None:
     # run as an unprivileged user, and sandboxes enter the store as one.
     for d in (rootfs, rootfs / "usr" / "local" / "bin", rootfs / "var" / "lib" / "corral" / "images"):
         assert d.stat().st_mode & 0o005 == 0o005, f"{d} is not open to others"
-    # Nothing but the binary, the store and two empty directories: no base image.
-    assert sorted(os.listdir(rootfs)) == ["data", "tmp", "usr", "var"]
+    # Nothing but the binary, the store, its os-release and two empty directories: no base image.
+    assert sorted(os.listdir(rootfs)) == ["data", "etc", "tmp", "usr", "var"]
+    assert os.listdir(rootfs / "etc") == ["os-release"]
     assert os.listdir(rootfs / "var" / "lib" / "corral" / "images") != []
     ran = subprocess.run(
         [str(rootfs / "usr" / "local" / "bin" / "corral"), "run", "--image", "default",

@@ -290,18 +290,13 @@ async fn place(nodes: &Nodes, face: Face, request: Request) -> Response {
         }
     };
     for _ in 0..PLACE_ATTEMPTS {
-        let Some((name, addr)) = nodes.place() else {
+        let Some((placed, addr)) = nodes.place() else {
             break;
         };
         let request = Request::from_parts(parts.clone(), Body::from(bytes.clone()));
-        let forwarded = forward(nodes.client(), nodes.config(), addr, request).await;
-        nodes.placed(
-            &name,
-            !matches!(forwarded, Err(ForwardError::Unreachable { .. })),
-        );
-        match forwarded {
+        match forward(nodes.client(), nodes.config(), addr, request).await {
             Ok(answer) => return answer,
-            Err(ForwardError::Unreachable { .. }) => nodes.mark_down(&name),
+            Err(ForwardError::Unreachable { .. }) => nodes.mark_down(placed.node()),
             Err(e) => {
                 return error(
                     face,
@@ -367,6 +362,7 @@ fn source_chain(e: &dyn std::error::Error) -> String {
 fn health(nodes: &Nodes) -> Response {
     let known = nodes.known();
     let up = known.iter().filter(|(_, m)| m.up).count();
+    let listed = known.iter().filter(|(_, m)| m.up && m.listed).count();
     let status = if up > 0 {
         StatusCode::OK
     } else {
@@ -375,6 +371,7 @@ fn health(nodes: &Nodes) -> Response {
     let body = serde_json::json!({
         "status": if up > 0 { "ok" } else { "no_nodes" },
         "nodes_up": up,
+        "nodes_listed": listed,
         "nodes_known": known.len(),
         "nodes": crate::gather::report(nodes, &[]),
     });

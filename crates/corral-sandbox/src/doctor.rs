@@ -7,7 +7,7 @@ use nix::unistd::ForkResult;
 use crate::cgroup::Cgroup;
 use crate::ids::HostIds;
 use crate::seccomp::{self, Role};
-use crate::spec::{Limits, SandboxSpec};
+use crate::spec::{Limits, Rootfs, SandboxSpec};
 use crate::{landlock_rules, sandbox, Status};
 
 /// One protection layer and whether it can be applied here.
@@ -79,8 +79,9 @@ fn check(layer: &str, active: bool, detail: impl Into<String>) -> Check {
     }
 }
 
-/// Probes every layer of docs/baseline.md, then builds and runs a real sandbox.
-pub fn run_checks() -> Vec<Check> {
+/// Probes every layer of docs/baseline.md, then builds and runs a real sandbox: `/bin/true` in
+/// `rootfs` (a node's container has no `/bin/true` of its own; its images do).
+pub fn run_checks(rootfs: Rootfs) -> Vec<Check> {
     let mut checks = Vec::new();
     let euid = nix::unistd::geteuid();
     let host_ids = crate::ids::host_ids();
@@ -258,7 +259,8 @@ pub fn run_checks() -> Vec<Check> {
 
     checks.push(egress_check());
 
-    let spec = SandboxSpec::new(vec!["/bin/true".to_string()]);
+    let mut spec = SandboxSpec::new(vec!["/bin/true".to_string()]);
+    spec.rootfs = rootfs;
     let (result, _) = sandbox::run(&spec, &mut |_, _| {}, None);
     let full = result.status == Status::Success && result.warnings.is_empty();
     checks.push(check(

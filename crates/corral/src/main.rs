@@ -109,8 +109,23 @@ const POD_LAYERS: &[&str] = &[
     "isolation",
 ];
 
+/// Where doctor's sandbox runs `/bin/true`: the host's, or in a node's container (which holds
+/// nothing but the binary and the store) the `default` image's.
+fn doctor_rootfs() -> corral_sandbox::Rootfs {
+    if std::path::Path::new("/bin/true").exists() {
+        return corral_sandbox::Rootfs::Host;
+    }
+    match corral_image::Store::open(None).resolve("default") {
+        Ok(image) => image.rootfs,
+        Err(e) => {
+            eprintln!("doctor: no /bin/true on this host, and no `default` image: {e}");
+            corral_sandbox::Rootfs::Host
+        }
+    }
+}
+
 fn doctor(args: &DoctorArgs) -> i32 {
-    let checks = corral_sandbox::doctor::run_checks();
+    let checks = corral_sandbox::doctor::run_checks(doctor_rootfs());
     let width = checks.iter().map(|c| c.layer.len()).max().unwrap_or(0);
     for c in &checks {
         let state = if c.active { "active " } else { "MISSING" };
