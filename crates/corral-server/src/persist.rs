@@ -231,6 +231,15 @@ impl Saved {
             .collect()
     }
 
+    /// How many sandboxes are saved, and how many of them are `tenant`'s: they count against
+    /// the server's and the key's sandbox limits as live ones do, so that restarts cannot
+    /// pile up saved workspaces on the host's disk beyond what the limits allow.
+    pub fn count(&self, tenant: &Tenant) -> (usize, usize) {
+        let sandboxes = self.sandboxes.lock().expect("lock");
+        let mine = sandboxes.values().filter(|s| &s.tenant == tenant).count();
+        (sandboxes.len(), mine)
+    }
+
     /// Takes `tenant`'s saved sandbox `id` out (to resume it): no other request sees it
     /// until it is [`Saved::put_back`] or [`Saved::finish`]ed.
     pub fn take(&self, db: &Db, tenant: &Tenant, id: &str) -> Option<SavedSandbox> {

@@ -1122,9 +1122,12 @@ impl Service {
     fn reserve_slot(&self, tenant: &Tenant) -> Result<(), ServiceError> {
         let sessions = self.sessions.lock().expect("lock");
         let mut reserved = self.reserved.lock().expect("lock");
-        let total = sessions.len() + reserved.values().sum::<usize>();
+        // Paused sandboxes saved across a restart count as live ones (crate::persist).
+        let (saved, saved_mine) = self.saved.count(tenant);
+        let total = sessions.len() + reserved.values().sum::<usize>() + saved;
         let mine = sessions.values().filter(|o| &o.tenant == tenant).count()
-            + reserved.get(&tenant.0).copied().unwrap_or(0);
+            + reserved.get(&tenant.0).copied().unwrap_or(0)
+            + saved_mine;
         if total >= self.config.max_sessions {
             return Err(ServiceError::TooManySandboxes {
                 message: format!(

@@ -3628,6 +3628,7 @@ fn the_cpu_weight_is_set_on_the_corral_parent_or_the_server_refuses_to_start() {
 /// SIGTERM and a new server on the same database, it is listed as paused under its id, to its
 /// owner only; a resume gives a fresh kernel (`memory: not kept`) on its files with its
 /// settings; what was saved is gone once resumed, and a deleted saved sandbox leaves nothing.
+/// Saved sandboxes count against the key's sandbox limit.
 #[test]
 fn a_paused_sandbox_survives_a_restart_with_its_files() {
     let dir = tempfile::tempdir().unwrap();
@@ -3670,7 +3671,7 @@ fn a_paused_sandbox_survives_a_restart_with_its_files() {
 
     let dir = std::mem::replace(&mut s._dir, tempfile::tempdir().unwrap());
     drop(s);
-    let s = Server::start_in(dir, "");
+    let s = Server::start_in(dir, "max_sessions_per_key = 2");
     // Listed as paused, to its owner only.
     let (status, info) = s.call("GET", &format!("/v1/sandboxes/{kept}"), Some(&key_a), None);
     assert_eq!(status, 200, "{info}");
@@ -3698,6 +3699,15 @@ fn a_paused_sandbox_survives_a_restart_with_its_files() {
     }
     let (_, list_b) = s.call("GET", "/v1/sandboxes", Some(&key_b), None);
     assert_eq!(list_b["sandboxes"], json!([]), "{list_b}");
+    // Saved sandboxes count against the key's limit as live ones do, so that restarts cannot
+    // pile them up on the host's disk.
+    let (status, answer) = s.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(&key_a),
+        Some(r#"{"image":"host"}"#),
+    );
+    assert_eq!(status, 429, "{answer}");
     // Paused until resumed: no execution.
     let (status, answer) = s.execute(&kept, Some(&key_a), "1");
     assert_eq!(status, 409, "{answer}");
@@ -3751,6 +3761,14 @@ fn a_paused_sandbox_survives_a_restart_with_its_files() {
         None,
     );
     assert_eq!(status, 404);
+    // Its place under the key's limit is free again.
+    let (status, answer) = s.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(&key_a),
+        Some(r#"{"image":"host"}"#),
+    );
+    assert_eq!(status, 201, "{answer}");
 }
 
 /// A saved sandbox paused longer than `max_paused_s` is deleted at the next start, files and
