@@ -2952,8 +2952,16 @@ fn pause_freezes_a_session_and_resume_gives_it_back() {
             })
             .collect()
     };
-    let marked = named();
-    assert_eq!(marked.len(), 2, "the sessions' named processes: {marked:?}");
+    // The bash job copies its program first: on a busy machine it may not have started yet.
+    let mut marked = Vec::new();
+    wait_until(
+        "both sessions' named processes run",
+        Duration::from_secs(30),
+        || {
+            marked = named();
+            marked.len() == 2
+        },
+    );
     for id in [&id, &bash] {
         let (status, info) = s.call("POST", &path(id, "/pause"), None, None);
         assert_eq!(status, 200, "{info}");
