@@ -40,6 +40,7 @@ def bearer(key: str) -> Dict[str, str]:
 
 
 def test_creations_spread_and_any_router_reaches_any_sandbox(cluster: Cluster) -> None:
+    wait_until_idle(cluster)
     made = [Sandbox(url=cluster.routers[i % 2], api_key=cluster.key) for i in range(6)]
     try:
         # Least-loaded placement: six new sandboxes on three idle nodes reach all three; two
@@ -78,6 +79,9 @@ def test_creations_spread_and_any_router_reaches_any_sandbox(cluster: Cluster) -
 
 def test_lists_page_across_nodes_through_either_router(cluster: Cluster) -> None:
     tag = secrets.token_hex(4)
+    # Five creations through one router on idle nodes reach all three (a node still counting
+    # an earlier test's sandboxes would be passed over).
+    wait_until_idle(cluster)
     made = [Sandbox(url=cluster.routers[0], api_key=cluster.key, metadata={"suite": tag}) for _ in range(5)]
     try:
         expected = {sb.sandbox_id for sb in made}
