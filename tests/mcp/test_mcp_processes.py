@@ -119,8 +119,13 @@ async def exercise(client: Client) -> None:
     assert out == "hello\nworld\ndone\n" and end["exit_code"] == 0, (out, end)
 
     # Bounds: more output than is kept; reads capped by max_bytes and READ_MAX.
+    # In ten pieces a tenth of a second apart, so that the server's reader, even on a busy
+    # machine, takes all of it from the sandbox (what it could not take would be lost there,
+    # perhaps the end, and counted as lost).
     size = 300_000
-    big = await call(client, "start_process", {"command": f"head -c {size} /dev/zero | tr '\\0' x; echo; echo END"})
+    piece = f"head -c {size // 10} /dev/zero | tr '\\0' x"
+    big = await call(client, "start_process",
+                     {"command": f"for i in 1 2 3 4 5 6 7 8 9 10; do {piece}; sleep 0.1; done; echo; echo END"})
     bpid = big.structured_content["pid"]
     for _ in range(60):
         r = await call(client, "read_process_output", {"pid": bpid, "cursor": 10**12, "wait_s": 1})
