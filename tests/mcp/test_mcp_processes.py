@@ -156,8 +156,13 @@ async def exercise(client: Client) -> None:
     assert s["running"] and s["skipped_bytes"] > 4 * LOG_KEEP, s
     assert s["next_cursor"] - s["cursor"] <= READ_MAX and s["more_bytes"] <= LOG_KEEP, s
     assert "are gone" in r.content[0].text, texts(r)
-    words = r.content[1].text.split()  # the first and last may be cut mid-word
-    assert len(words) > 1000 and set(words[1:-1]) == {"flood"}, words[:5]
+    # The first and last words may be cut; where the sandbox dropped output its reader had not
+    # taken in time (a flood outruns it), two pieces of words meet ("flflood"): rare, and
+    # nothing but the program's bytes.
+    words = r.content[1].text.split()
+    inner = words[1:-1]
+    assert len(words) > 1000 and set("".join(words)) <= set("flood"), words[:5]
+    assert inner.count("flood") >= 0.99 * len(inner), [w for w in inner if w != "flood"][:5]
     stopped = await call(client, "kill_process", {"pid": fpid})
     assert "killed by signal 9" in texts(stopped), texts(stopped)
 
