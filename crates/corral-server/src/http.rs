@@ -12,6 +12,7 @@ mod processes;
 pub(crate) mod pump;
 
 pub use linger::close_if_body_unread;
+pub use processes::OutputEvent;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use corral_kernel::agent::{OutputStream, ProcessEvent, ProcessExit, ProcessSpec, Subscription};
+use corral_server::http::OutputEvent;
 use corral_server::service::ServiceError;
 use serde::{Deserialize, Serialize};
 
@@ -209,33 +210,6 @@ impl ProcessBackend for InProcess {
     }
 }
 
-/// A line of the native API's output stream (docs/api.md#processes).
-#[derive(Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum StreamLine {
-    Start {
-        pid: i32,
-    },
-    Stdout {
-        data: String,
-    },
-    Stderr {
-        data: String,
-    },
-    Pty {
-        data: String,
-    },
-    Lost {
-        bytes: u64,
-    },
-    Keepalive,
-    End {
-        exit_code: Option<i32>,
-        signal: Option<i32>,
-        error: Option<String>,
-    },
-}
-
 /// The NDJSON output stream of a program of a running `corral serve`.
 struct RemoteStream {
     reader: BufReader<Box<dyn Read + Send + Sync>>,
@@ -244,7 +218,7 @@ struct RemoteStream {
 
 impl RemoteStream {
     /// The next line, at most [`MAX_LINE`] long (`None`: the stream ended or broke).
-    fn line(&mut self) -> Option<StreamLine> {
+    fn line(&mut self) -> Option<OutputEvent> {
         let mut buf = Vec::new();
         let read = (&mut self.reader)
             .take(MAX_LINE)
@@ -273,18 +247,18 @@ impl OutputSource for RemoteStream {
                 Err(_) => None,
             };
         let event = match self.line() {
-            None | Some(StreamLine::Start { .. }) => None,
-            Some(StreamLine::Keepalive) => return None,
-            Some(StreamLine::Lost { bytes }) => Some(ProcessEvent::Lost { bytes }),
-            Some(StreamLine::Stdout { data }) => output(OutputStream::Stdout, data),
-            Some(StreamLine::Stderr { data }) => output(OutputStream::Stderr, data),
-            Some(StreamLine::Pty { data }) => output(OutputStream::Pty, data),
-            Some(StreamLine::End {
+            None | Some(OutputEvent::Start { .. }) => None,
+            Some(OutputEvent::Keepalive) => return None,
+            Some(OutputEvent::Lost { bytes }) => Some(ProcessEvent::Lost { bytes }),
+            Some(OutputEvent::Stdout { data }) => output(OutputStream::Stdout, data),
+            Some(OutputEvent::Stderr { data }) => output(OutputStream::Stderr, data),
+            Some(OutputEvent::Pty { data }) => output(OutputStream::Pty, data),
+            Some(OutputEvent::End {
                 exit_code,
                 signal,
                 error: None,
             }) => return Some(self.end(Some(ProcessExit { exit_code, signal }))),
-            Some(StreamLine::End { .. }) => None,
+            Some(OutputEvent::End { .. }) => None,
         };
         // A broken stream (or a line that is not the API's) ends it: the program is unknown.
         Some(match event {
@@ -329,7 +303,7 @@ impl Remote {
             ended: None,
         };
         match stream.line() {
-            Some(StreamLine::Start { pid }) => Ok((pid, stream)),
+            Some(OutputEvent::Start { pid }) => Ok((pid, stream)),
             _ => Err(BackendError::Other(
                 "the Corral server's process stream did not start".into(),
             )),

@@ -59,8 +59,8 @@ impl From<TerminalSize> for PtySize {
     }
 }
 
-/// A line of a program's output stream.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+/// A line of a program's output stream (read back by `corral mcp --server`).
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum OutputEvent {
     /// First: the program runs, with this pid inside the sandbox.
