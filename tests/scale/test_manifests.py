@@ -99,6 +99,12 @@ def test_the_resources_agree_with_each_other_and_with_corral() -> None:
     keys = args_of(inits["keys"])
     assert keys[:2] == ["key", "add"] and "--secret-file" in keys
     assert set(r["Secret/corral-keys"]["stringData"]) == {"id", "name", "secret"}
+    # The operator key comes from a Secret of its own, added as an operator key.
+    operator = args_of(inits["operator-key"])
+    assert operator[:3] == ["key", "add", "--operator"] and "--secret-file" in operator
+    assert set(r["Secret/corral-operator-key"]["stringData"]) == {"id", "name", "secret"}
+    mounted = {v["name"]: v for v in pod["volumes"]}
+    assert mounted["operator-key"]["secret"]["secretName"] == "corral-operator-key"
     # The budget, the autoscaler and the Services select what exists.
     assert r["PodDisruptionBudget/corral-node"]["spec"]["selector"] == statefulset["spec"]["selector"]
     assert r["PodDisruptionBudget/corral-router"]["spec"]["selector"] == router["spec"]["selector"]
