@@ -29,7 +29,9 @@ use crate::host::HostSecret;
 
 mod agent_own;
 mod control;
+mod healing;
 mod listings;
+mod lockdown;
 mod port_floods;
 mod ports;
 mod streams;

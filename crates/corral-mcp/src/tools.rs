@@ -36,8 +36,9 @@ fn server_network() -> NetworkRequest {
 macro_rules! sandbox {
     () => {
         "The sandbox is an isolated Linux container with python3 (numpy, pandas, \
-matplotlib, scipy, seaborn, openpyxl), Node.js and bash. It has NO network access: nothing can \
-be downloaded or installed, so use what is there. The working directory is /workspace (256 MiB); \
+matplotlib, scipy, seaborn, openpyxl), Node.js and bash. It has NO network access unless the \
+server's operator allows some hosts (then only those, through the HTTP(S)_PROXY it sets): \
+expect nothing to download or install, and use what is there. The working directory is /workspace (256 MiB); \
 each execution may take up to 30 s, 512 MiB of memory and 1 CPU; output beyond 1 MiB per \
 stream is cut."
     };
@@ -93,7 +94,7 @@ Python (state persists between calls in the default session), write_file/read_fi
 for /workspace, run_command for shell commands, start_process/read_process_output/\
 send_process_input/kill_process for programs that run in the background (a server, a long \
 job). Plots made with matplotlib come back as images \
-(plt.show()). The sandbox has no network.";
+(plt.show()). The sandbox has no network unless the server's operator allows some hosts.";
 
 /// Largest file `read_file` returns.
 const READ_LIMIT: u64 = 1 << 20;

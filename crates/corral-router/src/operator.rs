@@ -3,8 +3,9 @@
 //!
 //! - `GET /v1/operator/sandboxes`: every node's list, merged and paged as the native list is
 //!   (by node name, then creation; the cursor `NODE~ID`), each row naming its `node`;
-//! - `GET /v1/audit`: every node's log merged newest first, a page at a time; the cursor says
-//!   where each node's log resumes;
+//! - `GET /v1/audit` and `GET /v1/audit/egress`: every node's log (of executions, of egress
+//!   decisions) merged newest first, a page at a time; the cursor says where each node's log
+//!   resumes;
 //! - `GET /v1/keys`: every node's keys, a key held differently by some node named so;
 //! - `DELETE /v1/keys/{id}`: revoked on every node, or an error naming where it was not;
 //! - `POST /v1/keys`: refused (a key one node makes is unknown to the others).
@@ -36,11 +37,28 @@ use crate::route::{error, no_nodes, Face};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum OperatorRoute {
     Sandboxes,
-    Audit,
+    /// `GET` of this audit log's path.
+    Audit(AuditLog),
     Keys,
     CreateKey,
     /// The key id as the path has it (still percent-encoded).
     RevokeKey(String),
+}
+
+/// The audit logs a node keeps (docs/api.md, "Operators").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AuditLog {
+    Executions,
+    Egress,
+}
+
+impl AuditLog {
+    fn path(self) -> &'static str {
+        match self {
+            AuditLog::Executions => "/v1/audit",
+            AuditLog::Egress => "/v1/audit/egress",
+        }
+    }
 }
 
 pub(crate) async fn answer(nodes: &Nodes, route: OperatorRoute, request: Request) -> Response {
@@ -51,7 +69,7 @@ pub(crate) async fn answer(nodes: &Nodes, route: OperatorRoute, request: Request
     };
     match route {
         OperatorRoute::Sandboxes => sandboxes(nodes, query, &headers).await,
-        OperatorRoute::Audit => audit(nodes, query, &headers).await,
+        OperatorRoute::Audit(log) => audit(nodes, log, query, &headers).await,
         OperatorRoute::Keys => keys(nodes, &headers).await,
         OperatorRoute::CreateKey => create_key(nodes, &headers).await,
         OperatorRoute::RevokeKey(id) => revoke_key(nodes, &id, &headers).await,
@@ -279,7 +297,7 @@ struct Source {
     last_taken: Option<i64>,
 }
 
-async fn audit(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Response {
+async fn audit(nodes: &Nodes, log: AuditLog, mut query: Query, headers: &HeaderMap) -> Response {
     let limit = match limit(query.take("limit"), AUDIT_DEFAULT, AUDIT_LIMIT) {
         Ok(limit) => limit,
         Err(message) => return bad_request(message),
@@ -313,7 +331,7 @@ async fn audit(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Response
         if let Some(before) = before {
             extra.push(("before", before.to_string()));
         }
-        let path = query.path("/v1/audit", &extra);
+        let path = query.path(log.path(), &extra);
         async move { fetch(nodes, Face::Native, *addr, Method::GET, &path, headers, max).await }
     }))
     .await;

@@ -16,7 +16,7 @@ use http_body_util::BodyExt as _;
 use tokio::sync::Semaphore;
 
 use crate::nodes::{Lookup, Nodes};
-use crate::operator::OperatorRoute;
+use crate::operator::{AuditLog, OperatorRoute};
 use crate::proxy::{forward, ForwardError};
 use crate::RouterConfig;
 
@@ -79,7 +79,12 @@ fn target(method: &Method, path: &str, headers: &HeaderMap) -> Target {
         (&Method::GET, ["v1", "operator", "sandboxes"]) => {
             Target::Operator(OperatorRoute::Sandboxes)
         }
-        (&Method::GET, ["v1", "audit"]) => Target::Operator(OperatorRoute::Audit),
+        (&Method::GET, ["v1", "audit"]) => {
+            Target::Operator(OperatorRoute::Audit(AuditLog::Executions))
+        }
+        (&Method::GET, ["v1", "audit", "egress"]) => {
+            Target::Operator(OperatorRoute::Audit(AuditLog::Egress))
+        }
         (&Method::GET, ["v1", "keys"]) => Target::Operator(OperatorRoute::Keys),
         (&Method::POST, ["v1", "keys"]) => Target::Operator(OperatorRoute::CreateKey),
         (&Method::DELETE, ["v1", "keys", id]) if !id.is_empty() => {
@@ -430,7 +435,14 @@ mod tests {
             t(Method::GET, "/v1/operator/sandboxes"),
             op(OperatorRoute::Sandboxes)
         );
-        assert_eq!(t(Method::GET, "/v1/audit"), op(OperatorRoute::Audit));
+        assert_eq!(
+            t(Method::GET, "/v1/audit"),
+            op(OperatorRoute::Audit(AuditLog::Executions))
+        );
+        assert_eq!(
+            t(Method::GET, "/v1/audit/egress"),
+            op(OperatorRoute::Audit(AuditLog::Egress))
+        );
         assert_eq!(t(Method::GET, "/v1/keys"), op(OperatorRoute::Keys));
         assert_eq!(t(Method::POST, "/v1/keys"), op(OperatorRoute::CreateKey));
         assert_eq!(

@@ -61,6 +61,35 @@ fn refusal(node: &str, headers: &HeaderMap) -> Option<Response> {
     }
 }
 
+/// A node's audit log (`log`: which of the two): newest first, paged by `before` and `limit`
+/// as a node pages it; every line says which log it is from.
+fn audit_log(
+    name: &'static str,
+    audit: Vec<(i64, i64)>,
+    log: &'static str,
+) -> axum::routing::MethodRouter {
+    get(
+        move |headers: HeaderMap, Query(q): Query<Vec<(String, String)>>| async move {
+            // Any key the node holds sees (its own) lines; an unknown key is 401.
+            match refusal(name, &headers) {
+                Some(r) if r.status() == StatusCode::UNAUTHORIZED => return Err(r),
+                _ => {}
+            }
+            let param = |n: &str| q.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+            let limit: usize = param("limit").unwrap().parse().unwrap();
+            let before: Option<i64> = param("before").map(|b| b.parse().unwrap());
+            let entries: Vec<Value> = audit
+                .iter()
+                .filter(|(id, _)| before.is_none_or(|b| *id < b))
+                .take(limit)
+                .map(|(id, at)| json!({"id": id, "at": at, "key_id": "key-a", "log": log}))
+                .collect();
+            let next = (entries.len() == limit).then(|| entries.last().unwrap()["id"].clone());
+            Ok(Json(json!({"entries": entries, "next": next})))
+        },
+    )
+}
+
 async fn fake_node(
     name: &'static str,
     spec: Spec,
@@ -105,29 +134,8 @@ async fn fake_node(
                 },
             ),
         )
-        .route(
-            "/v1/audit",
-            get(
-                move |headers: HeaderMap, Query(q): Query<Vec<(String, String)>>| async move {
-                    // Any key the node holds sees (its own) lines; an unknown key is 401.
-                    match refusal(name, &headers) {
-                        Some(r) if r.status() == StatusCode::UNAUTHORIZED => return Err(r),
-                        _ => {}
-                    }
-                    let param = |n: &str| q.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
-                    let limit: usize = param("limit").unwrap().parse().unwrap();
-                    let before: Option<i64> = param("before").map(|b| b.parse().unwrap());
-                    let entries: Vec<Value> = audit
-                        .iter()
-                        .filter(|(id, _)| before.is_none_or(|b| *id < b))
-                        .take(limit)
-                        .map(|(id, at)| json!({"id": id, "at": at, "key_id": "key-a"}))
-                        .collect();
-                    let next = (entries.len() == limit).then(|| entries.last().unwrap()["id"].clone());
-                    Ok(Json(json!({"entries": entries, "next": next})))
-                },
-            ),
-        )
+        .route("/v1/audit", audit_log(name, audit.clone(), "executions"))
+        .route("/v1/audit/egress", audit_log(name, audit, "egress"))
         .route(
             "/v1/keys",
             get(move |headers: HeaderMap| {
@@ -412,7 +420,7 @@ async fn an_operator_list_beyond_the_bound_is_refused_and_one_within_it_is_merge
 }
 
 #[tokio::test]
-async fn the_audit_log_is_merged_newest_first_paged_and_bounded() {
+async fn the_audit_logs_are_merged_newest_first_paged_and_bounded() {
     let calls = Calls::default();
     // Each node's log newest first; times interleave across nodes (and tie across a and c).
     let logs = [
@@ -432,53 +440,67 @@ async fn the_audit_log_is_merged_newest_first_paged_and_bounded() {
         tasks.push(task);
     }
     let (app, _) = router_for(&addrs, |_| {}).await;
-    let mut seen = Vec::new();
-    let mut before: Option<String> = None;
-    for _ in 0..10 {
-        let mut path = "/v1/audit?limit=3".to_string();
-        if let Some(before) = &before {
-            path += &format!("&before={}", urlencode(before));
+    // Both logs, of executions and of egress decisions, alike.
+    for (log, name) in [("/v1/audit", "executions"), ("/v1/audit/egress", "egress")] {
+        let mut seen = Vec::new();
+        let mut before: Option<String> = None;
+        for _ in 0..10 {
+            let mut path = format!("{log}?limit=3");
+            if let Some(before) = &before {
+                path += &format!("&before={}", urlencode(before));
+            }
+            let (status, body) = get_as(&app, &path, "op").await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            let entries = body["entries"].as_array().unwrap();
+            assert!(entries.len() <= 3, "{body}");
+            for e in entries {
+                assert_eq!(e["log"], name, "{log}: {e}");
+                seen.push((
+                    e["node"].as_str().unwrap().to_string(),
+                    e["id"].as_i64().unwrap(),
+                    e["at"].as_i64().unwrap(),
+                ));
+            }
+            before = body["next"].as_str().map(str::to_string);
+            if before.is_none() {
+                break;
+            }
         }
-        let (status, body) = get_as(&app, &path, "op").await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        let entries = body["entries"].as_array().unwrap();
-        assert!(entries.len() <= 3, "{body}");
-        for e in entries {
-            seen.push((
-                e["node"].as_str().unwrap().to_string(),
-                e["id"].as_i64().unwrap(),
-                e["at"].as_i64().unwrap(),
-            ));
+        let ats: Vec<i64> = seen.iter().map(|(_, _, at)| *at).collect();
+        assert_eq!(
+            ats,
+            [100, 100, 90, 70, 60, 50, 40, 20, 10],
+            "{log}: {seen:?}"
+        );
+        assert_eq!(seen.len(), 9);
+        let distinct: BTreeSet<(String, i64)> =
+            seen.iter().map(|(n, id, _)| (n.clone(), *id)).collect();
+        assert_eq!(distinct.len(), 9, "{log}: every line once: {seen:?}");
+        // A cursor no router gave, and limits the nodes refuse.
+        for bad in ["before=a%3Dx", "before=Node%3D1", "limit=0", "limit=1001"] {
+            let (status, body) = get_as(&app, &format!("{log}?{bad}"), "op").await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{log} {bad}: {body}");
         }
-        before = body["next"].as_str().map(str::to_string);
-        if before.is_none() {
-            break;
-        }
-    }
-    let ats: Vec<i64> = seen.iter().map(|(_, _, at)| *at).collect();
-    assert_eq!(ats, [100, 100, 90, 70, 60, 50, 40, 20, 10], "{seen:?}");
-    assert_eq!(seen.len(), 9);
-    let distinct: BTreeSet<(String, i64)> =
-        seen.iter().map(|(n, id, _)| (n.clone(), *id)).collect();
-    assert_eq!(distinct.len(), 9, "every line once: {seen:?}");
-    // A cursor no router gave, and limits the nodes refuse.
-    for bad in ["before=a%3Dx", "before=Node%3D1", "limit=0", "limit=1001"] {
-        let (status, body) = get_as(&app, &format!("/v1/audit?{bad}"), "op").await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
     }
     // A node down: the others' lines, and the node reported.
     tasks[2].abort();
-    let (status, body) = get_as(&app, "/v1/audit", "op").await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["entries"].as_array().unwrap().len(), 6, "{body}");
-    assert_eq!(
-        statuses(&body),
-        pairs(&[
-            ("node-a", "ok"),
-            ("node-b", "ok"),
-            ("node-c", "unreachable")
-        ])
-    );
+    for log in ["/v1/audit", "/v1/audit/egress"] {
+        let (status, body) = get_as(&app, log, "op").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(
+            body["entries"].as_array().unwrap().len(),
+            6,
+            "{log}: {body}"
+        );
+        assert_eq!(
+            statuses(&body),
+            pairs(&[
+                ("node-a", "ok"),
+                ("node-b", "ok"),
+                ("node-c", "unreachable")
+            ])
+        );
+    }
 }
 
 #[tokio::test]

@@ -42,12 +42,18 @@ fn in_child(probe: impl FnOnce() -> nix::Result<()>) -> nix::Result<()> {
 /// with the host's resolver and connects out. Informational: `--net none` needs neither.
 fn egress_check() -> Check {
     let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
-    let servers = resolv
-        .lines()
-        .filter(|l| l.trim_start().starts_with("nameserver"))
-        .count();
     // Connecting a UDP socket sends nothing; it fails where there is no route.
     let route = std::net::UdpSocket::bind("0.0.0.0:0").and_then(|s| s.connect("192.0.2.1:9"));
+    egress_verdict(&resolv, route)
+}
+
+/// The egress line of a host whose `/etc/resolv.conf` holds `resolv` and whose attempt to
+/// route a datagram out ended as `route`.
+fn egress_verdict(resolv: &str, route: std::io::Result<()>) -> Check {
+    let servers = resolv
+        .lines()
+        .filter(|l| l.split_whitespace().next() == Some("nameserver"))
+        .count();
     match (servers, route) {
         (0, _) => check(
             "egress",
@@ -281,4 +287,36 @@ pub fn run_checks(rootfs: Rootfs) -> Vec<Check> {
         },
     ));
     checks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn egress_is_offered_only_with_a_name_server_and_a_route_out() {
+        let resolv = "# by the host\nsearch example.org\nnameserver 10.0.0.53\n";
+        let offered = egress_verdict(resolv, Ok(()));
+        assert_eq!(offered.layer, "egress");
+        assert!(offered.active, "{offered:?}");
+        assert!(offered.detail.contains("1 name server(s)"), "{offered:?}");
+
+        for resolv in [
+            "",
+            "# nameserver 10.0.0.53\nsearch example.org\n",
+            "nameservers 1\n",
+        ] {
+            let none = egress_verdict(resolv, Ok(()));
+            assert!(!none.active, "{resolv:?}: {none:?}");
+            assert!(none.detail.contains("names no name server"), "{none:?}");
+        }
+
+        let unroutable = std::io::Error::from_raw_os_error(libc::ENETUNREACH);
+        let no_route = egress_verdict(resolv, Err(unroutable));
+        assert!(!no_route.active, "{no_route:?}");
+        assert!(
+            no_route.detail.starts_with("no route out of this host"),
+            "{no_route:?}"
+        );
+    }
 }

@@ -1,5 +1,5 @@
 // The console: routing between views, the sandboxes list, the playground (cells, files,
-// terminal) and operations (health, sessions per key, audit log, keys).
+// terminal) and operations (health, sessions per key, audit log, egress decisions, keys).
 import { ApiError, filePath, getJson, key, request, sendJson, setKey, stream } from "./api.js";
 import { age, bytes, clear, el, error, plain, result } from "./render.js";
 
@@ -106,6 +106,7 @@ async function route() {
     show("view-ops");
     every(REFRESH_MS * 2, refreshOps);
     loadAudit(false);
+    loadEgress(false);
     if (me.operator) loadKeys();
   } else {
     show("view-sandboxes");
@@ -573,6 +574,51 @@ $("audit-form").addEventListener("submit", (ev) => {
   loadAudit(false);
 });
 $("audit-more").addEventListener("click", () => loadAudit(true));
+
+// The decisions of the sandboxes' egress proxies (GET /v1/audit/egress), paged like the
+// audit log.
+let egressBefore = null;
+
+async function loadEgress(more) {
+  const params = new URLSearchParams();
+  const set = (name, id) => {
+    const v = $(id).value.trim();
+    if (v) params.set(name, v);
+  };
+  if (me.operator) set("key", "egress-key");
+  set("session", "egress-session");
+  set("decision", "egress-decision");
+  set("host", "egress-host");
+  params.set("limit", "50");
+  if (more && egressBefore !== null) params.set("before", String(egressBefore));
+  try {
+    const page = await getJson("/v1/audit/egress?" + params);
+    const body = $("egress").tBodies[0];
+    if (!more) clear(body);
+    for (const d of page.entries) {
+      body.append(el("tr", { "data-decision": d.decision },
+        el("td", {}, d.id),
+        el("td", {}, new Date(d.at * 1000).toISOString().replace("T", " ").slice(0, 19)),
+        el("td", { class: "mono" }, d.key_id),
+        el("td", { class: "mono" }, d.session_id || "—"),
+        el("td", { class: "mono" }, d.host),
+        el("td", {}, d.port),
+        el("td", {}, d.decision),
+        el("td", {}, d.reason || "—"),
+        el("td", { class: "mono" }, d.address || "—")));
+    }
+    egressBefore = page.next ?? null;
+    $("egress-more").classList.toggle("hidden", egressBefore === null);
+  } catch (e) {
+    fail(e);
+  }
+}
+
+$("egress-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  loadEgress(false);
+});
+$("egress-more").addEventListener("click", () => loadEgress(true));
 
 async function loadKeys() {
   try {

@@ -86,6 +86,43 @@ pub struct AuditEntry<'a> {
     pub peak_memory_bytes: u64,
 }
 
+/// Which egress decisions [`Db::query_egress`] returns.
+#[derive(Debug, Clone, Default)]
+pub struct EgressQuery {
+    pub key_id: Option<String>,
+    pub session_id: Option<String>,
+    /// `allowed`, `denied` or `failed`.
+    pub decision: Option<String>,
+    /// The name (or address) the program asked for.
+    pub host: Option<String>,
+    /// Only decisions at or after this time (seconds since the Unix epoch).
+    pub since: Option<i64>,
+    /// Only decisions older than this one: the `next` of the previous page.
+    pub before: Option<i64>,
+    /// At most this many, newest first.
+    pub limit: usize,
+}
+
+/// One stored egress decision, as a query returns it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct EgressRecord {
+    pub id: i64,
+    pub key_id: String,
+    /// The session, or none for a one-shot run.
+    pub session_id: Option<String>,
+    /// Seconds since the Unix epoch.
+    pub at: i64,
+    /// The name (or address) the program asked for.
+    pub host: String,
+    pub port: u16,
+    /// `allowed`, `denied` or `failed`.
+    pub decision: String,
+    /// Why it was denied or failed (docs/network.md); empty when allowed.
+    pub reason: String,
+    /// The address connected to, when allowed.
+    pub address: Option<String>,
+}
+
 /// One decision of a sandbox's egress proxy, for the audit log.
 #[derive(Debug, Clone)]
 pub struct EgressEntry<'a> {
@@ -487,20 +524,41 @@ impl Db {
         Ok(())
     }
 
-    /// The egress decisions recorded for `key_id`, oldest first: host, port, decision,
-    /// reason (for tests and inspection).
-    pub fn egress_decisions(
-        &self,
-        key_id: &str,
-    ) -> Result<Vec<(String, u16, String, String)>, DbError> {
+    /// The egress decisions `query` asks for, newest first.
+    pub fn query_egress(&self, query: &EgressQuery) -> Result<Vec<EgressRecord>, DbError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(
-            "SELECT host, port, decision, reason FROM egress WHERE key_id = ?1 ORDER BY id",
+            "SELECT id, key_id, session_id, at, host, port, decision, reason, address FROM egress \
+             WHERE (?1 IS NULL OR key_id = ?1) AND (?2 IS NULL OR session_id = ?2) \
+             AND (?3 IS NULL OR decision = ?3) AND (?4 IS NULL OR host = ?4) \
+             AND (?5 IS NULL OR at >= ?5) AND (?6 IS NULL OR id < ?6) \
+             ORDER BY id DESC LIMIT ?7",
         )?;
-        let rows = stmt.query_map(params![key_id], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = stmt.query_map(
+            params![
+                query.key_id,
+                query.session_id,
+                query.decision,
+                query.host,
+                query.since,
+                query.before,
+                query.limit as i64
+            ],
+            |r| {
+                Ok(EgressRecord {
+                    id: r.get(0)?,
+                    key_id: r.get(1)?,
+                    session_id: r.get(2)?,
+                    at: r.get(3)?,
+                    host: r.get(4)?,
+                    port: r.get(5)?,
+                    decision: r.get(6)?,
+                    reason: r.get(7)?,
+                    address: r.get(8)?,
+                })
+            },
+        )?;
+        rows.collect::<Result<_, _>>().map_err(DbError)
     }
 
     /// How many audit-log lines there are for `session_id` (for tests and inspection).

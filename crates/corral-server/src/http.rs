@@ -1126,6 +1126,7 @@ async fn metrics(State(state): State<AppState>, _tenant: Tenant) -> Response {
         metrics,
         crate::operator::whoami,
         crate::operator::audit,
+        crate::operator::egress_audit,
         crate::operator::list_keys,
         crate::operator::create_key,
         crate::operator::revoke_key,

@@ -10,7 +10,7 @@ use axum::routing::{delete, get};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
-use crate::db::{AuditQuery, AuditRecord, Db, DbError};
+use crate::db::{AuditQuery, AuditRecord, Db, DbError, EgressQuery, EgressRecord};
 use crate::error::ApiError;
 use crate::http::{blocking, ApiJson, AppState};
 use crate::service::{ListQuery, SandboxInfo, SandboxMetric, Tenant};
@@ -65,6 +65,7 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/v1/whoami", get(whoami))
         .route("/v1/audit", get(audit))
+        .route("/v1/audit/egress", get(egress_audit))
         .route("/v1/keys", get(list_keys).post(create_key))
         .route("/v1/keys/{id}", delete(revoke_key))
         .route("/v1/operator/sandboxes", get(all_sandboxes))
@@ -131,6 +132,37 @@ pub struct AuditPage {
     next: Option<i64>,
 }
 
+/// Whose lines a request of `tenant` naming `key` reads: an operator's, `key`'s (every key's
+/// without one); any other key's, its own only (naming another is 403).
+async fn audit_scope(
+    state: &AppState,
+    tenant: Tenant,
+    key: Option<String>,
+) -> Result<Option<String>, ApiError> {
+    if is_operator(state, &tenant).await? {
+        return Ok(key);
+    }
+    match key {
+        Some(key) if key != tenant.0 => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "only an operator key sees another key's audit log",
+        )),
+        _ => Ok(Some(tenant.0)),
+    }
+}
+
+/// The page size `limit` asks for (1 to [`AUDIT_LIMIT`], default [`AUDIT_DEFAULT`]).
+fn audit_limit(limit: Option<usize>) -> Result<usize, ApiError> {
+    let limit = limit.unwrap_or(AUDIT_DEFAULT);
+    if limit == 0 || limit > AUDIT_LIMIT {
+        return Err(ApiError::bad_request(format!(
+            "`limit` must be between 1 and {AUDIT_LIMIT}"
+        )));
+    }
+    Ok(limit)
+}
+
 /// The audit log of executions, newest first: a key sees its own lines, an operator
 /// everyone's (filtered by `key` if given).
 #[utoipa::path(get, path = "/v1/audit", tag = "operators", params(AuditParams),
@@ -142,26 +174,8 @@ pub(crate) async fn audit(
     query: Result<Query<AuditParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<AuditPage>, ApiError> {
     let Query(params) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let limit = params.limit.unwrap_or(AUDIT_DEFAULT);
-    if limit == 0 || limit > AUDIT_LIMIT {
-        return Err(ApiError::bad_request(format!(
-            "`limit` must be between 1 and {AUDIT_LIMIT}"
-        )));
-    }
-    let key_id = if is_operator(&state, &tenant).await? {
-        params.key
-    } else {
-        match params.key {
-            Some(key) if key != tenant.0 => {
-                return Err(ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "forbidden",
-                    "only an operator key sees another key's audit log",
-                ))
-            }
-            _ => Some(tenant.0),
-        }
-    };
+    let limit = audit_limit(params.limit)?;
+    let key_id = audit_scope(&state, tenant, params.key).await?;
     let query = AuditQuery {
         key_id,
         session_id: params.session,
@@ -176,6 +190,65 @@ pub(crate) async fn audit(
         .then(|| entries.last().map(|e| e.id))
         .flatten();
     Ok(Json(AuditPage { entries, next }))
+}
+
+/// The query of `GET /v1/audit/egress`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct EgressAuditParams {
+    /// Only this key's decisions (`local`: keyless use). A key other than an operator may
+    /// only name itself.
+    key: Option<String>,
+    /// Only this session's decisions.
+    session: Option<String>,
+    /// `allowed`, `denied` or `failed`.
+    decision: Option<String>,
+    /// Only decisions on this name (or address), as the program asked for it.
+    host: Option<String>,
+    /// Only decisions at or after this time, in seconds since the Unix epoch.
+    since: Option<i64>,
+    /// Only decisions older than this one: the `next` of the previous page.
+    before: Option<i64>,
+    /// 1 to 1000; default 100.
+    limit: Option<usize>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct EgressAuditPage {
+    /// Newest first.
+    entries: Vec<EgressRecord>,
+    /// Present when there may be more: pass it as `before` for the next page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<i64>,
+}
+
+/// Every decision of the sandboxes' egress proxies (docs/network.md), newest first: a key sees
+/// its own sandboxes' decisions, an operator everyone's (filtered by `key` if given).
+#[utoipa::path(get, path = "/v1/audit/egress", tag = "operators", params(EgressAuditParams),
+    responses((status = 200, body = EgressAuditPage), (status = 400, body = crate::error::ErrorBody),
+        (status = 403, description = "Another key's decisions, asked for by a key that is not an operator's", body = crate::error::ErrorBody)))]
+pub(crate) async fn egress_audit(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    query: Result<Query<EgressAuditParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<EgressAuditPage>, ApiError> {
+    let Query(params) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let limit = audit_limit(params.limit)?;
+    let query = EgressQuery {
+        key_id: audit_scope(&state, tenant, params.key).await?,
+        session_id: params.session,
+        decision: params.decision,
+        host: params.host,
+        since: params.since,
+        before: params.before,
+        limit,
+    };
+    let entries = with_db(&state, move |db| db.query_egress(&query)).await?;
+    let next = (entries.len() == limit)
+        .then(|| entries.last().map(|e| e.id))
+        .flatten();
+    Ok(Json(EgressAuditPage { entries, next }))
 }
 
 /// A key as the API shows it (never its secret).

@@ -467,3 +467,33 @@ fn the_code_policy_flags_refuse_a_program_before_it_starts() {
         .unwrap();
     assert_eq!(bash.stdout, b"ok\n");
 }
+
+/// `corral doctor` says whether this host can offer network allow-lists (docs/network.md):
+/// an `egress` line, active exactly when the host has a name server its proxy could ask and a
+/// route out, and saying why not otherwise.
+#[test]
+fn doctor_says_whether_egress_can_be_offered() {
+    let out = corral_bin().arg("doctor").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("egress"))
+        .unwrap_or_else(|| panic!("no egress line:\n{stdout}"));
+    let has_name_server = std::fs::read_to_string("/etc/resolv.conf")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some("nameserver"));
+    let has_route = std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| s.connect("192.0.2.1:9"))
+        .is_ok();
+    if has_name_server && has_route {
+        assert!(line.contains(" active "), "{line}");
+        assert!(line.contains("--net allow:... can be offered"), "{line}");
+    } else {
+        assert!(line.contains(" MISSING "), "{line}");
+        assert!(
+            line.contains("names no name server") || line.contains("no route out"),
+            "{line}"
+        );
+    }
+}

@@ -3203,37 +3203,54 @@ fn network_requests_are_bounded_by_the_operator_and_audited() {
         400
     );
 
-    // Every decision is in the audit log and the metrics.
-    let db = corral_server::db::Db::open(&server.db).unwrap();
-    let tenant = {
-        let (_, me) = server.call("GET", "/v1/sandboxes", Some(&key), None);
-        drop(me);
-        db.list_keys().unwrap()[0].id.clone()
-    };
-    let decisions = db.egress_decisions(&tenant).unwrap();
+    // Every decision is in the audit log (`GET /v1/audit/egress`, newest first) and the
+    // metrics.
+    let (status, page) = server.call("GET", "/v1/audit/egress", Some(&key), None);
+    assert_eq!(status, 200, "{page}");
+    let decisions: Vec<(&str, u64, &str, &str)> = page["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["host"].as_str().unwrap(),
+                e["port"].as_u64().unwrap(),
+                e["decision"].as_str().unwrap(),
+                e["reason"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let port = u64::from(port);
     assert_eq!(
         decisions,
         [
-            (
-                "localhost".to_string(),
-                port,
-                "allowed".to_string(),
-                String::new()
-            ),
-            (
-                "localhost".to_string(),
-                port,
-                "allowed".to_string(),
-                String::new()
-            ),
-            (
-                "a.example.org".to_string(),
-                80,
-                "denied".to_string(),
-                "not_allowed".to_string()
-            ),
+            ("a.example.org", 80, "denied", "not_allowed"),
+            ("localhost", port, "allowed", ""),
+            ("localhost", port, "allowed", ""),
         ],
+        "{page}"
     );
+    let session = page["entries"][0]["session_id"].as_str();
+    assert_eq!(session, Some(id), "{page}");
+    assert_eq!(
+        page["entries"][2]["session_id"],
+        Value::Null,
+        "a one-shot run: {page}"
+    );
+    // Filtered by decision; another key sees none of them, and may not ask for this key's.
+    let (_, denied) = server.call("GET", "/v1/audit/egress?decision=denied", Some(&key), None);
+    assert_eq!(denied["entries"].as_array().unwrap().len(), 1, "{denied}");
+    let other = server.key("other");
+    let (status, theirs) = server.call("GET", "/v1/audit/egress", Some(&other), None);
+    assert_eq!((status, &theirs["entries"]), (200, &json!([])), "{theirs}");
+    let tenant = page["entries"][0]["key_id"].as_str().unwrap();
+    let (status, _) = server.call(
+        "GET",
+        &format!("/v1/audit/egress?key={tenant}"),
+        Some(&other),
+        None,
+    );
+    assert_eq!(status, 403);
     let metrics = ureq::get(&format!("{}/metrics", server.url))
         .call()
         .unwrap()

@@ -46,7 +46,8 @@ const START_PROCESS: &str = "Start a shell command line (bash -c) in the backgro
 sandbox, e.g. \"python3 -m http.server 8000\" or \"python3 train.py\", and return its pid at \
 once; it runs beside run_code and run_command until it ends or kill_process ends it. Read its \
 output (stdout and stderr together) with read_process_output. With stdin=true it reads input \
-from send_process_input; otherwise its stdin is empty. The sandbox has no network.";
+from send_process_input; otherwise its stdin is empty. The sandbox has no network unless the server's \
+operator allows some hosts.";
 
 const LIST_PROCESSES: &str = "List the background programs of a session: the running ones, \
 and those this connection started that have ended, with their exit codes.";
