@@ -1322,7 +1322,7 @@ fn sessions_differ_in_random_state() {
         let state: Value = serde_json::from_str(o.value("STATE")).unwrap();
         states.push((*label, state));
     }
-    let host = s.stop();
+    let mut host = s.stop();
 
     let mut same = Vec::new();
     for i in 0..states.len() {
@@ -1333,13 +1333,38 @@ fn sessions_differ_in_random_state() {
                     same.push(format!("{l1} and {l2}: the same {field} {}", s1[field]));
                 }
             }
-            // Not asserted: hash() of a str uses the interpreter's SipHash key, chosen once when
-            // the interpreter starts and cached in every string of the zygote's heap, on which
-            // every dict and set the zygote built depends, so a forked child cannot change it.
-            // Sessions of one zygote share it (and the zygote's address-space layout); a new
-            // zygote has a new one (docs/threat-model.md §7.1).
+            // Not asserted here: hash() of a str uses the interpreter's SipHash key, chosen once
+            // when the interpreter starts and cached in every string of the zygote's heap, on
+            // which every dict and set the zygote built depends, so a forked child cannot change
+            // it. Sessions of one zygote share it (and the zygote's address-space layout); a new
+            // zygote has a new one (docs/threat-model.md §7.1). A server without a warm pool
+            // starts each session's interpreter fresh: there, below, it must differ.
         }
     }
+    // `pool_size = 0`: every session is an interpreter of its own, with a hash key and an
+    // address-space layout of its own, the choice docs/threat-model.md §7.1 offers operators.
+    let s = Server::start(0);
+    let (key_a, key_b) = (s.key("A"), s.key("B"));
+    let mut fresh = Vec::new();
+    for (label, key) in [("A fresh", &key_a), ("B fresh", &key_b)] {
+        let id = s.session(key, &json!({}));
+        let o = s.exec(
+            key,
+            &id,
+            &program(include_str!("attacks/mt_random_state.py"), &json!({})),
+        );
+        o.assert_completed();
+        let state: Value = serde_json::from_str(o.value("STATE")).unwrap();
+        fresh.push((label, state));
+    }
+    let ((l1, s1), (l2, s2)) = (&fresh[0], &fresh[1]);
+    for field in ["hash_x", "hash_bytes", "random", "urandom", "libc_printf"] {
+        if s1[field] == s2[field] {
+            same.push(format!("{l1} and {l2}: the same {field} {}", s1[field]));
+        }
+    }
+    host.extend(s.stop());
+    states.extend(fresh);
     let shown: Vec<String> = states.iter().map(|(l, st)| format!("{l}: {st}")).collect();
     verdict(
         &format!("sessions share random state (states: {})", shown.join("; ")),
