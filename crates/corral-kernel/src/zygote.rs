@@ -706,9 +706,9 @@ fn fork_failed(reason: String) -> KernelError {
 /// Checks from the host, through `/proc`, that a forked kernel holds no capability, cannot
 /// gain any, runs under the zygote's and the workload's seccomp filters, and sits in a pid
 /// namespace below the zygote's.
-pub(crate) fn verify_isolation(pid: i32) -> Result<(), String> {
-    let status =
-        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| e.to_string())?;
+pub(crate) fn verify_isolation(pid: i32) -> Result<(), IsolationBreach> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(IsolationBreach::Unreadable)?;
     let field = |name: &str| {
         status
             .lines()
@@ -717,27 +717,45 @@ pub(crate) fn verify_isolation(pid: i32) -> Result<(), String> {
             .unwrap_or("")
             .to_string()
     };
-    for cap in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
-        if !field(cap).trim_start_matches('0').is_empty() {
-            return Err(format!("{cap} {}", field(cap)));
+    for set in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+        let value = field(set);
+        if !value.trim_start_matches('0').is_empty() {
+            return Err(IsolationBreach::Capabilities { set, value });
         }
     }
     if field("NoNewPrivs:") != "1" {
-        return Err("no_new_privs is not set".into());
+        return Err(IsolationBreach::NoNewPrivs);
     }
     if field("Seccomp:") != "2" {
-        return Err("seccomp filter mode is not active".into());
+        return Err(IsolationBreach::NoSeccompFilter);
     }
     // Two filters from the zygote role, two more from the workload role.
     let filters: u32 = field("Seccomp_filters:").parse().unwrap_or(0);
     if filters < 4 {
-        return Err(format!("only {filters} seccomp filters are installed"));
+        return Err(IsolationBreach::TooFewFilters(filters));
     }
     // NSpid lists the pid in every pid namespace from ours down: host, zygote, session.
     if field("NSpid:").split_whitespace().count() < 3 {
-        return Err("the kernel is not in a pid namespace of its own".into());
+        return Err(IsolationBreach::NoPidNamespace);
     }
     Ok(())
+}
+
+/// What [`verify_isolation`] found wrong with a forked kernel (the host then refuses it).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum IsolationBreach {
+    #[error("its /proc status could not be read")]
+    Unreadable(#[source] std::io::Error),
+    #[error("{set} {value}: a capability is left")]
+    Capabilities { set: &'static str, value: String },
+    #[error("no_new_privs is not set")]
+    NoNewPrivs,
+    #[error("seccomp filter mode is not active")]
+    NoSeccompFilter,
+    #[error("only {0} seccomp filters are installed")]
+    TooFewFilters(u32),
+    #[error("the kernel is not in a pid namespace of its own")]
+    NoPidNamespace,
 }
 
 /// A kernel forked from a zygote: the host's ends of its pipes and its init's control socket.
