@@ -247,7 +247,7 @@ impl Db {
     /// Counts a row added to `log`, and prunes it once every [`Retention::every`] rows.
     fn added(&self, conn: &Connection, log: Log) -> Result<(), DbError> {
         let added = self.added[log.index()].fetch_add(1, Ordering::Relaxed) + 1;
-        if added % self.retention.every() == 0 {
+        if added.is_multiple_of(self.retention.every()) {
             self.prune(conn, log)?;
         }
         Ok(())

@@ -1298,8 +1298,12 @@ fn the_operator_list_pages_over_every_keys_sandboxes() {
     let only_a: Vec<(String, Value)> = every.iter().filter(|(_, k)| *k == key_a).cloned().collect();
     assert_eq!(pages(&format!("&key={}", key_a.as_str().unwrap())), only_a);
     for bad in ["limit=0", "limit=1001"] {
-        let (status, answer) =
-            s.call("GET", &format!("/v1/operator/sandboxes?{bad}"), Some(&operator), None);
+        let (status, answer) = s.call(
+            "GET",
+            &format!("/v1/operator/sandboxes?{bad}"),
+            Some(&operator),
+            None,
+        );
         assert_eq!((status, error_code(&answer)), (400, "bad_request"), "{bad}");
     }
 }
