@@ -1,16 +1,18 @@
 //! `GET /metrics` through a router: every node's samples, each labelled with its `node`, in one
 //! OpenMetrics text exposition, as a node writes it (a metric's samples from every node together under its one
-//! `# HELP` and `# TYPE`), and `corral_router_node_up{node}` for every node the router knows
-//! (0: it does not answer, and its samples are missing). Per node, not summed: a sum is one
-//! query away (`sum without (node) (…)`), while a sum could not be taken apart again; the
-//! console's ops page shows the sums. The client's key goes to every node, which decides on
-//! it; each node's exposition is read whole, at most [`MAX_METRICS_BYTES`].
+//! `# HELP` and `# TYPE`), and for every node the router knows `corral_router_node_up{node}`
+//! (0: it does not answer, and its samples are missing) and `corral_router_node_refused{node}`
+//! (1: it refused the key other nodes took, and its samples are missing; the nodes' keys
+//! differ). Per node, not summed: a sum is one query away (`sum without (node) (…)`), while a
+//! sum could not be taken apart again; the console's ops page shows the sums. The client's key
+//! goes to every node, which decides on it (a key every node refuses gets a node's refusal);
+//! each node's exposition is read whole, at most [`MAX_METRICS_BYTES`].
 
 use axum::http::{header, HeaderMap, Method};
 use axum::response::{IntoResponse, Response};
 use corral_kernel::NodeName;
 
-use crate::gather::{fetch, node_error, Missing};
+use crate::gather::{fetch, node_error, Missing, Refusals};
 use crate::nodes::Nodes;
 use crate::route::{no_nodes, Face};
 
@@ -116,10 +118,14 @@ pub(crate) async fn metrics(nodes: &Nodes, headers: &HeaderMap) -> Response {
     }))
     .await;
     let mut exposition = Exposition::default();
+    let mut refusals = Refusals::default();
     for ((name, _), answer) in up.into_iter().zip(answers) {
         match answer {
             Ok(bytes) => match std::str::from_utf8(&bytes) {
-                Ok(text) => exposition.add(&name, text),
+                Ok(text) => {
+                    refusals.taken();
+                    exposition.add(&name, text)
+                }
                 Err(e) => {
                     return node_error(
                         Face::Native,
@@ -128,9 +134,17 @@ pub(crate) async fn metrics(nodes: &Nodes, headers: &HeaderMap) -> Response {
                 }
             },
             Err(Missing::Down) => nodes.mark_down(&name),
-            Err(Missing::Answer(answer)) => return answer,
+            Err(Missing::Answer(answer)) => {
+                if let Some(answer) = refusals.keep(&name, answer) {
+                    return answer;
+                }
+            }
         }
     }
+    if let Some(refusal) = refusals.refusal() {
+        return refusal;
+    }
+    let known = nodes.known();
     let node_up = exposition.family("corral_router_node_up");
     node_up.comments = vec![
         "# HELP corral_router_node_up Whether the node answers this router (0: its samples are \
@@ -138,13 +152,28 @@ pub(crate) async fn metrics(nodes: &Nodes, headers: &HeaderMap) -> Response {
             .into(),
         "# TYPE corral_router_node_up gauge".into(),
     ];
-    node_up.samples = nodes
-        .known()
-        .into_iter()
+    node_up.samples = known
+        .iter()
         .map(|(name, m)| {
             format!(
                 "corral_router_node_up{{node=\"{name}\"}} {}",
                 u8::from(m.up)
+            )
+        })
+        .collect();
+    let node_refused = exposition.family("corral_router_node_refused");
+    node_refused.comments = vec![
+        "# HELP corral_router_node_refused Whether the node refused the key other nodes took \
+         (1: its samples are missing; the nodes' keys differ)."
+            .into(),
+        "# TYPE corral_router_node_refused gauge".into(),
+    ];
+    node_refused.samples = known
+        .iter()
+        .map(|(name, _)| {
+            format!(
+                "corral_router_node_refused{{node=\"{name}\"}} {}",
+                u8::from(refusals.nodes.contains(name))
             )
         })
         .collect();

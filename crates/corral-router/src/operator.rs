@@ -2,7 +2,8 @@
 //! "Operators and the console"), each node deciding on the key as it would alone:
 //!
 //! - `GET /v1/operator/sandboxes`: every node's list, merged and paged as the native list is
-//!   (by node name, then creation; the cursor `NODE~ID`), each row naming its `node`;
+//!   (by node name, then creation; the cursor `NODE~CURSOR`, CURSOR the node's own), each row
+//!   naming its `node`;
 //! - `GET /v1/audit` and `GET /v1/audit/egress`: every node's log (of executions, of egress
 //!   decisions) merged newest first, a page at a time; the cursor says where each node's log
 //!   resumes;
@@ -135,21 +136,6 @@ fn limit(given: Option<String>, default: usize, max: usize) -> Result<usize, Str
     }
 }
 
-/// Where a sandbox comes in its node's list: creation order (the stamp of `sbx-<hex>-<node>`),
-/// then id.
-fn creation_order(id: &str) -> (u64, &str) {
-    let stamp = id
-        .strip_prefix("sbx-")
-        .and_then(|rest| rest.split('-').next())
-        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-        .unwrap_or(u64::MAX);
-    (stamp, id)
-}
-
-fn id_of(row: &Value) -> &str {
-    row.get("id").and_then(Value::as_str).unwrap_or("")
-}
-
 /// `row` (a JSON object) with `"node": name` added.
 fn with_node(mut row: Value, name: &NodeName) -> Value {
     if let Value::Object(map) = &mut row {
@@ -158,9 +144,12 @@ fn with_node(mut row: Value, name: &NodeName) -> Value {
     row
 }
 
+/// One page of a node's operator list.
 #[derive(Deserialize)]
 struct SandboxList {
     sandboxes: Vec<Value>,
+    /// The node's cursor of its next page.
+    next: Option<String>,
 }
 
 async fn sandboxes(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Response {
@@ -177,7 +166,6 @@ async fn sandboxes(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Resp
     if up.is_empty() {
         return no_nodes(Face::Native);
     }
-    let path = query.path("/v1/operator/sandboxes", &[]);
     let max = nodes.config().max_list_bytes;
     let first = start
         .as_ref()
@@ -186,6 +174,16 @@ async fn sandboxes(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Resp
     let mut next = None;
     let mut refusals = Refusals::default();
     for (i, (name, addr)) in up.iter().enumerate().skip(first) {
+        // The node pages its list (in creation order) as the native list does: the router
+        // asks for what is left of the page, from where the cursor says this node resumes.
+        let mut extra = vec![("limit", (limit - items.len()).to_string())];
+        if let Some(c) = start
+            .as_ref()
+            .filter(|c| c.node == *name && !c.after.is_empty())
+        {
+            extra.push(("after", c.after.clone()));
+        }
+        let path = query.path("/v1/operator/sandboxes", &extra);
         let bytes = match fetch(nodes, Face::Native, *addr, Method::GET, &path, headers, max).await
         {
             Ok(bytes) => bytes,
@@ -199,8 +197,8 @@ async fn sandboxes(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Resp
             },
         };
         refusals.taken();
-        let mut rows = match serde_json::from_slice::<SandboxList>(&bytes) {
-            Ok(list) => list.sandboxes,
+        let page = match serde_json::from_slice::<SandboxList>(&bytes) {
+            Ok(page) => page,
             Err(e) => {
                 return node_error(
                     Face::Native,
@@ -208,22 +206,17 @@ async fn sandboxes(nodes: &Nodes, mut query: Query, headers: &HeaderMap) -> Resp
                 )
             }
         };
-        rows.sort_by(|a, b| creation_order(id_of(a)).cmp(&creation_order(id_of(b))));
-        if let Some(c) = start
-            .as_ref()
-            .filter(|c| c.node == *name && !c.after.is_empty())
-        {
-            let after = creation_order(&c.after);
-            rows.retain(|row| creation_order(id_of(row)) > after);
+        if page.sandboxes.len() > limit - items.len() {
+            return node_error(
+                Face::Native,
+                format!("node {name}'s operator list is longer than the page asked for"),
+            );
         }
-        let room = limit - items.len();
-        if rows.len() > room {
-            rows.truncate(room);
-            next = rows.last().map(|row| cursor(name, id_of(row)));
-            items.extend(rows.into_iter().map(|row| with_node(row, name)));
+        items.extend(page.sandboxes.into_iter().map(|row| with_node(row, name)));
+        if let Some(after) = page.next {
+            next = Some(cursor(name, &after));
             break;
         }
-        items.extend(rows.into_iter().map(|row| with_node(row, name)));
         if items.len() == limit {
             next = up.get(i + 1).map(|(following, _)| cursor(following, ""));
             break;
@@ -670,12 +663,5 @@ mod tests {
         ] {
             assert_eq!(parse_audit_cursor(bad), None, "{bad:?}");
         }
-    }
-
-    #[test]
-    fn sandboxes_come_in_creation_order() {
-        let mut ids = ["sbx-10-a", "sbx-9-a", "sbx-a0-a", "sbx-2-a"];
-        ids.sort_by(|x, y| creation_order(x).cmp(&creation_order(y)));
-        assert_eq!(ids, ["sbx-2-a", "sbx-9-a", "sbx-10-a", "sbx-a0-a"]);
     }
 }

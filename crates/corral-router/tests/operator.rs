@@ -116,21 +116,34 @@ async fn fake_node(
                     if let Some(refusal) = refusal(name, &headers) {
                         return Err(refusal);
                     }
-                    if let Some((k, _)) = q.iter().find(|(k, _)| k != "key") {
+                    if let Some((k, _)) = q.iter().find(|(k, _)| !["key", "limit", "after"].contains(&k.as_str())) {
                         return Err((
                             StatusCode::BAD_REQUEST,
                             Json(json!({"error": {"code": "bad_request", "message": format!("unknown field `{k}`")}})),
                         )
                             .into_response());
                     }
-                    // In the node's order (by key), not by creation: the router sorts.
+                    // Paged as a node pages it: in creation order, the cursor the creation
+                    // stamp and id of the page's last sandbox.
+                    let param = |n: &str| q.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+                    let limit: usize = param("limit").map_or(1000, |l| l.parse().unwrap());
                     let mut stamps = list.sandboxes.clone();
-                    stamps.reverse();
-                    let rows: Vec<Value> = stamps
+                    stamps.sort();
+                    let cursor = |s: u64| format!("{s:020}-sbx-{s:x}-{name}");
+                    let mut page: Vec<u64> = stamps
+                        .into_iter()
+                        .filter(|s| param("after").is_none_or(|after| cursor(*s) > after))
+                        .take(limit + 1)
+                        .collect();
+                    let next = (page.len() > limit).then(|| {
+                        page.truncate(limit);
+                        cursor(*page.last().unwrap())
+                    });
+                    let rows: Vec<Value> = page
                         .iter()
                         .map(|s| json!({"id": format!("sbx-{s:x}-{name}"), "key_id": "key-a", "pad": "x".repeat(list.pad)}))
                         .collect();
-                    Ok(Json(json!({ "sandboxes": rows })))
+                    Ok(Json(json!({ "sandboxes": rows, "next": next })))
                 },
             ),
         )
@@ -176,8 +189,10 @@ async fn fake_node(
         .route(
             "/metrics",
             get(move |headers: HeaderMap| async move {
-                if !headers.contains_key("authorization") {
-                    return Err(refusal(name, &headers).unwrap());
+                // Any key the node holds sees its metrics; an unknown key is 401.
+                match refusal(name, &headers) {
+                    Some(r) if r.status() == StatusCode::UNAUTHORIZED => return Err(r),
+                    _ => {}
                 }
                 Ok(format!(
                     "# HELP corral_sessions_live Live sessions.\n# TYPE corral_sessions_live gauge\n\
@@ -629,10 +644,41 @@ async fn metrics_are_every_nodes_labelled_and_bounded() {
     }
     assert_eq!(text.matches("# TYPE corral_sessions_live gauge").count(), 1);
     assert!(text.ends_with("# EOF\n"));
-    // The nodes decide on the key.
+    for node in ["node-a", "node-b", "node-c"] {
+        let line = format!("corral_router_node_refused{{node=\"{node}\"}} 0");
+        assert!(text.lines().any(|l| l == line), "{line} in {text}");
+    }
+    // The nodes decide on the key: one every node refuses gets a node's refusal.
     let request = Request::get("/metrics").body(Body::empty()).unwrap();
     let answer = app.clone().oneshot(request).await.unwrap();
     assert_eq!(answer.status(), StatusCode::UNAUTHORIZED);
+    let (status, _) = get_as(&app, "/metrics", "nobody").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // A key node-b does not hold (the nodes' keys differ): the others' samples, and node-b
+    // marked as refusing it, as the operator routes report it in `nodes`.
+    let (status, body) = get_as(&app, "/metrics", "drifted").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let text = body.as_str().unwrap();
+    for line in [
+        "corral_sessions_live{node=\"node-a\"} 3",
+        "corral_sessions_live{node=\"node-c\"} 4",
+        "corral_router_node_up{node=\"node-b\"} 1",
+        "corral_router_node_refused{node=\"node-a\"} 0",
+        "corral_router_node_refused{node=\"node-b\"} 1",
+        "corral_router_node_refused{node=\"node-c\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in {text}");
+    }
+    assert!(
+        !text.contains("corral_sessions_live{node=\"node-b\"}"),
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("# TYPE corral_router_node_refused gauge")
+            .count(),
+        1
+    );
+    assert!(text.ends_with("# EOF\n"));
     // A node down: its samples are missing, and it says so.
     tasks[0].abort();
     let (_, body) = get_as(&app, "/metrics", "op").await;

@@ -125,7 +125,21 @@ async function listSandboxes() {
     return page.sandboxes.map((s) => ({ ...s, key_id: me.key_id }));
   }
   const query = owner === "*" ? "" : "?key=" + encodeURIComponent(owner);
-  return (await getJson("/v1/operator/sandboxes" + query)).sandboxes;
+  return operatorSandboxes(query);
+}
+
+// Every key's sandboxes (an operator's list), page after page (at most 100 pages of 1000).
+async function operatorSandboxes(query) {
+  let rows = [];
+  let after = null;
+  for (let i = 0; i < 100; i++) {
+    const cursor = after === null ? "" : (query ? "&" : "?") + "after=" + encodeURIComponent(after);
+    const page = await getJson("/v1/operator/sandboxes" + query + cursor);
+    rows = rows.concat(page.sandboxes);
+    if (!page.next) break;
+    after = page.next;
+  }
+  return rows;
 }
 
 async function latestMetric(id) {
@@ -513,7 +527,7 @@ async function refreshOps() {
       gauges.append(el("dt", {}, label), el("dd", { "data-metric": name }, format(total)));
     }
     const sandboxes = me.operator
-      ? (await getJson("/v1/operator/sandboxes")).sandboxes
+      ? await operatorSandboxes("")
       : (await getJson("/v1/sandboxes")).sandboxes.map((s) => ({ ...s, key_id: me.key_id }));
     const perKey = new Map();
     for (const s of sandboxes) {

@@ -84,6 +84,11 @@ pub struct Config {
     /// makes end in it, so that a router can tell which node owns a sandbox. Unset: a single
     /// node, whose ids name none.
     pub node_name: Option<corral_kernel::NodeName>,
+    /// Rows kept of each audit log (executions, egress decisions, ended sessions): the
+    /// newest; older ones are removed a batch at a time as rows are added (crate::db::Retention).
+    pub audit_max_rows: u64,
+    /// Audit-log rows older than this many seconds are removed likewise.
+    pub audit_max_age_s: u64,
 }
 
 /// The operator's network settings: what any request may ask for, which names may resolve
@@ -157,6 +162,8 @@ impl Default for Config {
             ports: Default::default(),
             key_network: Default::default(),
             node_name: None,
+            audit_max_rows: crate::db::Retention::default().max_rows,
+            audit_max_age_s: crate::db::Retention::default().max_age.as_secs(),
         }
     }
 }
@@ -214,8 +221,29 @@ impl Config {
         if self.memory_budget_bytes == Some(0) {
             anyhow::bail!("memory_budget_bytes must be more than 0");
         }
+        if self.audit_max_rows == 0 || self.audit_max_age_s == 0 {
+            anyhow::bail!(
+                "audit_max_rows and audit_max_age_s must be at least 1 (with 0 no audit line \
+                 would be kept)"
+            );
+        }
+        // SQLite counts rows and seconds in i64.
+        if i64::try_from(self.audit_max_rows).is_err()
+            || i64::try_from(self.audit_max_age_s).is_err()
+        {
+            anyhow::bail!("audit_max_rows and audit_max_age_s must be below 2^63");
+        }
+
         crate::network::NetworkBounds::of(&self.network, &self.key_network)?;
         Ok(())
+    }
+
+    /// How much of the audit log is kept.
+    pub fn audit_retention(&self) -> crate::db::Retention {
+        crate::db::Retention {
+            max_rows: self.audit_max_rows,
+            max_age: Duration::from_secs(self.audit_max_age_s),
+        }
     }
 
     /// The memory budget of live sandboxes: `memory_budget_bytes`, else `memory_overcommit` ×
@@ -323,6 +351,33 @@ mod tests {
         assert!(c.check().is_err());
         let c: Config = toml::from_str("max_result_bytes_in_flight_per_key = 0").unwrap();
         assert!(c.check().is_err());
+    }
+
+    #[test]
+    fn the_audit_log_is_kept_to_a_checked_retention() {
+        let c = Config::default();
+        assert_eq!(
+            (c.audit_max_rows, c.audit_max_age_s),
+            (1_000_000, 30 * 24 * 3600)
+        );
+        let c: Config = toml::from_str("audit_max_rows = 50\naudit_max_age_s = 60").unwrap();
+        c.check().unwrap();
+        assert_eq!(
+            c.audit_retention(),
+            crate::db::Retention {
+                max_rows: 50,
+                max_age: Duration::from_secs(60)
+            }
+        );
+        for bad in [
+            "audit_max_rows = 0",
+            "audit_max_age_s = 0",
+            "audit_max_rows = 9223372036854775808",
+            "audit_max_age_s = -1",
+        ] {
+            let c = toml::from_str::<Config>(bad);
+            assert!(c.is_err() || c.unwrap().check().is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -1,13 +1,22 @@
 //! The server's SQLite database: API keys (stored hashed), the sessions that exist, and the
-//! audit log of executions.
+//! audit log of executions, kept as [`Retention`] says.
+
+mod retention;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rand::RngCore as _;
 use rusqlite::{params, Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
+
+pub use retention::{Log, Retention};
+
+use crate::metrics::PrunedLabels;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 
 #[derive(Debug, thiserror::Error)]
 #[error("database: {0}")]
@@ -141,6 +150,11 @@ pub struct EgressEntry<'a> {
 
 pub struct Db {
     conn: Mutex<Connection>,
+    retention: Retention,
+    /// Rows added to each [`Log`] (by [`Log::index`]) since this process opened the database.
+    added: [AtomicU64; 3],
+    /// Rows removed from each log by retention (`corral_audit_rows_pruned_total`).
+    pruned: Family<PrunedLabels, Counter>,
 }
 
 const SCHEMA: &str = "
@@ -192,6 +206,9 @@ CREATE TABLE IF NOT EXISTS egress (
     reason TEXT NOT NULL,
     address TEXT
 );
+CREATE INDEX IF NOT EXISTS executions_at ON executions (at);
+CREATE INDEX IF NOT EXISTS egress_at ON egress (at);
+CREATE INDEX IF NOT EXISTS sessions_ended_at ON sessions (ended_at);
 ";
 
 fn now() -> i64 {
@@ -206,7 +223,8 @@ pub fn hash_key(secret: &str) -> String {
 }
 
 impl Db {
-    /// Opens (creating) the database at `path`; the file is readable by its owner only.
+    /// Opens (creating) the database at `path`; the file is readable by its owner only. Its
+    /// logs are kept as [`Retention::default`] says until [`Db::with_retention`].
     pub fn open(path: &Path) -> Result<Db, DbError> {
         if let Some(dir) = path.parent() {
             let _ = std::fs::create_dir_all(dir);
@@ -231,7 +249,55 @@ impl Db {
         }
         Ok(Db {
             conn: Mutex::new(conn),
+            retention: Retention::default(),
+            added: Default::default(),
+            pruned: Family::default(),
         })
+    }
+
+    /// Keeps the logs as `retention` says from now on, counting the rows it removes in
+    /// `pruned`; removes now, a batch at a time, every row it does not keep.
+    pub fn with_retention(
+        mut self,
+        retention: Retention,
+        pruned: Family<PrunedLabels, Counter>,
+    ) -> Result<Db, DbError> {
+        self.retention = retention;
+        self.pruned = pruned;
+        for log in Log::ALL {
+            while self.prune(&self.conn(), log)? == retention::BATCH {}
+        }
+        Ok(self)
+    }
+
+    /// One pass of retention over `log`; returns how many rows it removed.
+    fn prune(&self, conn: &Connection, log: Log) -> Result<u64, DbError> {
+        let removed = retention::prune(conn, log, &self.retention, now(), retention::BATCH)?;
+        self.pruned
+            .get_or_create(&PrunedLabels {
+                table: log.name().into(),
+            })
+            .inc_by(removed);
+        Ok(removed)
+    }
+
+    /// Counts a row added to `log`, and prunes it once every [`Retention::every`] rows.
+    fn added(&self, conn: &Connection, log: Log) -> Result<(), DbError> {
+        let added = self.added[log.index()].fetch_add(1, Ordering::Relaxed) + 1;
+        if added.is_multiple_of(self.retention.every()) {
+            self.prune(conn, log)?;
+        }
+        Ok(())
+    }
+
+    /// How many rows `log` holds (for tests and inspection).
+    pub fn rows(&self, log: Log) -> Result<u64, DbError> {
+        self.conn()
+            .query_row(&format!("SELECT COUNT(*) FROM {}", log.name()), [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|n| n as u64)
+            .map_err(DbError)
     }
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -395,12 +461,13 @@ impl Db {
         image: &str,
         language: &str,
     ) -> Result<(), DbError> {
-        self.conn().execute(
+        let conn = self.conn();
+        conn.execute(
             "INSERT INTO sessions (id, key_id, image, language, server_pid, created_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             params![id, key_id, image, language, std::process::id(), now()],
         )?;
-        Ok(())
+        self.added(&conn, Log::Sessions)
     }
 
     pub fn session_ended(&self, id: &str, reason: &str) -> Result<(), DbError> {
@@ -486,7 +553,8 @@ impl Db {
     }
 
     pub fn audit(&self, e: &AuditEntry<'_>) -> Result<(), DbError> {
-        self.conn().execute(
+        let conn = self.conn();
+        conn.execute(
             "INSERT INTO executions (key_id, session_id, kind, at, code_sha256, status, \
              execution_time_ms, cpu_time_ms, peak_memory_bytes) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
@@ -502,12 +570,13 @@ impl Db {
                 e.peak_memory_bytes as i64
             ],
         )?;
-        Ok(())
+        self.added(&conn, Log::Executions)
     }
 
     /// Records one egress decision.
     pub fn egress(&self, e: &EgressEntry<'_>) -> Result<(), DbError> {
-        self.conn().execute(
+        let conn = self.conn();
+        conn.execute(
             "INSERT INTO egress (key_id, session_id, at, host, port, decision, reason, address) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             params![
@@ -521,7 +590,7 @@ impl Db {
                 e.address
             ],
         )?;
-        Ok(())
+        self.added(&conn, Log::Egress)
     }
 
     /// The egress decisions `query` asks for, newest first.

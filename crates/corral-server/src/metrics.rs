@@ -47,6 +47,12 @@ pub struct ForkLabels {
     pub zygote: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PrunedLabels {
+    /// The log: `executions`, `egress` or `sessions` (crate::db::Log).
+    pub table: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub sessions_live: Gauge,
@@ -79,6 +85,8 @@ pub struct Metrics {
     pub egress_decisions: Family<EgressLabels, Counter>,
     /// Bytes moved through egress proxies, by direction.
     pub egress_bytes: Family<DirectionLabels, Counter>,
+    /// Audit-log rows removed by retention (`audit_max_rows`, `audit_max_age_s`), by log.
+    pub audit_rows_pruned: Family<PrunedLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -106,6 +114,7 @@ impl Default for Metrics {
             resumes: Counter::default(),
             egress_decisions: Family::default(),
             egress_bytes: Family::default(),
+            audit_rows_pruned: Family::default(),
             registry: Registry::default(),
         };
         registry.register("sessions_live", "Sessions alive", m.sessions_live.clone());
@@ -197,6 +206,17 @@ impl Default for Metrics {
             "Bytes moved through sandboxes' egress proxies, by direction",
             m.egress_bytes.clone(),
         );
+        registry.register(
+            "audit_rows_pruned",
+            "Audit-log rows removed by retention (audit_max_rows, audit_max_age_s), by log",
+            m.audit_rows_pruned.clone(),
+        );
+        // Every log's series from the start, at 0.
+        for log in crate::db::Log::ALL {
+            let _ = m.audit_rows_pruned.get_or_create(&PrunedLabels {
+                table: log.name().into(),
+            });
+        }
         // Both series from the start, at 0.
         for kind in corral_kernel::ZygoteKind::ALL {
             let _ = m.runs_forked.get_or_create(&ForkLabels {
@@ -324,6 +344,8 @@ mod tests {
             "corral_runs_forked_total{zygote=\"full\"} 0",
             "corral_egress_decisions_total{decision=\"denied\",reason=\"not_allowed\"} 1",
             "corral_egress_bytes_total{direction=\"down\"} 5",
+            "corral_audit_rows_pruned_total{table=\"executions\"} 0",
+            "corral_audit_rows_pruned_total{table=\"sessions\"} 0",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }

@@ -351,6 +351,10 @@ pub(crate) async fn revoke_key(
 pub struct AllSandboxesParams {
     /// Only this key's sandboxes (`local`: keyless use).
     key: Option<String>,
+    /// 1 to 1000; default 1000.
+    limit: Option<usize>,
+    /// Only sandboxes after this cursor: the `next` of the previous page.
+    after: Option<String>,
 }
 
 /// A sandbox, the key it belongs to, and its latest usage reading.
@@ -365,13 +369,18 @@ pub struct OwnedSandbox {
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct OwnedSandboxList {
+    /// In creation order, every key's together.
     sandboxes: Vec<OwnedSandbox>,
+    /// Present when there are more: pass it as `after` for the next page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<String>,
 }
 
-/// Every key's sandboxes, or one key's (operators only): what each is and its latest usage,
-/// not its contents.
+/// Every key's sandboxes, or one key's (operators only), in creation order a page at a time:
+/// what each is and its latest usage, not its contents.
 #[utoipa::path(get, path = "/v1/operator/sandboxes", tag = "operators", params(AllSandboxesParams),
-    responses((status = 200, body = OwnedSandboxList), (status = 403, body = crate::error::ErrorBody)))]
+    responses((status = 200, body = OwnedSandboxList), (status = 400, body = crate::error::ErrorBody),
+        (status = 403, body = crate::error::ErrorBody)))]
 pub(crate) async fn all_sandboxes(
     State(state): State<AppState>,
     _operator: Operator,
@@ -379,13 +388,20 @@ pub(crate) async fn all_sandboxes(
 ) -> Result<Json<OwnedSandboxList>, ApiError> {
     let Query(params) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let service = state.service.clone();
-    let sandboxes = blocking(move || {
-        let mut sandboxes = Vec::new();
-        for tenant in service.tenants() {
-            if params.key.as_ref().is_some_and(|k| *k != tenant.0) {
-                continue;
-            }
-            for sandbox in service.list(&tenant, &ListQuery::default())?.sandboxes {
+    let list = blocking(move || {
+        let key = params.key.map(Tenant);
+        let page = service.list_owned(
+            key.as_ref(),
+            &ListQuery {
+                limit: params.limit,
+                after: params.after,
+                ..Default::default()
+            },
+        )?;
+        let sandboxes = page
+            .sandboxes
+            .into_iter()
+            .map(|(tenant, sandbox)| {
                 // A sandbox that ended meanwhile has no reading: it is listed without one.
                 let usage = match sandbox.state.as_str() {
                     "dead" => None,
@@ -394,15 +410,18 @@ pub(crate) async fn all_sandboxes(
                         .ok()
                         .and_then(|mut samples| samples.pop()),
                 };
-                sandboxes.push(OwnedSandbox {
-                    key_id: tenant.0.clone(),
+                OwnedSandbox {
+                    key_id: tenant.0,
                     usage,
                     sandbox,
-                });
-            }
-        }
-        Ok(sandboxes)
+                }
+            })
+            .collect();
+        Ok(OwnedSandboxList {
+            sandboxes,
+            next: page.next,
+        })
     })
     .await?;
-    Ok(Json(OwnedSandboxList { sandboxes }))
+    Ok(Json(list))
 }

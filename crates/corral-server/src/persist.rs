@@ -219,14 +219,14 @@ impl Saved {
             .cloned()
     }
 
-    /// `tenant`'s saved sandboxes.
-    pub fn of(&self, db: &Db, tenant: &Tenant) -> Vec<SavedSandbox> {
+    /// `tenant`'s saved sandboxes (every key's with `None`).
+    pub fn of(&self, db: &Db, tenant: Option<&Tenant>) -> Vec<SavedSandbox> {
         self.expire(db);
         self.sandboxes
             .lock()
             .expect("lock")
             .values()
-            .filter(|s| &s.tenant == tenant)
+            .filter(|s| tenant.is_none_or(|t| s.tenant == *t))
             .cloned()
             .collect()
     }
@@ -400,7 +400,7 @@ mod tests {
 
         let saved = Saved::load(&db, saved_dir.clone(), Duration::from_secs(3600)).unwrap();
         let a = Tenant("key-a".into());
-        let ids: Vec<String> = saved.of(&db, &a).into_iter().map(|s| s.id).collect();
+        let ids: Vec<String> = saved.of(&db, Some(&a)).into_iter().map(|s| s.id).collect();
         assert_eq!(ids, ["sbx-kept"]);
         assert!(saved
             .get(&db, &Tenant("key-b".into()), "sbx-kept")

@@ -33,7 +33,10 @@ use crate::metrics::{DirectionLabels, EgressLabels, Metrics};
 use crate::network::NetworkBounds;
 
 mod contexts;
+mod listing;
 mod processes;
+
+pub use listing::OwnedPage;
 
 /// The tenant a request acts for: an API key's id, or `local` for keyless loopback use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -736,7 +739,10 @@ impl Service {
             .db
             .clone()
             .unwrap_or_else(|| store.data_dir().join("corral.db"));
-        let db = Arc::new(Db::open(&db_path)?);
+        let db = Arc::new(
+            Db::open(&db_path)?
+                .with_retention(config.audit_retention(), metrics.audit_rows_pruned.clone())?,
+        );
         let networks = NetworkBounds::of(&config.network, &config.key_network)?;
         let orphans = db.end_orphaned_sessions()?;
         let saved = crate::persist::Saved::load(
@@ -1402,95 +1408,6 @@ impl Service {
         Ok(Self::info(&info, &owned))
     }
 
-    /// `tenant`'s sessions that `query` asks for, in creation order, a page at a time.
-    pub fn list(&self, tenant: &Tenant, query: &ListQuery) -> Result<ListPage, ServiceError> {
-        let limit = query.limit.unwrap_or(LIST_LIMIT);
-        if limit == 0 || limit > LIST_LIMIT {
-            return Err(ServiceError::BadRequest(format!(
-                "`limit` must be between 1 and {LIST_LIMIT}"
-            )));
-        }
-        if let Some(bad) = query
-            .states
-            .iter()
-            .find(|s| !matches!(s.as_str(), "running" | "paused" | "dead"))
-        {
-            return Err(ServiceError::BadRequest(format!(
-                "`state` {bad:?}: the states are running, paused and dead"
-            )));
-        }
-        let owned: HashMap<String, Owned> = self
-            .sessions
-            .lock()
-            .expect("lock")
-            .iter()
-            .filter(|(_, o)| &o.tenant == tenant)
-            .filter(|(_, o)| query.image.as_ref().is_none_or(|i| *i == o.image))
-            .filter(|(_, o)| {
-                query
-                    .metadata
-                    .iter()
-                    .all(|(k, v)| o.metadata.get(k) == Some(v))
-            })
-            .map(|(id, o)| (id.clone(), o.clone()))
-            .collect();
-        // Creation order; a cursor is the creation time and id of the last session of its
-        // page, so that sessions that end meanwhile do not move the next page.
-        let cursor = |info: &corral_kernel::SessionInfo| {
-            let nanos = info
-                .created_at
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos());
-            format!("{nanos:020}-{}", info.id)
-        };
-        let mut sessions: Vec<(String, SandboxInfo)> = self
-            .manager
-            .list()
-            .into_iter()
-            .filter(|info| owned.contains_key(&info.id))
-            .map(|info| (cursor(&info), Self::info(&info, &owned[&info.id])))
-            .collect();
-        // Sandboxes saved across a restart, paused.
-        sessions.extend(
-            self.saved
-                .of(&self.db, tenant)
-                .iter()
-                .map(|saved| {
-                    let nanos = saved
-                        .created_at()
-                        .duration_since(SystemTime::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_nanos());
-                    (format!("{nanos:020}-{}", saved.id), self.saved_info(saved))
-                })
-                .filter(|(_, info)| query.image.as_ref().is_none_or(|i| *i == info.image))
-                .filter(|(_, info)| {
-                    query
-                        .metadata
-                        .iter()
-                        .all(|(k, v)| info.metadata.get(k) == Some(v))
-                }),
-        );
-        sessions.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut matching: Vec<(String, SandboxInfo)> = sessions
-            .into_iter()
-            .filter(|(at, _)| query.after.as_ref().is_none_or(|after| at > after))
-            .filter(|(_, info)| query.states.is_empty() || query.states.contains(&info.state))
-            .take(limit + 1)
-            .collect();
-        let next = (matching.len() > limit).then(|| {
-            matching.truncate(limit);
-            matching
-                .last()
-                .map(|(at, _)| at.clone())
-                .unwrap_or_default()
-        });
-        let matching = matching.into_iter().map(|(_, info)| info).collect();
-        Ok(ListPage {
-            sandboxes: matching,
-            next,
-        })
-    }
-
     /// Samples of session `id`'s usage from the last ten minutes, one every five seconds, and
     /// one of now (docs/api.md, "Metrics").
     pub fn metrics(&self, tenant: &Tenant, id: &str) -> Result<Vec<SandboxMetric>, ServiceError> {
@@ -1628,20 +1545,6 @@ impl Service {
             .restart(id)
             .map_err(|e| self.manager_error(id, e))?;
         Ok(Self::info(&info, &owned))
-    }
-
-    /// Every tenant that has a session now, each once (for an operator's listing).
-    pub fn tenants(&self) -> Vec<Tenant> {
-        let mut tenants: Vec<Tenant> = self
-            .sessions
-            .lock()
-            .expect("lock")
-            .values()
-            .map(|o| o.tenant.clone())
-            .collect();
-        tenants.sort_by(|a, b| a.0.cmp(&b.0));
-        tenants.dedup();
-        tenants
     }
 
     /// Interrupts the running execution of session `id`, if any.

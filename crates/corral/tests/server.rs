@@ -1194,6 +1194,120 @@ fn idle_sessions_expire_and_are_recorded() {
     });
 }
 
+/// A server that keeps 20 audit lines: however many executions a key makes, the log never
+/// holds more than 20 + the rows added between two passes (2 here), the newest are the ones
+/// kept, `GET /v1/audit` pages over exactly them, and `/metrics` counts what was removed.
+#[test]
+fn the_audit_log_is_held_to_its_bound_and_keeps_the_newest_lines() {
+    use corral_server::db::{Log, Retention};
+    let s = Server::start("audit_max_rows = 20");
+    let key = s.key("busy");
+    let bound = Retention {
+        max_rows: 20,
+        ..Default::default()
+    }
+    .bound();
+    assert_eq!(bound, 21);
+    let id = s.create(Some(&key));
+    let db = corral_server::db::Db::open(&s.db).unwrap();
+    for n in 1..=60 {
+        let (status, answer) = s.execute(&id, Some(&key), &format!("{n}"));
+        assert_eq!(status, 200, "{answer}");
+        let rows = db.rows(Log::Executions).unwrap();
+        assert!(rows <= bound, "{rows} audit lines after {n} executions");
+    }
+    let mut ids = Vec::new();
+    let mut before: Option<i64> = None;
+    loop {
+        let mut path = "/v1/audit?limit=7".to_string();
+        if let Some(b) = before {
+            path += &format!("&before={b}");
+        }
+        let (status, page) = s.call("GET", &path, Some(&key), None);
+        assert_eq!(status, 200, "{page}");
+        ids.extend(
+            page["entries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["id"].as_i64().unwrap()),
+        );
+        match page["next"].as_i64() {
+            Some(next) => before = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(ids, (41..=60).rev().collect::<Vec<i64>>());
+    assert_eq!(
+        metric(&s, "corral_audit_rows_pruned_total{table=\"executions\"}"),
+        Some(40.0)
+    );
+}
+
+/// An operator's list of every key's sandboxes pages over all of them (it stopped at the
+/// first 1000 of each key): pages of two across two keys hold each sandbox once, in creation
+/// order, with its key; the key filter pages the same way.
+#[test]
+fn the_operator_list_pages_over_every_keys_sandboxes() {
+    let s = Server::start("");
+    let (a, b) = (s.key("a"), s.key("b"));
+    let out = Command::new(BIN)
+        .args(["key", "create", "--name", "ops", "--operator", "--db"])
+        .arg(&s.db)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let operator = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let (_, who_a) = s.call("GET", "/v1/whoami", Some(&a), None);
+    let (_, who_b) = s.call("GET", "/v1/whoami", Some(&b), None);
+    let (key_a, key_b) = (who_a["key_id"].clone(), who_b["key_id"].clone());
+    let mut made = Vec::new();
+    for key in [&a, &b, &a, &b, &a] {
+        made.push(s.create(Some(key)));
+    }
+    let pages = |query: &str| {
+        let mut seen: Vec<(String, Value)> = Vec::new();
+        let mut after: Option<String> = None;
+        for _ in 0..10 {
+            let mut path = format!("/v1/operator/sandboxes?limit=2{query}");
+            if let Some(after) = &after {
+                path += &format!("&after={after}");
+            }
+            let (status, page) = s.call("GET", &path, Some(&operator), None);
+            assert_eq!(status, 200, "{page}");
+            let rows = page["sandboxes"].as_array().unwrap();
+            assert!(rows.len() <= 2, "{page}");
+            seen.extend(
+                rows.iter()
+                    .map(|r| (r["id"].as_str().unwrap().to_string(), r["key_id"].clone())),
+            );
+            after = page["next"].as_str().map(str::to_string);
+            if after.is_none() {
+                return seen;
+            }
+        }
+        panic!("the pages do not end: {seen:?}");
+    };
+    let owners = [&key_a, &key_b, &key_a, &key_b, &key_a];
+    let every: Vec<(String, Value)> = made
+        .iter()
+        .zip(owners)
+        .map(|(id, key)| (id.clone(), key.clone()))
+        .collect();
+    assert_eq!(pages(""), every);
+    let only_a: Vec<(String, Value)> = every.iter().filter(|(_, k)| *k == key_a).cloned().collect();
+    assert_eq!(pages(&format!("&key={}", key_a.as_str().unwrap())), only_a);
+    for bad in ["limit=0", "limit=1001"] {
+        let (status, answer) = s.call(
+            "GET",
+            &format!("/v1/operator/sandboxes?{bad}"),
+            Some(&operator),
+            None,
+        );
+        assert_eq!((status, error_code(&answer)), (400, "bad_request"), "{bad}");
+    }
+}
+
 /// The full (`lean` false) or lean zygotes below `server`: the processes running
 /// `corral_zygote.py` (with the argument `lean` for a lean one) in a pid namespace one below
 /// the server's, whose parent (their sandbox's init) does not run it. The sessions and runs
