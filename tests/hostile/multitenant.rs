@@ -33,6 +33,7 @@ mod listings;
 mod port_floods;
 mod ports;
 mod streams;
+mod threads;
 mod waiting;
 
 // ---- the server -----------------------------------------------------------------------------

@@ -47,6 +47,13 @@ pub struct ForkLabels {
     pub zygote: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// The budget that was used up: `key` (`max_blocking_calls_per_key`) or `server`
+    /// (`max_blocking_calls`).
+    pub scope: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub sessions_live: Gauge,
@@ -79,6 +86,10 @@ pub struct Metrics {
     pub egress_decisions: Family<EgressLabels, Counter>,
     /// Bytes moved through egress proxies, by direction.
     pub egress_bytes: Family<DirectionLabels, Counter>,
+    /// Blocking threads taken now (threads.rs).
+    pub blocking_threads_in_use: Gauge,
+    /// Calls refused a blocking thread, by the budget that was used up.
+    pub blocking_refusals: Family<RefusalLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -106,6 +117,8 @@ impl Default for Metrics {
             resumes: Counter::default(),
             egress_decisions: Family::default(),
             egress_bytes: Family::default(),
+            blocking_threads_in_use: Gauge::default(),
+            blocking_refusals: Family::default(),
             registry: Registry::default(),
         };
         registry.register("sessions_live", "Sessions alive", m.sessions_live.clone());
@@ -197,7 +210,23 @@ impl Default for Metrics {
             "Bytes moved through sandboxes' egress proxies, by direction",
             m.egress_bytes.clone(),
         );
+        registry.register(
+            "blocking_threads_in_use",
+            "Blocking threads taken now by engine calls and other blocking work of requests",
+            m.blocking_threads_in_use.clone(),
+        );
+        registry.register(
+            "blocking_refusals",
+            "Calls refused a blocking thread at once, by the budget used up: key \
+             (max_blocking_calls_per_key) or server (max_blocking_calls)",
+            m.blocking_refusals.clone(),
+        );
         // Both series from the start, at 0.
+        for scope in ["key", "server"] {
+            let _ = m.blocking_refusals.get_or_create(&RefusalLabels {
+                scope: scope.into(),
+            });
+        }
         for kind in corral_kernel::ZygoteKind::ALL {
             let _ = m.runs_forked.get_or_create(&ForkLabels {
                 zygote: kind.name().into(),

@@ -47,10 +47,11 @@ impl FromRequestParts<AppState> for Operator {
 /// Runs `f` on the server's database off the async runtime.
 async fn with_db<T: Send + 'static>(
     state: &AppState,
+    tenant: &Tenant,
     f: impl FnOnce(&Db) -> Result<T, DbError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let service = state.service.clone();
-    tokio::task::spawn_blocking(move || f(service.db()))
+    crate::threads::spawn(state.service.admit_thread(tenant)?, move || f(service.db()))
         .await
         .map_err(|e| ApiError::internal(format!("internal error: {e}")))?
         .map_err(|e| ApiError::internal(e.to_string()))
@@ -58,7 +59,7 @@ async fn with_db<T: Send + 'static>(
 
 async fn is_operator(state: &AppState, tenant: &Tenant) -> Result<bool, ApiError> {
     let id = tenant.0.clone();
-    with_db(state, move |db| db.is_operator(&id)).await
+    with_db(state, tenant, move |db| db.is_operator(&id)).await
 }
 
 pub fn router() -> Router<AppState> {
@@ -89,7 +90,7 @@ pub(crate) async fn whoami(
     tenant: Tenant,
 ) -> Result<Json<Whoami>, ApiError> {
     let id = tenant.0.clone();
-    let (name, operator) = with_db(&state, move |db| {
+    let (name, operator) = with_db(&state, &tenant, move |db| {
         Ok((db.key_name(&id)?, db.is_operator(&id)?))
     })
     .await?;
@@ -159,7 +160,7 @@ pub(crate) async fn audit(
                     "only an operator key sees another key's audit log",
                 ))
             }
-            _ => Some(tenant.0),
+            _ => Some(tenant.0.clone()),
         }
     };
     let query = AuditQuery {
@@ -171,7 +172,7 @@ pub(crate) async fn audit(
         before: params.before,
         limit,
     };
-    let entries = with_db(&state, move |db| db.query_audit(&query)).await?;
+    let entries = with_db(&state, &tenant, move |db| db.query_audit(&query)).await?;
     let next = (entries.len() == limit)
         .then(|| entries.last().map(|e| e.id))
         .flatten();
@@ -199,9 +200,9 @@ pub struct KeyList {
     responses((status = 200, body = KeyList), (status = 403, body = crate::error::ErrorBody)))]
 pub(crate) async fn list_keys(
     State(state): State<AppState>,
-    _operator: Operator,
+    operator: Operator,
 ) -> Result<Json<KeyList>, ApiError> {
-    let keys = with_db(&state, |db| db.list_keys()).await?;
+    let keys = with_db(&state, &operator.0, |db| db.list_keys()).await?;
     Ok(Json(KeyList {
         keys: keys
             .into_iter()
@@ -238,7 +239,7 @@ pub struct CreatedKey {
         (status = 403, body = crate::error::ErrorBody)))]
 pub(crate) async fn create_key(
     State(state): State<AppState>,
-    _operator: Operator,
+    operator: Operator,
     ApiJson(req): ApiJson<CreateKeyRequest>,
 ) -> Result<(StatusCode, Json<CreatedKey>), ApiError> {
     let name = req.name;
@@ -248,7 +249,7 @@ pub(crate) async fn create_key(
         )));
     }
     let made = name.clone();
-    let (id, secret) = with_db(&state, move |db| db.create_key(&made, false)).await?;
+    let (id, secret) = with_db(&state, &operator.0, move |db| db.create_key(&made, false)).await?;
     Ok((StatusCode::CREATED, Json(CreatedKey { id, name, secret })))
 }
 
@@ -258,12 +259,12 @@ pub(crate) async fn create_key(
         (status = 404, description = "No live key of that id", body = crate::error::ErrorBody)))]
 pub(crate) async fn revoke_key(
     State(state): State<AppState>,
-    _operator: Operator,
+    operator: Operator,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let revoked = {
         let id = id.clone();
-        with_db(&state, move |db| db.revoke_key(&id)).await?
+        with_db(&state, &operator.0, move |db| db.revoke_key(&id)).await?
     };
     if revoked {
         Ok(StatusCode::NO_CONTENT)
@@ -301,12 +302,12 @@ pub struct OwnedSandboxList {
     responses((status = 200, body = OwnedSandboxList), (status = 403, body = crate::error::ErrorBody)))]
 pub(crate) async fn all_sandboxes(
     State(state): State<AppState>,
-    _operator: Operator,
+    operator: Operator,
     query: Result<Query<AllSandboxesParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<OwnedSandboxList>, ApiError> {
     let Query(params) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let service = state.service.clone();
-    let sandboxes = blocking(move || {
+    let sandboxes = blocking(service.admit_thread(&operator.0)?, move || {
         let mut sandboxes = Vec::new();
         for tenant in service.tenants() {
             if params.key.as_ref().is_some_and(|k| *k != tenant.0) {

@@ -13,7 +13,7 @@ use super::*;
 const PILED: usize = 600;
 
 /// Sends an execution of `code` to session `id` without waiting for its answer.
-fn send_execute(s: &Server, key: &str, id: &str, code: &str, timeout_s: u64) -> TcpStream {
+pub(super) fn send_execute(s: &Server, key: &str, id: &str, code: &str, timeout_s: u64) -> TcpStream {
     let address = s.url.trim_start_matches("http://");
     let mut conn = TcpStream::connect(address).unwrap();
     let body = json!({"code": code, "timeout_s": timeout_s}).to_string();
@@ -29,7 +29,7 @@ fn send_execute(s: &Server, key: &str, id: &str, code: &str, timeout_s: u64) -> 
 }
 
 /// The start of the answer on `conn` within `limit` (empty: none came).
-fn answer_within(conn: &mut TcpStream, limit: Duration) -> String {
+pub(super) fn answer_within(conn: &mut TcpStream, limit: Duration) -> String {
     conn.set_read_timeout(Some(limit)).unwrap();
     let mut buf = vec![0u8; 4096];
     match conn.read(&mut buf) {
