@@ -997,23 +997,22 @@ async fn write_file(
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let service = state.service.clone();
     let max_body_bytes = state.service.config().max_body_bytes as u64;
-    // Two threads of the key's budget: one prepares the upload, the other writes its body.
     let prepared = async {
-        let write = service.admit_thread(&tenant)?;
-        let prepare = service.admit_thread(&tenant)?;
-        let upload = blocking(prepare, move || {
+        let thread = service.admit_thread(&tenant)?;
+        let tenant = tenant.clone();
+        blocking(thread, move || {
             service.prepare_upload(&tenant, &id, &path, announced)
         })
-        .await?;
-        Ok::<_, ApiError>((upload, write))
+        .await
     };
-    let (upload, write) = match prepared.await {
-        Ok(prepared) => prepared,
+    let upload = match prepared.await {
+        Ok(upload) => upload,
         Err(e) => {
             // Refused before a byte was read (too large for the sandbox, no such sandbox, a
-            // bad path): a body the server would have taken is read and dropped first, so
-            // that a client that sends all of it before it reads gets the answer, not a
-            // broken pipe. A body over max_body_bytes is not read at all.
+            // bad path, the key's threads all taken): a body the server would have taken is
+            // read and dropped first, so that a client that sends all of it before it reads
+            // gets the answer, not a broken pipe. A body over max_body_bytes is not read at
+            // all.
             if announced.is_none_or(|n| n <= max_body_bytes) {
                 drain(body.into_data_stream(), max_body_bytes).await;
             }
@@ -1021,6 +1020,8 @@ async fn write_file(
         }
     };
     let _slot = state.service.admit_upload().await?;
+    // The writer's thread, once the upload has its slot (refused like the slot: body unread).
+    let write = state.service.admit_thread(&tenant)?;
     let (written, failed) =
         stream_upload(upload, write, body.into_data_stream(), max_body_bytes).await;
     match (written, failed) {

@@ -117,7 +117,10 @@ fn one_key_cannot_take_every_blocking_thread() {
         "of A's {total} calls, {holding} hold a thread and {refused} were refused"
     );
     let in_use = s.metric("corral_blocking_threads_in_use").unwrap_or(-1.0);
-    assert!(in_use >= PER_KEY as f64, "corral_blocking_threads_in_use {in_use}");
+    assert!(
+        in_use >= PER_KEY as f64,
+        "corral_blocking_threads_in_use {in_use}"
+    );
     let counted = s
         .metric("corral_blocking_refusals_total{scope=\"key\"}")
         .unwrap_or(0.0);
