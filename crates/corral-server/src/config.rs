@@ -49,8 +49,9 @@ pub struct Config {
     /// beyond it is refused at once (503 `server_busy`, `Retry-After`).
     pub max_blocking_calls: usize,
     /// Engine calls on blocking threads at once from one key (running, or waiting for a busy
-    /// session); a call beyond it is refused at once (429 `key_busy`, `Retry-After`).
-    pub max_blocking_calls_per_key: usize,
+    /// session); a call beyond it is refused at once (429 `key_busy`, `Retry-After`). Default
+    /// half of `max_blocking_calls`, so that no key can take all of it.
+    pub max_blocking_calls_per_key: Option<usize>,
     pub max_json_bytes: usize,
     /// Bytes of rich results the server holds at once, from every execution of every key:
     /// from decoding until the answer that carries them has been written (or dropped). A
@@ -152,7 +153,7 @@ impl Default for Config {
             max_uploads_in_flight: 32,
             blocking_threads: 512,
             max_blocking_calls: 384,
-            max_blocking_calls_per_key: 64,
+            max_blocking_calls_per_key: None,
             max_json_bytes: 8 << 20,
             max_result_bytes_in_flight: 256 << 20,
             max_result_bytes_in_flight_per_key: None,
@@ -205,6 +206,12 @@ impl Config {
             .min(self.max_result_bytes_in_flight)
     }
 
+    /// `max_blocking_calls_per_key`, or its default: half of `max_blocking_calls`, at least 1.
+    pub fn blocking_calls_per_key(&self) -> usize {
+        self.max_blocking_calls_per_key
+            .unwrap_or((self.max_blocking_calls / 2).max(1))
+    }
+
     /// Refuses settings that cannot work.
     pub fn check(&self) -> anyhow::Result<()> {
         if self.max_runs == 0 || self.max_runs_per_key == Some(0) {
@@ -213,7 +220,7 @@ impl Config {
         if self.max_uploads_in_flight == 0 {
             anyhow::bail!("max_uploads_in_flight must be at least 1");
         }
-        if !(1..=self.max_blocking_calls).contains(&self.max_blocking_calls_per_key)
+        if !(1..=self.max_blocking_calls).contains(&self.blocking_calls_per_key())
             || self.max_blocking_calls >= self.blocking_threads
         {
             anyhow::bail!(
@@ -333,7 +340,16 @@ mod tests {
 
     #[test]
     fn blocking_budgets_must_nest_below_the_pool() {
-        Config::default().check().unwrap();
+        let c = Config::default();
+        c.check().unwrap();
+        assert_eq!(
+            (
+                c.blocking_threads,
+                c.max_blocking_calls,
+                c.blocking_calls_per_key()
+            ),
+            (512, 384, 192)
+        );
         for bad in [
             "max_blocking_calls_per_key = 0",
             "max_blocking_calls = 8\nmax_blocking_calls_per_key = 9",

@@ -59,7 +59,7 @@ impl Threads {
     pub fn new(config: &Config, metrics: &Metrics) -> Arc<Threads> {
         Arc::new(Threads {
             max: config.max_blocking_calls,
-            per_key: config.max_blocking_calls_per_key,
+            per_key: config.blocking_calls_per_key(),
             state: Mutex::new(State::default()),
             in_use: metrics.blocking_threads_in_use.clone(),
             refusals: metrics.blocking_refusals.clone(),
@@ -171,7 +171,7 @@ mod tests {
         let metrics = Metrics::default();
         let config = Config {
             max_blocking_calls: max,
-            max_blocking_calls_per_key: per_key,
+            max_blocking_calls_per_key: Some(per_key),
             ..Config::default()
         };
         (Threads::new(&config, &metrics), metrics)
