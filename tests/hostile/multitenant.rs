@@ -35,6 +35,7 @@ mod lockdown;
 mod port_floods;
 mod ports;
 mod streams;
+mod threads;
 mod waiting;
 
 // ---- the server -----------------------------------------------------------------------------

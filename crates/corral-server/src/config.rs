@@ -41,6 +41,17 @@ pub struct Config {
     /// Uploads whose bodies stream into sandboxes at once, from all keys; more wait up to
     /// `admission_wait_s` for a slot, then are refused (503 `uploads_busy`).
     pub max_uploads_in_flight: usize,
+    /// Threads of the server's blocking pool (tokio's `max_blocking_threads`): every engine
+    /// call, and every other blocking step of a request, runs on one of them.
+    pub blocking_threads: usize,
+    /// Engine calls on blocking threads at once, from all keys; below `blocking_threads`, so
+    /// that the rest (authentication, the stop of a stream) always find a thread. A call
+    /// beyond it is refused at once (503 `server_busy`, `Retry-After`).
+    pub max_blocking_calls: usize,
+    /// Engine calls on blocking threads at once from one key (running, or waiting for a busy
+    /// session); a call beyond it is refused at once (429 `key_busy`, `Retry-After`). Default
+    /// half of `max_blocking_calls`, so that no key can take all of it.
+    pub max_blocking_calls_per_key: Option<usize>,
     pub max_json_bytes: usize,
     /// Bytes of rich results the server holds at once, from every execution of every key:
     /// from decoding until the answer that carries them has been written (or dropped). A
@@ -145,6 +156,9 @@ impl Default for Config {
             memory_budget_bytes: None,
             max_body_bytes: 64 << 20,
             max_uploads_in_flight: 32,
+            blocking_threads: 512,
+            max_blocking_calls: 384,
+            max_blocking_calls_per_key: None,
             max_json_bytes: 8 << 20,
             max_result_bytes_in_flight: 256 << 20,
             max_result_bytes_in_flight_per_key: None,
@@ -199,6 +213,12 @@ impl Config {
             .min(self.max_result_bytes_in_flight)
     }
 
+    /// `max_blocking_calls_per_key`, or its default: half of `max_blocking_calls`, at least 1.
+    pub fn blocking_calls_per_key(&self) -> usize {
+        self.max_blocking_calls_per_key
+            .unwrap_or((self.max_blocking_calls / 2).max(1))
+    }
+
     /// Refuses settings that cannot work.
     pub fn check(&self) -> anyhow::Result<()> {
         if self.max_runs == 0 || self.max_runs_per_key == Some(0) {
@@ -206,6 +226,15 @@ impl Config {
         }
         if self.max_uploads_in_flight == 0 {
             anyhow::bail!("max_uploads_in_flight must be at least 1");
+        }
+        if !(1..=self.max_blocking_calls).contains(&self.blocking_calls_per_key())
+            || self.max_blocking_calls >= self.blocking_threads
+        {
+            anyhow::bail!(
+                "the blocking settings must be 1 <= max_blocking_calls_per_key <= \
+                 max_blocking_calls < blocking_threads (the rest of the threads are kept for \
+                 authentication and stopping streams)"
+            );
         }
         if !(self.memory_overcommit > 0.0 && self.memory_overcommit.is_finite()) {
             anyhow::bail!("memory_overcommit must be a positive number (1.5: 150% of MemTotal)");
@@ -335,6 +364,34 @@ mod tests {
         assert!(c.check().is_err());
         let c: Config = toml::from_str("memory_overcommit = -1").unwrap();
         assert!(c.check().is_err());
+    }
+
+    #[test]
+    fn blocking_budgets_must_nest_below_the_pool() {
+        let c = Config::default();
+        c.check().unwrap();
+        assert_eq!(
+            (
+                c.blocking_threads,
+                c.max_blocking_calls,
+                c.blocking_calls_per_key()
+            ),
+            (512, 384, 192)
+        );
+        for bad in [
+            "max_blocking_calls_per_key = 0",
+            "max_blocking_calls = 8\nmax_blocking_calls_per_key = 9",
+            "blocking_threads = 384",
+            "blocking_threads = 16\nmax_blocking_calls = 16\nmax_blocking_calls_per_key = 4",
+        ] {
+            let c: Config = toml::from_str(bad).unwrap();
+            assert!(c.check().is_err(), "{bad}");
+        }
+        let c: Config = toml::from_str(
+            "blocking_threads = 16\nmax_blocking_calls = 15\nmax_blocking_calls_per_key = 15",
+        )
+        .unwrap();
+        c.check().unwrap();
     }
 
     #[test]

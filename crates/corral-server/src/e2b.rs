@@ -458,7 +458,10 @@ async fn create_sandbox(
         network,
     };
     let (service, owner) = (state.service.clone(), tenant.clone());
-    let info = blocking(move || service.create_session(&owner, &create)).await?;
+    let info = blocking(service.admit_thread(&owner)?, move || {
+        service.create_session(&owner, &create)
+    })
+    .await?;
     let service = state.service.clone();
     registry.prune(|tenant, id| service.get(tenant, id).is_ok());
     let token = registry.register(&info.id, tenant, template.clone());
@@ -487,7 +490,10 @@ async fn connect_sandbox(
     if info.state == "paused" {
         let service = state.service.clone();
         let (owner, sandbox) = (tenant.clone(), id.clone());
-        info = blocking(move || service.resume(&owner, &sandbox)).await?;
+        info = blocking(service.admit_thread(&owner)?, move || {
+            service.resume(&owner, &sandbox)
+        })
+        .await?;
     }
     Ok(Json(known_sandbox_json(
         &state, &registry, tenant, &id, info.image,
@@ -523,7 +529,10 @@ async fn pause_sandbox(
 ) -> Result<StatusCode, E2bError> {
     let tenant = tenant_of(&state, &headers).await?;
     let service = state.service.clone();
-    blocking(move || service.pause(&tenant, &id)).await?;
+    blocking(service.admit_thread(&tenant)?, move || {
+        service.pause(&tenant, &id)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -537,7 +546,10 @@ async fn resume_sandbox(
     let tenant = tenant_of(&state, &headers).await?;
     let service = state.service.clone();
     let (owner, sandbox) = (tenant.clone(), id.clone());
-    let info = blocking(move || service.resume(&owner, &sandbox)).await?;
+    let info = blocking(service.admit_thread(&owner)?, move || {
+        service.resume(&owner, &sandbox)
+    })
+    .await?;
     Ok((
         StatusCode::CREATED,
         Json(known_sandbox_json(
@@ -665,7 +677,10 @@ async fn sandbox_metrics(
     let tenant = tenant_of(&state, &headers).await?;
     let Query(params) = query.map_err(|e| E2bError::bad_request(e.body_text()))?;
     let service = state.service.clone();
-    let metrics = blocking(move || service.metrics(&tenant, &id)).await?;
+    let metrics = blocking(service.admit_thread(&tenant)?, move || {
+        service.metrics(&tenant, &id)
+    })
+    .await?;
     let listed = metrics
         .iter()
         .filter(|m| {
@@ -698,7 +713,10 @@ async fn kill_sandbox(
     let tenant = tenant_of(&state, &headers).await?;
     let service = state.service.clone();
     let (owner, sandbox) = (tenant.clone(), id.clone());
-    let killed = blocking(move || service.kill(&owner, &sandbox)).await;
+    let killed = blocking(service.unmetered_thread(), move || {
+        service.kill(&owner, &sandbox)
+    })
+    .await;
     if registry.lookup(&tenant, &id).is_some() {
         registry.forget(&id);
     }
@@ -722,7 +740,10 @@ async fn set_timeout(
     let tenant = tenant_of(&state, &headers).await?;
     let req: Timeout = parse_json(&body).map_err(E2bError::bad_request)?;
     let service = state.service.clone();
-    blocking(move || service.set_idle_timeout(&tenant, &id, req.timeout)).await?;
+    blocking(service.admit_thread(&tenant)?, move || {
+        service.set_idle_timeout(&tenant, &id, req.timeout)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -826,7 +847,10 @@ async fn read_file(
         .ok_or_else(|| E2bError::bad_request("the path query parameter is required"))?;
     let rel = workspace_path(&path)?;
     let service = state.service.clone();
-    let file = blocking(move || service.open_file(&sandbox.tenant, &sandbox.id, &rel)).await?;
+    let file = blocking(service.admit_thread(&sandbox.tenant)?, move || {
+        service.open_file(&sandbox.tenant, &sandbox.id, &rel)
+    })
+    .await?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
@@ -872,8 +896,12 @@ async fn write_files(
         let rel = workspace_path(&path)?;
         let service = state.service.clone();
         let (tenant, id) = (sandbox.tenant.clone(), sandbox.id.clone());
-        let upload = blocking(move || service.prepare_upload(&tenant, &id, &rel, None)).await?;
-        let entry = match stream_upload(upload, field, max_body_bytes).await {
+        let write = service.admit_thread(&tenant)?;
+        let upload = blocking(service.admit_thread(&tenant)?, move || {
+            service.prepare_upload(&tenant, &id, &rel, None)
+        })
+        .await?;
+        let entry = match stream_upload(upload, write, field, max_body_bytes).await {
             (Err(e), _) if e.is_refused_upload() => return Err(e.into()),
             (_, Some(e)) => return Err(multipart_error(e.status(), e.body_text())),
             (entry, None) => entry?,
@@ -1022,7 +1050,10 @@ async fn execute(
     };
     let checked = {
         let (service, tenant, id) = (state.service.clone(), tenant.clone(), id.clone());
-        blocking(move || Ok(service.prepare_execute(&tenant, &id, &run).map(|_| run))).await?
+        blocking(service.admit_thread(&tenant)?, move || {
+            Ok(service.prepare_execute(&tenant, &id, &run).map(|_| run))
+        })
+        .await?
     };
     let run = match checked {
         Ok(run) => run,
@@ -1033,9 +1064,11 @@ async fn execute(
         Err(e) => return Err(e.into()),
     };
     let service = state.service.clone();
+    let thread = service.admit_thread(&tenant)?;
     let (gone_service, gone_tenant, gone_id) = (service.clone(), tenant.clone(), id.clone());
     Ok(stream_frames(
         "application/x-ndjson",
+        thread,
         move |emit| {
             let mut saw_error = false;
             let outcome = service.execute(&tenant, &id, &run, &mut |event| {
@@ -1100,6 +1133,7 @@ fn connect_code_of(e: &ServiceError) -> Code {
         ServiceError::SandboxDead(_) | ServiceError::Conflict { .. } => Code::FailedPrecondition,
         ServiceError::Forbidden(_) => Code::PermissionDenied,
         ServiceError::TooManySandboxes { .. }
+        | ServiceError::KeyBusy { .. }
         | ServiceError::PayloadTooLarge(_)
         | ServiceError::InsufficientStorage(_) => Code::ResourceExhausted,
         ServiceError::Sandbox(_) => Code::Internal,
@@ -1354,7 +1388,8 @@ async fn filesystem_rpc(
         }
     };
     let service = state.service.clone();
-    let answer = tokio::task::spawn_blocking(move || {
+    let thread = service.admit_thread(&sandbox.tenant)?;
+    let answer = crate::threads::spawn(thread, move || {
         filesystem_call(&service, &registry, &sandbox, &method, req)
     })
     .await

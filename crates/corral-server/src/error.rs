@@ -105,6 +105,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::TooManySandboxes { .. } => {
                 (StatusCode::TOO_MANY_REQUESTS, "too_many_sandboxes")
             }
+            ServiceError::KeyBusy { .. } => (StatusCode::TOO_MANY_REQUESTS, "key_busy"),
             ServiceError::Sandbox(_) => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox_error"),
             ServiceError::PayloadTooLarge(_) => {
                 (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
@@ -119,6 +120,7 @@ impl From<ServiceError> for ApiError {
                     Unavailability::MemoryBudget => "memory_budget_committed",
                     Unavailability::Uploads => "uploads_busy",
                     Unavailability::SandboxBusy => "sandbox_busy",
+                    Unavailability::ServerBusy => "server_busy",
                 },
             ),
             ServiceError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
@@ -136,6 +138,7 @@ impl From<ServiceError> for ApiError {
         };
         let retry_after_s = match e {
             ServiceError::TooManySandboxes { retry_after_s, .. }
+            | ServiceError::KeyBusy { retry_after_s, .. }
             | ServiceError::Unavailable { retry_after_s, .. } => Some(retry_after_s),
             _ => None,
         };

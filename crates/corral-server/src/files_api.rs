@@ -148,7 +148,10 @@ async fn stat(
 ) -> Result<Json<Entry>, ApiError> {
     let q = query(q)?;
     let service = state.service.clone();
-    let entry = blocking(move || service.stat(&tenant, &id, &q.path)).await?;
+    let entry = blocking(service.admit_thread(&tenant)?, move || {
+        service.stat(&tenant, &id, &q.path)
+    })
+    .await?;
     Ok(Json(Entry::from(&entry)))
 }
 
@@ -171,7 +174,10 @@ async fn list(
         )));
     }
     let service = state.service.clone();
-    let entries = blocking(move || service.list_dir(&tenant, &id, &q.path, depth)).await?;
+    let entries = blocking(service.admit_thread(&tenant)?, move || {
+        service.list_dir(&tenant, &id, &q.path, depth)
+    })
+    .await?;
     Ok(Json(EntryList {
         entries: entries.iter().map(Entry::from).collect(),
     }))
@@ -190,7 +196,7 @@ async fn make_dir(
     ApiJson(body): ApiJson<PathBody>,
 ) -> Result<(StatusCode, Json<Entry>), ApiError> {
     let service = state.service.clone();
-    let (made, entry) = blocking(move || {
+    let (made, entry) = blocking(service.admit_thread(&tenant)?, move || {
         let made = service.make_dir(&tenant, &id, &body.path)?;
         Ok((made, service.stat(&tenant, &id, &body.path)?))
     })
@@ -216,7 +222,10 @@ async fn move_entry(
     ApiJson(body): ApiJson<MoveBody>,
 ) -> Result<Json<Entry>, ApiError> {
     let service = state.service.clone();
-    let entry = blocking(move || service.move_path(&tenant, &id, &body.from, &body.to)).await?;
+    let entry = blocking(service.admit_thread(&tenant)?, move || {
+        service.move_path(&tenant, &id, &body.from, &body.to)
+    })
+    .await?;
     Ok(Json(Entry::from(&entry)))
 }
 
@@ -232,7 +241,10 @@ async fn remove(
     ApiJson(body): ApiJson<PathBody>,
 ) -> Result<StatusCode, ApiError> {
     let service = state.service.clone();
-    blocking(move || service.remove_path(&tenant, &id, &body.path)).await?;
+    blocking(service.admit_thread(&tenant)?, move || {
+        service.remove_path(&tenant, &id, &body.path)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

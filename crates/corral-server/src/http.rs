@@ -56,11 +56,13 @@ impl AppState {
     }
 }
 
-/// Runs blocking engine work off the async runtime.
+/// Runs blocking engine work off the async runtime, on the thread `thread` admits (get it
+/// from [`Service::admit_thread`] before the work's inputs move into it).
 pub async fn blocking<T: Send + 'static>(
+    thread: crate::threads::ThreadPermit,
     f: impl FnOnce() -> Result<T, ServiceError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
+    crate::threads::spawn(thread, f)
         .await
         .map_err(|e| ApiError::internal(format!("internal error: {e}")))?
         .map_err(ApiError::from)
@@ -189,7 +191,9 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Tenan
         )),
         Some(key) => {
             let service = state.service.clone();
-            let id = tokio::task::spawn_blocking(move || service.db().verify_key(&key))
+            // Before the key is known: a short look-up, on the threads no key's budget takes.
+            let thread = service.unmetered_thread();
+            let id = crate::threads::spawn(thread, move || service.db().verify_key(&key))
                 .await
                 .map_err(|e| ApiError::internal(e.to_string()))?
                 .map_err(|e| ApiError::internal(e.to_string()))?;
@@ -423,6 +427,7 @@ fn json_response(body: Bytes) -> Response {
 /// read keeps holding it.
 pub fn stream_frames(
     content_type: &'static str,
+    thread: crate::threads::ThreadPermit,
     work: impl FnOnce(&mut dyn FnMut(Bytes)) -> Reservation + Send + 'static,
     on_gone: impl FnOnce() + Send + 'static,
 ) -> Response {
@@ -431,16 +436,18 @@ pub fn stream_frames(
     let body_holds = held.clone();
     let (done_tx, done_rx) = oneshot::channel::<()>();
     let watcher = tx.clone();
+    // The stop runs on a thread of no key's budget: there is one per admitted stream.
+    let gone_thread = thread.unmetered_later();
     tokio::spawn(async move {
         tokio::select! {
             _ = watcher.closed() => {
-                let _ = tokio::task::spawn_blocking(on_gone).await;
+                let _ = crate::threads::spawn(gone_thread(), on_gone).await;
             }
             _ = done_rx => {}
         }
     });
     let runtime = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || {
+    crate::threads::spawn(thread, move || {
         let mut open = true;
         let reservation = work(&mut |frame| {
             if open {
@@ -493,6 +500,7 @@ impl std::io::Read for QueuedBody {
 /// can read it.
 pub(crate) async fn stream_upload<S, E>(
     upload: Upload,
+    thread: crate::threads::ThreadPermit,
     mut body: S,
     max_body_bytes: u64,
 ) -> (Result<FileEntry, ServiceError>, Option<E>)
@@ -501,7 +509,7 @@ where
     E: std::fmt::Display,
 {
     let (tx, frames) = mpsc::channel(UPLOAD_QUEUE);
-    let writing = tokio::task::spawn_blocking(move || {
+    let writing = crate::threads::spawn(thread, move || {
         upload.write(&mut QueuedBody {
             frames,
             current: Bytes::new(),
@@ -618,12 +626,14 @@ type Work = Box<
 /// Runs `work` on a blocking thread and streams its events as NDJSON; when the client goes
 /// away, `on_gone` interrupts the work.
 pub fn ndjson_stream(
+    thread: crate::threads::ThreadPermit,
     work: Work,
     on_gone: impl FnOnce() + Send + 'static,
     with_exit_code: bool,
 ) -> Response {
     stream_frames(
         "application/x-ndjson",
+        thread,
         move |send| {
             let outcome = work(&mut |event| {
                 // The end line is written from the final result (it may carry the exit code).
@@ -668,7 +678,7 @@ async fn run(
     // A slot and the memory the run's limits promise (bounded wait; see admission.rs).
     let permit = state.service.admit_run(&tenant, &req).await?;
     let service = state.service.clone();
-    let answer = blocking(move || {
+    let answer = blocking(service.admit_thread(&tenant)?, move || {
         service
             .run(&tenant, &req, permit, &mut |_, _| {})
             .map(result_answer)
@@ -697,7 +707,10 @@ async fn create_sandbox(
         parse_json(&body).map_err(ApiError::bad_request)?
     };
     let service = state.service.clone();
-    let info = blocking(move || service.create_session(&tenant, &req)).await?;
+    let info = blocking(service.admit_thread(&tenant)?, move || {
+        service.create_session(&tenant, &req)
+    })
+    .await?;
     Ok((StatusCode::CREATED, Json(info)))
 }
 
@@ -784,7 +797,10 @@ async fn sandbox_metrics(
     Path(id): Path<String>,
 ) -> Result<Json<MetricList>, ApiError> {
     let service = state.service.clone();
-    let metrics = blocking(move || service.metrics(&tenant, &id)).await?;
+    let metrics = blocking(service.admit_thread(&tenant)?, move || {
+        service.metrics(&tenant, &id)
+    })
+    .await?;
     Ok(Json(MetricList { metrics }))
 }
 
@@ -813,7 +829,12 @@ async fn pause_sandbox(
     Path(id): Path<String>,
 ) -> Result<Json<SandboxInfo>, ApiError> {
     let service = state.service.clone();
-    Ok(Json(blocking(move || service.pause(&tenant, &id)).await?))
+    Ok(Json(
+        blocking(service.admit_thread(&tenant)?, move || {
+            service.pause(&tenant, &id)
+        })
+        .await?,
+    ))
 }
 
 /// Resume a paused session, with every process and all its memory as they were.
@@ -826,7 +847,12 @@ async fn resume_sandbox(
     Path(id): Path<String>,
 ) -> Result<Json<SandboxInfo>, ApiError> {
     let service = state.service.clone();
-    Ok(Json(blocking(move || service.resume(&tenant, &id)).await?))
+    Ok(Json(
+        blocking(service.admit_thread(&tenant)?, move || {
+            service.resume(&tenant, &id)
+        })
+        .await?,
+    ))
 }
 
 /// Restart a session's kernel: its variables and processes are gone, its files stay.
@@ -839,7 +865,12 @@ async fn restart_sandbox(
     Path(id): Path<String>,
 ) -> Result<Json<SandboxInfo>, ApiError> {
     let service = state.service.clone();
-    Ok(Json(blocking(move || service.restart(&tenant, &id)).await?))
+    Ok(Json(
+        blocking(service.admit_thread(&tenant)?, move || {
+            service.restart(&tenant, &id)
+        })
+        .await?,
+    ))
 }
 
 /// Kill a session: its sandbox is torn down and nothing of it remains.
@@ -851,7 +882,10 @@ async fn kill_sandbox(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let service = state.service.clone();
-    blocking(move || service.kill(&tenant, &id)).await?;
+    blocking(service.unmetered_thread(), move || {
+        service.kill(&tenant, &id)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -871,7 +905,7 @@ async fn execute(
 ) -> Result<Response, ApiError> {
     let service = state.service.clone();
     if wants_json(&headers) {
-        let answer = blocking(move || {
+        let answer = blocking(service.admit_thread(&tenant)?, move || {
             service
                 .execute(&tenant, &id, &req, &mut |_| {})
                 .map(result_answer)
@@ -881,10 +915,15 @@ async fn execute(
     }
     let req = {
         let (service, tenant, id) = (service.clone(), tenant.clone(), id.clone());
-        blocking(move || service.prepare_execute(&tenant, &id, &req).map(|_| req)).await?
+        blocking(service.admit_thread(&tenant)?, move || {
+            service.prepare_execute(&tenant, &id, &req).map(|_| req)
+        })
+        .await?
     };
+    let thread = service.admit_thread(&tenant)?;
     let (gone_service, gone_tenant, gone_id) = (service.clone(), tenant.clone(), id.clone());
     Ok(ndjson_stream(
+        thread,
         Box::new(move |on_event| service.execute(&tenant, &id, &req, on_event)),
         move || {
             let _ = gone_service.interrupt(&gone_tenant, &gone_id);
@@ -909,7 +948,7 @@ async fn commands(
 ) -> Result<Response, ApiError> {
     let service = state.service.clone();
     if wants_json(&headers) {
-        let answer = blocking(move || {
+        let answer = blocking(service.admit_thread(&tenant)?, move || {
             service
                 .run_command(&tenant, &id, &req, &Stopper::default(), &mut |_| {})
                 .map(result_answer)
@@ -919,12 +958,17 @@ async fn commands(
     }
     let req = {
         let (service, tenant, id) = (service.clone(), tenant.clone(), id.clone());
-        blocking(move || service.prepare_command(&tenant, &id, &req).map(|_| req)).await?
+        blocking(service.admit_thread(&tenant)?, move || {
+            service.prepare_command(&tenant, &id, &req).map(|_| req)
+        })
+        .await?
     };
     // A client that goes away stops its command, and no other execution of the session.
     let stop = Stopper::default();
     let gone = stop.clone();
+    let thread = service.admit_thread(&tenant)?;
     Ok(ndjson_stream(
+        thread,
         Box::new(move |on_event| service.run_command(&tenant, &id, &req, &stop, on_event)),
         move || {
             gone.stop();
@@ -953,22 +997,33 @@ async fn write_file(
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let service = state.service.clone();
     let max_body_bytes = state.service.config().max_body_bytes as u64;
-    let upload =
-        match blocking(move || service.prepare_upload(&tenant, &id, &path, announced)).await {
-            Ok(upload) => upload,
-            Err(e) => {
-                // Refused before a byte was read (too large for the sandbox, no such sandbox, a
-                // bad path): a body the server would have taken is read and dropped first, so
-                // that a client that sends all of it before it reads gets the answer, not a
-                // broken pipe. A body over max_body_bytes is not read at all.
-                if announced.is_none_or(|n| n <= max_body_bytes) {
-                    drain(body.into_data_stream(), max_body_bytes).await;
-                }
-                return Err(e);
+    let prepared = async {
+        let thread = service.admit_thread(&tenant)?;
+        let tenant = tenant.clone();
+        blocking(thread, move || {
+            service.prepare_upload(&tenant, &id, &path, announced)
+        })
+        .await
+    };
+    let upload = match prepared.await {
+        Ok(upload) => upload,
+        Err(e) => {
+            // Refused before a byte was read (too large for the sandbox, no such sandbox, a
+            // bad path, the key's threads all taken): a body the server would have taken is
+            // read and dropped first, so that a client that sends all of it before it reads
+            // gets the answer, not a broken pipe. A body over max_body_bytes is not read at
+            // all.
+            if announced.is_none_or(|n| n <= max_body_bytes) {
+                drain(body.into_data_stream(), max_body_bytes).await;
             }
-        };
+            return Err(e);
+        }
+    };
     let _slot = state.service.admit_upload().await?;
-    let (written, failed) = stream_upload(upload, body.into_data_stream(), max_body_bytes).await;
+    // The writer's thread, once the upload has its slot (refused like the slot: body unread).
+    let write = state.service.admit_thread(&tenant)?;
+    let (written, failed) =
+        stream_upload(upload, write, body.into_data_stream(), max_body_bytes).await;
     match (written, failed) {
         (Err(e), _) if e.is_refused_upload() => Err(e.into()),
         (_, Some(e)) => Err(ApiError::bad_request(format!(
@@ -988,7 +1043,10 @@ async fn read_file(
     Path((id, path)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let service = state.service.clone();
-    let file = blocking(move || service.open_file(&tenant, &id, &path)).await?;
+    let file = blocking(service.admit_thread(&tenant)?, move || {
+        service.open_file(&tenant, &id, &path)
+    })
+    .await?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
@@ -1006,7 +1064,10 @@ async fn remove_file(
     Path((id, path)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let service = state.service.clone();
-    blocking(move || service.remove_file(&tenant, &id, &path)).await?;
+    blocking(service.admit_thread(&tenant)?, move || {
+        service.remove_file(&tenant, &id, &path)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -1034,7 +1095,10 @@ async fn list_files(
 ) -> Result<Json<FileList>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let service = state.service.clone();
-    let files = blocking(move || service.list_files(&tenant, &id, query.dir.as_deref())).await?;
+    let files = blocking(service.admit_thread(&tenant)?, move || {
+        service.list_files(&tenant, &id, query.dir.as_deref())
+    })
+    .await?;
     Ok(Json(FileList { files }))
 }
 

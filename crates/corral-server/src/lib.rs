@@ -20,6 +20,7 @@ pub mod operator;
 pub mod persist;
 pub mod ports;
 pub mod service;
+pub mod threads;
 pub mod watch;
 
 use std::sync::Arc;
@@ -65,7 +66,8 @@ pub async fn serve(service: Arc<Service>, listener: tokio::net::TcpListener) -> 
         }
     }
     let closing = service.clone();
-    tokio::task::spawn_blocking(move || closing.close_all()).await?;
+    let thread = closing.unmetered_thread();
+    threads::spawn(thread, move || closing.close_all()).await?;
     eprintln!("corral: every sandbox is torn down");
     Ok(())
 }

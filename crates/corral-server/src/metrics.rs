@@ -53,6 +53,13 @@ pub struct PrunedLabels {
     pub table: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// The budget that was used up: `key` (`max_blocking_calls_per_key`) or `server`
+    /// (`max_blocking_calls`).
+    pub scope: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub sessions_live: Gauge,
@@ -87,6 +94,10 @@ pub struct Metrics {
     pub egress_bytes: Family<DirectionLabels, Counter>,
     /// Audit-log rows removed by retention (`audit_max_rows`, `audit_max_age_s`), by log.
     pub audit_rows_pruned: Family<PrunedLabels, Counter>,
+    /// Blocking threads taken now (threads.rs).
+    pub blocking_threads_in_use: Gauge,
+    /// Calls refused a blocking thread, by the budget that was used up.
+    pub blocking_refusals: Family<RefusalLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -115,6 +126,8 @@ impl Default for Metrics {
             egress_decisions: Family::default(),
             egress_bytes: Family::default(),
             audit_rows_pruned: Family::default(),
+            blocking_threads_in_use: Gauge::default(),
+            blocking_refusals: Family::default(),
             registry: Registry::default(),
         };
         registry.register("sessions_live", "Sessions alive", m.sessions_live.clone());
@@ -217,7 +230,23 @@ impl Default for Metrics {
                 table: log.name().into(),
             });
         }
+        registry.register(
+            "blocking_threads_in_use",
+            "Blocking threads taken now by engine calls and other blocking work of requests",
+            m.blocking_threads_in_use.clone(),
+        );
+        registry.register(
+            "blocking_refusals",
+            "Calls refused a blocking thread at once, by the budget used up: key \
+             (max_blocking_calls_per_key) or server (max_blocking_calls)",
+            m.blocking_refusals.clone(),
+        );
         // Both series from the start, at 0.
+        for scope in ["key", "server"] {
+            let _ = m.blocking_refusals.get_or_create(&RefusalLabels {
+                scope: scope.into(),
+            });
+        }
         for kind in corral_kernel::ZygoteKind::ALL {
             let _ = m.runs_forked.get_or_create(&ForkLabels {
                 zygote: kind.name().into(),

@@ -47,10 +47,11 @@ impl FromRequestParts<AppState> for Operator {
 /// Runs `f` on the server's database off the async runtime.
 async fn with_db<T: Send + 'static>(
     state: &AppState,
+    tenant: &Tenant,
     f: impl FnOnce(&Db) -> Result<T, DbError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let service = state.service.clone();
-    tokio::task::spawn_blocking(move || f(service.db()))
+    crate::threads::spawn(state.service.admit_thread(tenant)?, move || f(service.db()))
         .await
         .map_err(|e| ApiError::internal(format!("internal error: {e}")))?
         .map_err(|e| ApiError::internal(e.to_string()))
@@ -58,7 +59,7 @@ async fn with_db<T: Send + 'static>(
 
 async fn is_operator(state: &AppState, tenant: &Tenant) -> Result<bool, ApiError> {
     let id = tenant.0.clone();
-    with_db(state, move |db| db.is_operator(&id)).await
+    with_db(state, tenant, move |db| db.is_operator(&id)).await
 }
 
 pub fn router() -> Router<AppState> {
@@ -90,7 +91,7 @@ pub(crate) async fn whoami(
     tenant: Tenant,
 ) -> Result<Json<Whoami>, ApiError> {
     let id = tenant.0.clone();
-    let (name, operator) = with_db(&state, move |db| {
+    let (name, operator) = with_db(&state, &tenant, move |db| {
         Ok((db.key_name(&id)?, db.is_operator(&id)?))
     })
     .await?;
@@ -136,10 +137,10 @@ pub struct AuditPage {
 /// without one); any other key's, its own only (naming another is 403).
 async fn audit_scope(
     state: &AppState,
-    tenant: Tenant,
+    tenant: &Tenant,
     key: Option<String>,
 ) -> Result<Option<String>, ApiError> {
-    if is_operator(state, &tenant).await? {
+    if is_operator(state, tenant).await? {
         return Ok(key);
     }
     match key {
@@ -148,7 +149,7 @@ async fn audit_scope(
             "forbidden",
             "only an operator key sees another key's audit log",
         )),
-        _ => Ok(Some(tenant.0)),
+        _ => Ok(Some(tenant.0.clone())),
     }
 }
 
@@ -175,7 +176,7 @@ pub(crate) async fn audit(
 ) -> Result<Json<AuditPage>, ApiError> {
     let Query(params) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let limit = audit_limit(params.limit)?;
-    let key_id = audit_scope(&state, tenant, params.key).await?;
+    let key_id = audit_scope(&state, &tenant, params.key).await?;
     let query = AuditQuery {
         key_id,
         session_id: params.session,
@@ -185,7 +186,7 @@ pub(crate) async fn audit(
         before: params.before,
         limit,
     };
-    let entries = with_db(&state, move |db| db.query_audit(&query)).await?;
+    let entries = with_db(&state, &tenant, move |db| db.query_audit(&query)).await?;
     let next = (entries.len() == limit)
         .then(|| entries.last().map(|e| e.id))
         .flatten();
@@ -236,7 +237,7 @@ pub(crate) async fn egress_audit(
     let Query(params) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let limit = audit_limit(params.limit)?;
     let query = EgressQuery {
-        key_id: audit_scope(&state, tenant, params.key).await?,
+        key_id: audit_scope(&state, &tenant, params.key).await?,
         session_id: params.session,
         decision: params.decision,
         host: params.host,
@@ -244,7 +245,7 @@ pub(crate) async fn egress_audit(
         before: params.before,
         limit,
     };
-    let entries = with_db(&state, move |db| db.query_egress(&query)).await?;
+    let entries = with_db(&state, &tenant, move |db| db.query_egress(&query)).await?;
     let next = (entries.len() == limit)
         .then(|| entries.last().map(|e| e.id))
         .flatten();
@@ -272,9 +273,9 @@ pub struct KeyList {
     responses((status = 200, body = KeyList), (status = 403, body = crate::error::ErrorBody)))]
 pub(crate) async fn list_keys(
     State(state): State<AppState>,
-    _operator: Operator,
+    operator: Operator,
 ) -> Result<Json<KeyList>, ApiError> {
-    let keys = with_db(&state, |db| db.list_keys()).await?;
+    let keys = with_db(&state, &operator.0, |db| db.list_keys()).await?;
     Ok(Json(KeyList {
         keys: keys
             .into_iter()
@@ -311,7 +312,7 @@ pub struct CreatedKey {
         (status = 403, body = crate::error::ErrorBody)))]
 pub(crate) async fn create_key(
     State(state): State<AppState>,
-    _operator: Operator,
+    operator: Operator,
     ApiJson(req): ApiJson<CreateKeyRequest>,
 ) -> Result<(StatusCode, Json<CreatedKey>), ApiError> {
     let name = req.name;
@@ -321,7 +322,7 @@ pub(crate) async fn create_key(
         )));
     }
     let made = name.clone();
-    let (id, secret) = with_db(&state, move |db| db.create_key(&made, false)).await?;
+    let (id, secret) = with_db(&state, &operator.0, move |db| db.create_key(&made, false)).await?;
     Ok((StatusCode::CREATED, Json(CreatedKey { id, name, secret })))
 }
 
@@ -331,12 +332,12 @@ pub(crate) async fn create_key(
         (status = 404, description = "No live key of that id", body = crate::error::ErrorBody)))]
 pub(crate) async fn revoke_key(
     State(state): State<AppState>,
-    _operator: Operator,
+    operator: Operator,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let revoked = {
         let id = id.clone();
-        with_db(&state, move |db| db.revoke_key(&id)).await?
+        with_db(&state, &operator.0, move |db| db.revoke_key(&id)).await?
     };
     if revoked {
         Ok(StatusCode::NO_CONTENT)
@@ -383,12 +384,12 @@ pub struct OwnedSandboxList {
         (status = 403, body = crate::error::ErrorBody)))]
 pub(crate) async fn all_sandboxes(
     State(state): State<AppState>,
-    _operator: Operator,
+    operator: Operator,
     query: Result<Query<AllSandboxesParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<OwnedSandboxList>, ApiError> {
     let Query(params) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let service = state.service.clone();
-    let list = blocking(move || {
+    let list = blocking(service.admit_thread(&operator.0)?, move || {
         let key = params.key.map(Tenant);
         let page = service.list_owned(
             key.as_ref(),

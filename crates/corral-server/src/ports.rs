@@ -320,7 +320,8 @@ async fn forward(
 ) -> Result<Response, ApiError> {
     let opener = app.service.port_opener(&tenant, &id)?;
     let slot = proxy.slot(&id)?;
-    let stream = tokio::task::spawn_blocking(move || opener.connect(port, CONNECT_TIMEOUT))
+    let thread = app.service.admit_thread(&tenant)?;
+    let stream = crate::threads::spawn(thread, move || opener.connect(port, CONNECT_TIMEOUT))
         .await
         .map_err(|e| ApiError::internal(format!("internal error: {e}")))?
         .map_err(|e| port_error(&id, e))?;

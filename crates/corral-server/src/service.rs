@@ -31,6 +31,7 @@ use crate::config::Config;
 use crate::db::{AuditEntry, Db, EgressEntry};
 use crate::metrics::{DirectionLabels, EgressLabels, Metrics};
 use crate::network::NetworkBounds;
+use crate::threads::{ThreadPermit, Threads};
 
 mod contexts;
 mod listing;
@@ -74,6 +75,9 @@ pub enum ServiceError {
     UnsupportedLanguage(String),
     #[error("{message}")]
     TooManySandboxes { message: String, retry_after_s: u64 },
+    /// The key holds its most blocking threads already (`max_blocking_calls_per_key`).
+    #[error("{message}")]
+    KeyBusy { message: String, retry_after_s: u64 },
     /// Temporarily unable to create the sandbox; retrying after `retry_after_s` can succeed.
     #[error("{message}")]
     Unavailable {
@@ -140,6 +144,8 @@ pub enum Unavailability {
     /// The sandbox is busy and the most calls that may wait for it wait already
     /// ([`corral_kernel::MAX_WAITING`]).
     SandboxBusy,
+    /// Every blocking thread of the budget (`max_blocking_calls`) is taken.
+    ServerBusy,
 }
 
 impl From<WorkspaceError> for ServiceError {
@@ -584,6 +590,8 @@ pub struct Service {
     reserved: Mutex<HashMap<String, usize>>,
     /// The memory budget of live sandboxes and the one-shot run slots.
     admission: Arc<Admission>,
+    /// The blocking threads engine calls take, shared fairly between keys.
+    threads: Arc<Threads>,
     shutting_down: AtomicBool,
     bytecode: Mutex<HashMap<String, Arc<BytecodeCache>>>,
     /// Images resolved by name, each reused for [`RESOLVED_FOR`].
@@ -734,6 +742,7 @@ impl Service {
         config.check()?;
         let metrics = Metrics::default();
         let admission = Arc::new(Admission::new(&config, config.memory_budget()?, &metrics));
+        let threads = Threads::new(&config, &metrics);
         let store = Store::open(config.data_dir.as_deref());
         let db_path = config
             .db
@@ -827,6 +836,7 @@ impl Service {
             sessions: Mutex::new(HashMap::new()),
             reserved: Mutex::new(HashMap::new()),
             admission,
+            threads,
             shutting_down: AtomicBool::new(false),
             bytecode: Mutex::new(HashMap::new()),
             resolved: Mutex::new(HashMap::new()),
@@ -1840,6 +1850,18 @@ impl Service {
     /// Removes `path`, a directory with everything in it (never through a link).
     pub fn remove_path(&self, tenant: &Tenant, id: &str, path: &str) -> Result<(), ServiceError> {
         self.with_workspace(tenant, id, |ws| ws.remove(Path::new(path)))
+    }
+
+    /// A blocking thread for one engine call of `tenant`, or a refusal at once (429
+    /// `key_busy`, 503 `server_busy`); see [`Threads::admit`]. Hand it to
+    /// [`crate::threads::spawn`] (or `http::blocking`).
+    pub fn admit_thread(&self, tenant: &Tenant) -> Result<ThreadPermit, ServiceError> {
+        self.threads.admit(tenant)
+    }
+
+    /// A blocking thread for work that is no key's engine call ([`Threads::unmetered`]).
+    pub fn unmetered_thread(&self) -> ThreadPermit {
+        self.threads.unmetered()
     }
 
     /// A slot for one upload streaming its body (at most `max_uploads_in_flight` at once),

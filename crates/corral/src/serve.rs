@@ -53,8 +53,11 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     }
     let listen = config.listen;
     let requires_keys = config.requires_keys();
+    // Checked before the runtime is sized from it (Service::start checks it again).
+    config.check()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .max_blocking_threads(config.blocking_threads)
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {

@@ -48,7 +48,10 @@ pub(super) async fn create(
     let language = req.language.unwrap_or_else(|| "python".into());
     let cwd = Some(sandbox_cwd(req.cwd.as_deref().unwrap_or(E2B_HOME)));
     let service = state.service.clone();
-    let info = blocking(move || service.create_context(&tenant, &id, &language, cwd)).await?;
+    let info = blocking(service.admit_thread(&tenant)?, move || {
+        service.create_context(&tenant, &id, &language, cwd)
+    })
+    .await?;
     Ok(Json(context_json(&info)))
 }
 
@@ -59,7 +62,10 @@ pub(super) async fn list(
 ) -> Result<Json<Value>, E2bError> {
     let PlaneSandbox { id, tenant } = sandbox?;
     let service = state.service.clone();
-    let contexts = blocking(move || service.list_contexts(&tenant, &id)).await?;
+    let contexts = blocking(service.admit_thread(&tenant)?, move || {
+        service.list_contexts(&tenant, &id)
+    })
+    .await?;
     Ok(Json(Value::Array(
         contexts.iter().map(context_json).collect(),
     )))
@@ -74,7 +80,10 @@ pub(super) async fn restart(
 ) -> Result<StatusCode, E2bError> {
     let PlaneSandbox { id, tenant } = sandbox?;
     let service = state.service.clone();
-    blocking(move || service.restart_context(&tenant, &id, &context)).await?;
+    blocking(service.admit_thread(&tenant)?, move || {
+        service.restart_context(&tenant, &id, &context)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -87,6 +96,9 @@ pub(super) async fn remove(
 ) -> Result<StatusCode, E2bError> {
     let PlaneSandbox { id, tenant } = sandbox?;
     let service = state.service.clone();
-    blocking(move || service.remove_context(&tenant, &id, &context)).await?;
+    blocking(service.admit_thread(&tenant)?, move || {
+        service.remove_context(&tenant, &id, &context)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }

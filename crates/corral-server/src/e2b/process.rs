@@ -272,8 +272,12 @@ pub(super) async fn start(
         stdin: start.stdin.unwrap_or(false),
     };
     let service = state.service.clone();
+    let thread = match service.admit_thread(&tenant) {
+        Ok(thread) => thread,
+        Err(e) => return Ok(connect_failure(error_of(&e))),
+    };
     let started =
-        tokio::task::spawn_blocking(move || service.start_process(&tenant, &id, spec)).await;
+        crate::threads::spawn(thread, move || service.start_process(&tenant, &id, spec)).await;
     let (_, sub) = match started {
         Ok(Ok(started)) => started,
         Ok(Err(e)) => return Ok(connect_failure(error_of(&e))),
@@ -311,7 +315,7 @@ pub(super) async fn connect(
         Err(error) => return Ok(connect_failure(error)),
     };
     let service = state.service.clone();
-    let subscribed = blocking(move || {
+    let subscribed = blocking(service.admit_thread(&tenant)?, move || {
         let agent = service.process_agent(&tenant, &id)?;
         Ok(match resolve(&agent, &selector) {
             Ok(pid) => agent.subscribe(pid).map_err(|e| error_of(&e.into())),
@@ -345,7 +349,11 @@ async fn unary<T: for<'de> Deserialize<'de> + Send + 'static>(
     };
     let PlaneSandbox { id, tenant } = sandbox;
     let service = state.service.clone();
-    let outcome = tokio::task::spawn_blocking(move || {
+    let thread = match service.admit_thread(&tenant) {
+        Ok(thread) => thread,
+        Err(e) => return unary_failure(error_of(&e)),
+    };
+    let outcome = crate::threads::spawn(thread, move || {
         let agent = service
             .process_agent(&tenant, &id)
             .map_err(|e| error_of(&e))?;
@@ -606,15 +614,18 @@ pub(super) async fn stream_input(
                     Some((id, tenant)),
                 ) => {
                     let (service, id, tenant) = (state.service.clone(), id.clone(), tenant.clone());
-                    let found = tokio::task::spawn_blocking(move || {
-                        let agent = service
-                            .process_agent(&tenant, &id)
-                            .map_err(|e| error_of(&e))?;
-                        let pid = resolve(&agent, &start.process.selector()?)?;
-                        Ok::<_, Value>((agent, pid))
-                    })
-                    .await
-                    .unwrap_or_else(|e| Err(connect_error(Code::Internal, e.to_string())));
+                    let found = match service.admit_thread(&tenant) {
+                        Err(e) => Err(error_of(&e)),
+                        Ok(thread) => crate::threads::spawn(thread, move || {
+                            let agent = service
+                                .process_agent(&tenant, &id)
+                                .map_err(|e| error_of(&e))?;
+                            let pid = resolve(&agent, &start.process.selector()?)?;
+                            Ok::<_, Value>((agent, pid))
+                        })
+                        .await
+                        .unwrap_or_else(|e| Err(connect_error(Code::Internal, e.to_string()))),
+                    };
                     found.map(|t| target = Some(t))
                 }
                 (
@@ -622,20 +633,23 @@ pub(super) async fn stream_input(
                         data: Some(data), ..
                     }),
                     Some((agent, pid)),
-                    _,
+                    Some((_, tenant)),
                 ) => {
                     let (agent, pid) = (agent.clone(), *pid);
                     let bytes = data.input.stdin.or(data.input.pty).unwrap_or_default();
-                    tokio::task::spawn_blocking(move || {
-                        let bytes = base64::engine::general_purpose::STANDARD
-                            .decode(bytes)
-                            .map_err(|e| {
-                                connect_error(Code::InvalidArgument, format!("input: {e}"))
-                            })?;
-                        agent.send_input(pid, &bytes).map_err(agent_error)
-                    })
-                    .await
-                    .unwrap_or_else(|e| Err(connect_error(Code::Internal, e.to_string())))
+                    match state.service.admit_thread(tenant) {
+                        Err(e) => Err(error_of(&e)),
+                        Ok(thread) => crate::threads::spawn(thread, move || {
+                            let bytes = base64::engine::general_purpose::STANDARD
+                                .decode(bytes)
+                                .map_err(|e| {
+                                    connect_error(Code::InvalidArgument, format!("input: {e}"))
+                                })?;
+                            agent.send_input(pid, &bytes).map_err(agent_error)
+                        })
+                        .await
+                        .unwrap_or_else(|e| Err(connect_error(Code::Internal, e.to_string()))),
+                    }
                 }
                 (Ok(StreamInputMessage { data: Some(_), .. }), None, _) => {
                     Err(invalid("StreamInput: data before the start message".into()))

@@ -158,7 +158,11 @@ pub(super) async fn watch_dir(
         let (service, registry) = (state.service.clone(), registry.clone());
         let id = sandbox.id.clone();
         let tenant = sandbox.tenant.clone();
-        let made = tokio::task::spawn_blocking(move || {
+        let thread = match service.admit_thread(&tenant) {
+            Ok(thread) => thread,
+            Err(e) => return Ok(connect_failure(connect_error_of(&e))),
+        };
+        let made = crate::threads::spawn(thread, move || {
             let sandbox = PlaneSandbox { id, tenant };
             create_watcher(&service, &registry, &sandbox, &req.path, req.recursive)
         })
@@ -221,11 +225,16 @@ pub(super) async fn watch_dir(
                 return;
             }
             let started = Instant::now();
+            // A key whose blocking threads are all taken polls again later.
+            let Ok(thread) = service.admit_thread(&sandbox.tenant) else {
+                wait = MAX_POLL;
+                continue;
+            };
             let polled = {
                 let (service, registry, sandbox) =
                     (service.clone(), registry.clone(), sandbox.clone());
                 let watcher_id = watcher_id.clone();
-                tokio::task::spawn_blocking(move || {
+                crate::threads::spawn(thread, move || {
                     poll_watcher(&service, &registry, &sandbox, &watcher_id)
                 })
                 .await

@@ -63,8 +63,10 @@ pub async fn create(
     ApiJson(req): ApiJson<CreateContextRequest>,
 ) -> Result<(StatusCode, Json<Context>), ApiError> {
     let service = state.service.clone();
-    let info =
-        blocking(move || service.create_context(&tenant, &id, &req.language, req.cwd)).await?;
+    let info = blocking(service.admit_thread(&tenant)?, move || {
+        service.create_context(&tenant, &id, &req.language, req.cwd)
+    })
+    .await?;
     Ok((StatusCode::CREATED, Json(Context::from(&info))))
 }
 
@@ -77,7 +79,10 @@ pub async fn list(
     Path(id): Path<String>,
 ) -> Result<Json<ContextList>, ApiError> {
     let service = state.service.clone();
-    let contexts = blocking(move || service.list_contexts(&tenant, &id)).await?;
+    let contexts = blocking(service.admit_thread(&tenant)?, move || {
+        service.list_contexts(&tenant, &id)
+    })
+    .await?;
     let contexts = contexts.iter().map(Context::from).collect();
     Ok(Json(ContextList { contexts }))
 }
@@ -93,7 +98,10 @@ pub async fn restart(
     _body: Bytes,
 ) -> Result<StatusCode, ApiError> {
     let service = state.service.clone();
-    blocking(move || service.restart_context(&tenant, &id, &context)).await?;
+    blocking(service.admit_thread(&tenant)?, move || {
+        service.restart_context(&tenant, &id, &context)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -107,6 +115,9 @@ pub async fn remove(
     Path((id, context)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let service = state.service.clone();
-    blocking(move || service.remove_context(&tenant, &id, &context)).await?;
+    blocking(service.admit_thread(&tenant)?, move || {
+        service.remove_context(&tenant, &id, &context)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -176,7 +176,10 @@ pub async fn start(
         stdin: req.stdin,
     };
     let service = state.service.clone();
-    let (_, sub) = blocking(move || service.start_process(&tenant, &id, spec)).await?;
+    let (_, sub) = blocking(service.admit_thread(&tenant)?, move || {
+        service.start_process(&tenant, &id, spec)
+    })
+    .await?;
     Ok(output_stream(sub))
 }
 
@@ -208,7 +211,10 @@ pub async fn list(
     Path(id): Path<String>,
 ) -> Result<Json<ProcessList>, ApiError> {
     let service = state.service.clone();
-    let agent = blocking(move || service.process_agent(&tenant, &id)).await?;
+    let agent = blocking(service.admit_thread(&tenant)?, move || {
+        service.process_agent(&tenant, &id)
+    })
+    .await?;
     let processes: Vec<ProcessJson> = agent
         .list()
         .into_iter()
@@ -236,7 +242,7 @@ async fn with_agent<T: Send + 'static>(
     call: impl FnOnce(&ProcessAgent) -> Result<T, ServiceError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let service = state.service.clone();
-    blocking(move || {
+    blocking(service.admit_thread(&tenant)?, move || {
         let agent = service.process_agent(&tenant, &id)?;
         call(&agent)
     })

@@ -1,0 +1,243 @@
+//! The server's blocking threads, shared fairly between keys.
+//!
+//! The engine is a blocking library: every engine call a request makes runs on a thread of
+//! tokio's blocking pool (`blocking_threads`), and holds it while it runs or waits for a busy
+//! session. Before it takes a thread, a call on behalf of a key is admitted here against two
+//! budgets: `max_blocking_calls_per_key` for its key and `max_blocking_calls` for all keys.
+//! A call beyond either is refused at once (429 `key_busy`, or 503 `server_busy`; both with
+//! `Retry-After`), never queued, so that one key (or several together) cannot take every
+//! thread and hang the requests of the others. `max_blocking_calls` stays below
+//! `blocking_threads`: the threads above it are left for the short work that is no key's
+//! engine call (authenticating a request, stopping a stream whose client went away).
+//!
+//! [`spawn`] is the only way the server puts work on the blocking pool (the crate's
+//! `clippy.toml` forbids `tokio::task::spawn_blocking` elsewhere), and it takes a
+//! [`ThreadPermit`], which only [`Threads::admit`] (or, for the work that is no key's,
+//! [`Threads::unmetered`]) makes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+
+use crate::config::Config;
+use crate::metrics::{Metrics, RefusalLabels};
+use crate::service::{ServiceError, Tenant, Unavailability};
+
+/// What a refused call is told to wait before it retries: engine calls are short or are
+/// refused at once, so a thread is usually free again soon.
+const RETRY_AFTER_S: u64 = 1;
+
+pub struct Threads {
+    max: usize,
+    per_key: usize,
+    state: Mutex<State>,
+    /// Blocking threads taken now (admitted and unmetered work).
+    in_use: Gauge,
+    refusals: Family<RefusalLabels, Counter>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Admitted calls holding a thread (or queued for one) now.
+    admitted: usize,
+    /// The same, per key; a key without any is not in the map.
+    per_key: HashMap<String, usize>,
+}
+
+/// The right to run one piece of work on a blocking thread; given back when dropped (when
+/// the work has finished, however it ended).
+pub struct ThreadPermit {
+    threads: Arc<Threads>,
+    /// The key it was admitted for; `None` for unmetered work.
+    key: Option<String>,
+}
+
+impl Threads {
+    pub fn new(config: &Config, metrics: &Metrics) -> Arc<Threads> {
+        Arc::new(Threads {
+            max: config.max_blocking_calls,
+            per_key: config.blocking_calls_per_key(),
+            state: Mutex::new(State::default()),
+            in_use: metrics.blocking_threads_in_use.clone(),
+            refusals: metrics.blocking_refusals.clone(),
+        })
+    }
+
+    /// Admits a call of `tenant` onto a blocking thread, or refuses it at once: 429
+    /// `key_busy` when the key holds `max_blocking_calls_per_key` threads already, 503
+    /// `server_busy` when all keys together hold `max_blocking_calls`.
+    pub fn admit(self: &Arc<Self>, tenant: &Tenant) -> Result<ThreadPermit, ServiceError> {
+        let mut state = self.state.lock().expect("threads lock");
+        let held = state.per_key.get(&tenant.0).copied().unwrap_or(0);
+        if held >= self.per_key {
+            self.refused("key");
+            return Err(ServiceError::KeyBusy {
+                message: format!(
+                    "this key has {held} calls running or waiting on the server's threads, \
+                     its most (max_blocking_calls_per_key): retry when one is done"
+                ),
+                retry_after_s: RETRY_AFTER_S,
+            });
+        }
+        if state.admitted >= self.max {
+            self.refused("server");
+            return Err(ServiceError::Unavailable {
+                reason: Unavailability::ServerBusy,
+                message: format!(
+                    "the server has {} calls running or waiting on its threads, its most \
+                     (max_blocking_calls): retry when one is done",
+                    state.admitted
+                ),
+                retry_after_s: RETRY_AFTER_S,
+            });
+        }
+        state.admitted += 1;
+        *state.per_key.entry(tenant.0.clone()).or_insert(0) += 1;
+        self.in_use.inc();
+        Ok(ThreadPermit {
+            threads: self.clone(),
+            key: Some(tenant.0.clone()),
+        })
+    }
+
+    /// A thread for work that is no key's engine call and is short or bounded by one that
+    /// was admitted: authenticating a request (before its key is known), or interrupting the
+    /// execution of a stream whose client went away. It uses the threads above
+    /// `max_blocking_calls`.
+    pub fn unmetered(self: &Arc<Self>) -> ThreadPermit {
+        self.in_use.inc();
+        ThreadPermit {
+            threads: self.clone(),
+            key: None,
+        }
+    }
+
+    fn refused(&self, scope: &str) {
+        self.refusals
+            .get_or_create(&RefusalLabels {
+                scope: scope.into(),
+            })
+            .inc();
+    }
+}
+
+impl ThreadPermit {
+    /// What makes, later, an unmetered permit of the same threads: for the stop of the
+    /// stream this permit runs (one per admitted stream, so bounded by the budgets).
+    pub fn unmetered_later(&self) -> impl FnOnce() -> ThreadPermit + Send + 'static {
+        let threads = self.threads.clone();
+        move || threads.unmetered()
+    }
+}
+
+impl Drop for ThreadPermit {
+    fn drop(&mut self) {
+        self.threads.in_use.dec();
+        let Some(key) = self.key.take() else {
+            return;
+        };
+        let mut state = self.threads.state.lock().expect("threads lock");
+        state.admitted -= 1;
+        if let Some(n) = state.per_key.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                state.per_key.remove(&key);
+            }
+        }
+    }
+}
+
+/// Runs `work` on a blocking thread, holding `permit` until it has finished (even when the
+/// caller stops waiting for it). The only door of the server onto tokio's blocking pool.
+pub fn spawn<T: Send + 'static>(
+    permit: ThreadPermit,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> tokio::task::JoinHandle<T> {
+    #[allow(clippy::disallowed_methods)] // this is the one place allowed to
+    tokio::task::spawn_blocking(move || {
+        let _held_until_done = permit;
+        work()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn threads(max: usize, per_key: usize) -> (Arc<Threads>, Metrics) {
+        let metrics = Metrics::default();
+        let config = Config {
+            max_blocking_calls: max,
+            max_blocking_calls_per_key: Some(per_key),
+            ..Config::default()
+        };
+        (Threads::new(&config, &metrics), metrics)
+    }
+
+    fn code(e: ServiceError) -> &'static str {
+        crate::error::ApiError::from(e).code
+    }
+
+    #[test]
+    fn a_key_past_its_share_is_refused_and_others_are_not() {
+        let (threads, metrics) = threads(5, 2);
+        let (a, b) = (Tenant("a".into()), Tenant("b".into()));
+        let held: Vec<_> = (0..2).map(|_| threads.admit(&a).unwrap()).collect();
+        let Err(e) = threads.admit(&a) else {
+            panic!("a third call of a was admitted")
+        };
+        let api = crate::error::ApiError::from(e);
+        assert_eq!((api.status.as_u16(), api.code), (429, "key_busy"));
+        assert_eq!(api.retry_after_s, Some(RETRY_AFTER_S));
+        let b_held = threads.admit(&b).unwrap();
+        assert_eq!(metrics.blocking_threads_in_use.get(), 3);
+        drop(held);
+        assert_eq!(metrics.blocking_threads_in_use.get(), 1);
+        // A's share is back once its calls are done.
+        let _again = threads.admit(&a).unwrap();
+        drop(b_held);
+        assert!(!threads.state.lock().unwrap().per_key.contains_key("b"));
+        let text = metrics.encode();
+        assert!(
+            text.contains("corral_blocking_refusals_total{scope=\"key\"} 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn past_the_server_budget_every_key_is_refused_but_unmetered_work_runs() {
+        let (threads, metrics) = threads(3, 2);
+        let tenants: Vec<_> = ["a", "b", "c"].map(|k| Tenant(k.into())).into();
+        let _held: Vec<_> = [0, 0, 1]
+            .iter()
+            .map(|&i| threads.admit(&tenants[i]).unwrap())
+            .collect();
+        let e = threads
+            .admit(&tenants[2])
+            .err()
+            .expect("past max_blocking_calls");
+        assert_eq!(code(e), "server_busy");
+        let unmetered = threads.unmetered();
+        assert_eq!(metrics.blocking_threads_in_use.get(), 4);
+        drop(unmetered);
+        assert_eq!(threads.state.lock().unwrap().admitted, 3);
+        assert!(metrics
+            .encode()
+            .contains("corral_blocking_refusals_total{scope=\"server\"} 1"));
+    }
+
+    #[tokio::test]
+    async fn a_permit_is_held_until_its_work_is_done() {
+        let (threads, _metrics) = threads(1, 1);
+        let a = Tenant("a".into());
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let running = spawn(threads.admit(&a).unwrap(), move || wait.recv().is_ok());
+        assert!(threads.admit(&a).is_err(), "admitted while the work runs");
+        go.send(()).unwrap();
+        assert!(running.await.unwrap());
+        threads.admit(&a).unwrap();
+    }
+}
