@@ -8,7 +8,10 @@
 //! `Retry-After`), never queued, so that one key (or several together) cannot take every
 //! thread and hang the requests of the others. `max_blocking_calls` stays below
 //! `blocking_threads`: the threads above it are left for the short work that is no key's
-//! engine call (authenticating a request, stopping a stream whose client went away).
+//! engine call (authenticating a request, stopping a stream whose client went away), and
+//! half of them for a floor every key keeps: a key with fewer than [`FLOOR_PER_KEY`] calls
+//! on threads is admitted even when other keys together hold all of `max_blocking_calls`,
+//! so that keys which fill the budget between them still leave each other key served.
 //!
 //! [`spawn`] is the only way the server puts work on the blocking pool (the crate's
 //! `clippy.toml` forbids `tokio::task::spawn_blocking` elsewhere), and it takes a
@@ -30,8 +33,15 @@ use crate::service::{ServiceError, Tenant, Unavailability};
 /// refused at once, so a thread is usually free again soon.
 const RETRY_AFTER_S: u64 = 1;
 
+/// Calls every key may have on threads whatever other keys hold (up to [`Threads::floor_max`]
+/// in all): one running and one waiting.
+pub const FLOOR_PER_KEY: usize = 2;
+
 pub struct Threads {
     max: usize,
+    /// The most admitted calls in all, counting those of keys under their floor: halfway
+    /// between `max_blocking_calls` and `blocking_threads`.
+    floor_max: usize,
     per_key: usize,
     state: Mutex<State>,
     /// Blocking threads taken now (admitted and unmetered work).
@@ -59,6 +69,8 @@ impl Threads {
     pub fn new(config: &Config, metrics: &Metrics) -> Arc<Threads> {
         Arc::new(Threads {
             max: config.max_blocking_calls,
+            floor_max: config.max_blocking_calls
+                + (config.blocking_threads - config.max_blocking_calls) / 2,
             per_key: config.blocking_calls_per_key(),
             state: Mutex::new(State::default()),
             in_use: metrics.blocking_threads_in_use.clone(),
@@ -68,7 +80,8 @@ impl Threads {
 
     /// Admits a call of `tenant` onto a blocking thread, or refuses it at once: 429
     /// `key_busy` when the key holds `max_blocking_calls_per_key` threads already, 503
-    /// `server_busy` when all keys together hold `max_blocking_calls`.
+    /// `server_busy` when all keys together hold `max_blocking_calls` and this key holds its
+    /// floor ([`FLOOR_PER_KEY`]) already, or when the floors too have taken their threads.
     pub fn admit(self: &Arc<Self>, tenant: &Tenant) -> Result<ThreadPermit, ServiceError> {
         let mut state = self.state.lock().expect("threads lock");
         let held = state.per_key.get(&tenant.0).copied().unwrap_or(0);
@@ -82,7 +95,8 @@ impl Threads {
                 retry_after_s: RETRY_AFTER_S,
             });
         }
-        if state.admitted >= self.max {
+        let under_floor = held < FLOOR_PER_KEY && state.admitted < self.floor_max;
+        if state.admitted >= self.max && !under_floor {
             self.refused("server");
             return Err(ServiceError::Unavailable {
                 reason: Unavailability::ServerBusy,
@@ -170,6 +184,8 @@ mod tests {
     fn threads(max: usize, per_key: usize) -> (Arc<Threads>, Metrics) {
         let metrics = Metrics::default();
         let config = Config {
+            // Two threads for keys under their floor above the budget.
+            blocking_threads: max + 4,
             max_blocking_calls: max,
             max_blocking_calls_per_key: Some(per_key),
             ..Config::default()
@@ -208,25 +224,31 @@ mod tests {
     }
 
     #[test]
-    fn past_the_server_budget_every_key_is_refused_but_unmetered_work_runs() {
-        let (threads, metrics) = threads(3, 2);
+    fn past_the_server_budget_a_key_keeps_its_floor_and_unmetered_work_runs() {
+        let (threads, metrics) = threads(3, 3);
         let tenants: Vec<_> = ["a", "b", "c"].map(|k| Tenant(k.into())).into();
-        let _held: Vec<_> = [0, 0, 1]
+        let _held: Vec<_> = [0, 0, 2]
             .iter()
             .map(|&i| threads.admit(&tenants[i]).unwrap())
             .collect();
-        let e = threads
-            .admit(&tenants[2])
-            .err()
-            .expect("past max_blocking_calls");
+        // The budget is full: a holds its floor already, c not yet, b has nothing.
+        let e = threads.admit(&tenants[0]).err().expect("a past its floor");
+        assert_eq!(code(e), "server_busy");
+        let floor_c = threads.admit(&tenants[2]).expect("c under its floor");
+        let e = threads.admit(&tenants[2]).err().expect("c past its floor");
+        assert_eq!(code(e), "server_busy");
+        let floor_b = threads.admit(&tenants[1]).expect("b under its floor");
+        // The floors' threads (two here) are taken: even a key with nothing is refused.
+        let d = Tenant("d".into());
+        let e = threads.admit(&d).err().expect("past the floors' threads");
         assert_eq!(code(e), "server_busy");
         let unmetered = threads.unmetered();
-        assert_eq!(metrics.blocking_threads_in_use.get(), 4);
-        drop(unmetered);
+        assert_eq!(metrics.blocking_threads_in_use.get(), 6);
+        drop((unmetered, floor_b, floor_c));
         assert_eq!(threads.state.lock().unwrap().admitted, 3);
         assert!(metrics
             .encode()
-            .contains("corral_blocking_refusals_total{scope=\"server\"} 1"));
+            .contains("corral_blocking_refusals_total{scope=\"server\"} 3"));
     }
 
     #[tokio::test]
