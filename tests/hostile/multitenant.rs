@@ -32,6 +32,7 @@ mod control;
 mod listings;
 mod port_floods;
 mod ports;
+mod process_starts;
 mod streams;
 mod waiting;
 
