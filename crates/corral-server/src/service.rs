@@ -594,6 +594,8 @@ pub struct Service {
     code_policies: CodePolicies,
     /// Paused sandboxes saved across a restart.
     saved: crate::persist::Saved,
+    /// Each key's share of the egress proxies' connections.
+    egress_shares: crate::egress_shares::EgressShares,
 }
 
 /// Hears a sandbox's egress decisions: each is a line of the audit log (`egress` table) and
@@ -829,6 +831,7 @@ impl Service {
             default_limits,
             code_policies,
             saved,
+            egress_shares: Default::default(),
         });
         let weak = Arc::downgrade(&service);
         std::thread::Builder::new()
@@ -994,6 +997,7 @@ impl Service {
         });
         let mut egress = Egress::new(policy);
         egress.observer = Some(audit.clone());
+        egress.share = Some(self.egress_shares.of(&tenant.0));
         Ok((egress, Some(audit)))
     }
 
