@@ -691,9 +691,24 @@ fn session_options(
     options
 }
 
+/// The most bytes of names and values an `env` may hold (a sandbox's, an execution's, a
+/// command's, a run's). A sandbox's is held on the host for its life and given to every
+/// program its process agent starts, whose start (argv and environment) is bounded alike.
+pub const MAX_ENV_BYTES: usize = 128 << 10;
+
 fn check_env(
     env: Option<&BTreeMap<String, String>>,
 ) -> Result<Vec<(String, String)>, ServiceError> {
+    let bytes: usize = env
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| k.len() + v.len())
+        .sum();
+    if bytes > MAX_ENV_BYTES {
+        return Err(ServiceError::BadRequest(format!(
+            "env: {bytes} bytes of names and values; at most {MAX_ENV_BYTES} are allowed"
+        )));
+    }
     let mut out = Vec::new();
     for (k, v) in env.into_iter().flatten() {
         if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {

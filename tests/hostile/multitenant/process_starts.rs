@@ -5,7 +5,8 @@
 //! argv, environment or directory of hundreds of KiB must be the client's error (400), not the
 //! end of the agent. A tag stays on the host (it is listed, never sent to the agent), for each
 //! of the 32 programs a sandbox may run: it is bounded too, so that a key cannot make the host
-//! hold (and list) 32 × 8 MiB per sandbox.
+//! hold (and list) 32 × 8 MiB per sandbox. A sandbox's environment, which the host holds for
+//! the sandbox's life and adds to every start, is bounded the same way when it is made.
 
 use super::*;
 
@@ -65,6 +66,31 @@ fn oversized_starts_are_refused_and_the_agent_lives() {
         Some(&body),
     );
     assert_eq!(status, 400, "{answer}");
+    // An environment past the bound, for a sandbox (held on the host for its life, given to
+    // every program its agent starts) or for one execution, is refused as well, and makes
+    // nothing.
+    let env: serde_json::Map<String, Value> = (0..16)
+        .map(|i| (format!("V{i}"), json!("e".repeat(100 << 10))))
+        .collect();
+    for language in ["python", "javascript"] {
+        let body = json!({"language": language, "env": env});
+        let (status, answer) = s.call("POST", "/v1/sandboxes", &key_a, Some(&body));
+        assert_eq!(status, 400, "{language}: {answer}");
+    }
+    let body = json!({"code": "1", "env": env});
+    let (status, answer) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{a}/execute"),
+        &key_a,
+        Some(&body),
+    );
+    assert_eq!(status, 400, "{answer}");
+    let (_, list) = s.call("GET", "/v1/sandboxes", &key_a, None);
+    assert_eq!(
+        list["sandboxes"].as_array().map(Vec::len),
+        Some(1),
+        "{list}"
+    );
     // The agent serves on: its running program is still listed, a new one runs.
     let (status, list) = s.call("GET", &format!("/v1/sandboxes/{a}/processes"), &key_a, None);
     assert_eq!(status, 200, "{list}");
