@@ -119,6 +119,7 @@ impl From<ServiceError> for ApiError {
                     Unavailability::MemoryBudget => "memory_budget_committed",
                     Unavailability::Uploads => "uploads_busy",
                     Unavailability::SandboxBusy => "sandbox_busy",
+                    Unavailability::KeyBusy => "key_busy",
                 },
             ),
             ServiceError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),

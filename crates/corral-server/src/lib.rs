@@ -15,6 +15,7 @@ mod egress_shares;
 pub mod error;
 pub mod files_api;
 pub mod http;
+mod key_calls;
 pub mod metrics;
 pub mod network;
 pub mod operator;

@@ -137,6 +137,9 @@ pub enum Unavailability {
     /// The sandbox is busy and the most calls that may wait for it wait already
     /// ([`corral_kernel::MAX_WAITING`]).
     SandboxBusy,
+    /// The key holds its share of the server's blocking threads already
+    /// ([`crate::key_calls`]).
+    KeyBusy,
 }
 
 impl From<WorkspaceError> for ServiceError {
@@ -596,6 +599,8 @@ pub struct Service {
     saved: crate::persist::Saved,
     /// Each key's share of the egress proxies' connections.
     egress_shares: crate::egress_shares::EgressShares,
+    /// Each key's share of the calls that wait on its sandboxes.
+    key_calls: crate::key_calls::KeyCalls,
 }
 
 /// Hears a sandbox's egress decisions: each is a line of the audit log (`egress` table) and
@@ -847,6 +852,7 @@ impl Service {
             code_policies,
             saved,
             egress_shares: Default::default(),
+            key_calls: Default::default(),
         });
         let weak = Arc::downgrade(&service);
         std::thread::Builder::new()
@@ -1624,6 +1630,7 @@ impl Service {
 
     /// Resumes session `id`, paused by [`Service::pause`].
     pub fn resume(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ServiceError> {
+        let _call = self.key_calls.enter(tenant)?;
         if let Some(saved) = self.saved.take(&self.db, tenant, id) {
             let info = self.resume_saved(saved)?;
             self.metrics.resumes.inc();
@@ -1641,6 +1648,7 @@ impl Service {
     /// Replaces the kernel of session `id`: its variables and processes are gone, its files
     /// stay (docs/api.md, "Restart").
     pub fn restart(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ServiceError> {
+        let _call = self.key_calls.enter(tenant)?;
         let owned = self.owned(tenant, id)?;
         let info = self
             .manager
@@ -1753,6 +1761,7 @@ impl Service {
         req: &ExecuteRequest,
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<ExecutionResult, ServiceError> {
+        let _call = self.key_calls.enter(tenant)?;
         let timeout = self.prepare_execute(tenant, id, req)?;
         let env = check_env(req.env.as_ref())?;
         let context =
@@ -1820,6 +1829,7 @@ impl Service {
         stop: &Stopper,
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<ExecutionResult, ServiceError> {
+        let _call = self.key_calls.enter(tenant)?;
         let p = self.prepare_command(tenant, id, req)?;
         let result = self
             .manager

@@ -33,6 +33,7 @@ impl Service {
         language: &str,
         cwd: Option<String>,
     ) -> Result<ContextInfo, ServiceError> {
+        let _call = self.key_calls.enter(tenant)?;
         self.check_running()?;
         self.check_session(tenant, id)?;
         if let Some(cwd) = &cwd {
@@ -65,6 +66,7 @@ impl Service {
         id: &str,
         context: &str,
     ) -> Result<(), ServiceError> {
+        let _call = self.key_calls.enter(tenant)?;
         self.check_running()?;
         self.check_session(tenant, id)?;
         self.manager

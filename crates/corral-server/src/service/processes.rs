@@ -32,6 +32,7 @@ impl Service {
         id: &str,
         spec: ProcessSpec,
     ) -> Result<(Arc<ProcessAgent>, Subscription), ServiceError> {
+        let _call = self.key_calls.enter(tenant)?;
         let agent = self.process_agent(tenant, id)?;
         let line = spec.argv.join(" ");
         let started = agent.start(spec);
