@@ -34,6 +34,7 @@ mod listings;
 mod lockdown;
 mod port_floods;
 mod ports;
+mod process_starts;
 mod streams;
 mod threads;
 mod waiting;

@@ -10,7 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, TcpListener, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use corral_sandbox::egress::{FixedResolver, Resolve};
+use corral_sandbox::egress::{ConnectionShare, FixedResolver, Resolve};
 use corral_sandbox::{Egress, Limits, NetworkPolicy};
 
 use crate::harness::*;
@@ -107,6 +107,7 @@ fn egress(
         policy,
         resolver: resolver.clone(),
         observer: None,
+        share: None,
     };
     (egress, resolver)
 }
@@ -486,4 +487,83 @@ fn egress_bytes_stop_at_the_limit() {
     );
     drop(o);
     let _ = serving.join();
+}
+
+/// Holds `COUNT` connections open through the sandbox's proxy for `HOLD_S` seconds: plain
+/// requests to `ok.test:PORT`, whose server (the test's listener) never answers, so each is
+/// relayed and idle, as long as the proxy lets an idle connection be.
+const HOLD: &str = r#"
+import os, socket, time
+port, count = int(os.environ["PORT"]), int(os.environ["COUNT"])
+held = []
+for _ in range(count):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+    s.sendall(f"GET http://ok.test:{port}/ HTTP/1.1\r\nHost: ok.test:{port}\r\n\r\n".encode())
+    held.append(s)
+print("HELD", len(held), flush=True)
+time.sleep(float(os.environ["HOLD_S"]))
+print("DONE")
+"#;
+
+/// One request through the proxy to a name off the list: the status its answer starts with.
+const PROBE: &str = r#"
+import socket
+s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+s.sendall(b"GET http://off.test/ HTTP/1.1\r\nHost: off.test\r\n\r\n")
+print("STATUS", s.recv(64).split(b" ")[1].decode(), flush=True)
+print("DONE")
+"#;
+
+/// A key's sandboxes share a bound on the connections open at once through their proxies (a
+/// server gives each key half of the process's places): a sandbox that holds every place of
+/// its share leaves its share's other sandboxes none (503 at once), and a sandbox of another
+/// share (another key) is served as ever (here: refused for its name, 403). Before the share,
+/// sixteen sandboxes of one key holding 64 idle connections each took the process's 1024
+/// places and every other key's connections were refused. When the holder ends, its places
+/// come back.
+#[test]
+fn egress_one_shares_connections_leave_another_shares_sandboxes_served() {
+    let _g = shared();
+    // The server of `ok.test`: it completes handshakes (its backlog) and never answers.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let with_share = |share: &Arc<ConnectionShare>| {
+        let mut egress = ok_test(port);
+        egress.share = Some(share.clone());
+        egress
+    };
+    let share = Arc::new(ConnectionShare::new(4, "a test key's sandboxes".into()));
+    let other = Arc::new(ConnectionShare::new(4, "another key's sandboxes".into()));
+    let holding = with_share(&share);
+    let holder = std::thread::spawn(move || {
+        Run::python(HOLD)
+            .env("PORT", port.to_string())
+            .env("COUNT", "4")
+            .env("HOLD_S", "12")
+            .timeout(30)
+            .engine_egress(holding, Limits::default())
+            .run()
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while share.open() < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the holder did not open its connections"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let probe = |egress: Egress| {
+        let o = Run::python(PROBE)
+            .engine_egress(egress, Limits::default())
+            .run();
+        o.assert_completed();
+        o.value("STATUS").to_string()
+    };
+    assert_eq!(probe(with_share(&share)), "503", "the share is full");
+    assert_eq!(probe(with_share(&other)), "403", "another share is served");
+    assert_eq!(other.open(), 0);
+    let o = holder.join().unwrap();
+    o.assert_completed();
+    assert!(o.has_line("HELD 4"), "{}", o.dump());
+    assert_eq!(share.open(), 0, "the holder's places came back");
 }

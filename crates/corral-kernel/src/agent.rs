@@ -15,7 +15,9 @@ use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use corral_sandbox::agent::{encode, receive, FrameReader, Message, Request, OUTPUT_CHUNK};
+use corral_sandbox::agent::{
+    encode, receive, FrameReader, Message, Request, MAX_FRAME, OUTPUT_CHUNK,
+};
 pub use corral_sandbox::agent::{
     AgentRefusal, OutputStream, PtySize, MAX_INPUT, MAX_PENDING_INPUT, MAX_PROCESSES,
 };
@@ -298,6 +300,17 @@ impl ProcessAgent {
         pending: Pending,
     ) -> Result<Option<i32>, AgentError> {
         let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        let frame = encode(&make(req), payload);
+        // The agent ends a connection that carries a frame past its bound: refused here, so
+        // that a request too large (a start's argv and environment) is the client's error
+        // and the session keeps its agent.
+        if frame.len() > 4 + MAX_FRAME {
+            return Err(AgentError::Invalid(format!(
+                "a request of {} bytes (at most {MAX_FRAME} with the command, its directory \
+                 and its environment)",
+                frame.len() - 4
+            )));
+        }
         let (tx, rx) = sync_channel(1);
         {
             let mut state = self.state.lock().expect("lock");
@@ -309,7 +322,6 @@ impl ProcessAgent {
             }
             state.replies.insert(req, (tx, pending));
         }
-        let frame = encode(&make(req), payload);
         let written = {
             let socket = self.socket.lock().expect("lock");
             write_all(socket.as_fd(), &frame)
@@ -512,6 +524,9 @@ impl ProcessAgent {
     }
 }
 
+/// The longest tag a program may carry, in bytes.
+const MAX_TAG_BYTES: usize = 1024;
+
 fn validate(spec: &ProcessSpec) -> Result<(), AgentError> {
     let invalid = |m: &str| Err(AgentError::Invalid(m.to_string()));
     if spec.argv.is_empty() || spec.argv[0].is_empty() {
@@ -531,6 +546,12 @@ fn validate(spec: &ProcessSpec) -> Result<(), AgentError> {
         .any(|(k, _)| k.is_empty() || k.contains('='))
     {
         return invalid("an environment name that is empty or holds '='");
+    }
+    // The host keeps a running program's tag (and lists it); the agent never sees it.
+    if spec.tag.as_ref().is_some_and(|t| t.len() > MAX_TAG_BYTES) {
+        return Err(AgentError::Invalid(format!(
+            "a tag longer than {MAX_TAG_BYTES} bytes"
+        )));
     }
     if let Some(size) = spec.pty {
         if size.rows == 0 || size.cols == 0 {
@@ -759,6 +780,44 @@ mod tests {
         drop(silent);
     }
 
+    /// A start larger than the agent's frame bound (an argv, environment or directory of
+    /// hundreds of KiB) is refused before a byte is sent: the agent, which ends a connection
+    /// that breaks its bound, keeps serving the session.
+    #[test]
+    fn a_request_beyond_the_frame_bound_is_refused_before_it_is_sent() {
+        use std::io::Read as _;
+        let (host, mut fake) = std::os::unix::net::UnixStream::pair().unwrap();
+        let agent = ProcessAgent::new(host.into()).unwrap();
+        for spec in [
+            ProcessSpec {
+                argv: vec!["x".repeat(MAX_FRAME)],
+                ..ProcessSpec::default()
+            },
+            ProcessSpec {
+                argv: vec!["true".into()],
+                env: vec![("BIG".into(), "y".repeat(MAX_FRAME / 2)); 2],
+                ..ProcessSpec::default()
+            },
+            ProcessSpec {
+                argv: vec!["true".into()],
+                cwd: Some("d/".repeat(MAX_FRAME / 2)),
+                ..ProcessSpec::default()
+            },
+        ] {
+            let started = Instant::now();
+            assert!(matches!(agent.start(spec), Err(AgentError::Invalid(_))));
+            assert!(started.elapsed() < Duration::from_secs(1));
+        }
+        assert!(!agent.state.lock().unwrap().gone);
+        assert!(agent.state.lock().unwrap().replies.is_empty());
+        fake.set_nonblocking(true).unwrap();
+        let read = fake.read(&mut [0u8; 1]);
+        assert!(
+            matches!(&read, Err(e) if e.kind() == io::ErrorKind::WouldBlock),
+            "a frame reached the agent: {read:?}"
+        );
+    }
+
     #[test]
     fn wait_statuses_decode() {
         assert_eq!(decode_status(7 << 8), (Some(7), None));
@@ -773,6 +832,11 @@ mod tests {
             ..ProcessSpec::default()
         };
         assert!(validate(&ok).is_ok());
+        let tagged = ProcessSpec {
+            tag: Some("t".repeat(MAX_TAG_BYTES)),
+            ..ok.clone()
+        };
+        assert!(validate(&tagged).is_ok());
         for bad in [
             ProcessSpec::default(),
             ProcessSpec {
@@ -785,6 +849,10 @@ mod tests {
             },
             ProcessSpec {
                 pty: Some(PtySize { rows: 0, cols: 80 }),
+                ..ok.clone()
+            },
+            ProcessSpec {
+                tag: Some("t".repeat(MAX_TAG_BYTES + 1)),
                 ..ok.clone()
             },
         ] {

@@ -844,6 +844,12 @@ fn set_size(master: RawFd, size: PtySize) -> io::Result<()> {
 /// once.
 pub const MAX_RECEIVED_FDS: usize = 3;
 
+/// The most descriptors one message can carry (the kernel's `SCM_MAX_FD`): [`receive`] has
+/// room for them all, so that a message with more than [`MAX_RECEIVED_FDS`] is never cut
+/// short (`MSG_CTRUNC`), which would leave the descriptors the kernel did install in the
+/// host's table with nothing to close them.
+const SCM_MAX_FD: usize = 253;
+
 /// Reads from an agent's socket (the host's side), keeping the descriptors that came with the
 /// bytes in `fds` (at most [`MAX_RECEIVED_FDS`] waiting; an agent cannot make the host hold
 /// more). 0 at EOF.
@@ -855,7 +861,7 @@ pub fn receive(
     use nix::sys::socket::{recvmsg, ControlMessageOwned};
     use std::os::fd::FromRawFd;
     let mut iov = [io::IoSliceMut::new(buf)];
-    let mut space = nix::cmsg_space!([RawFd; MAX_RECEIVED_FDS]);
+    let mut space = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
     let msg = recvmsg::<()>(
         socket.as_raw_fd(),
         &mut iov,
@@ -892,6 +898,51 @@ pub fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An agent that sends more descriptors in one message than a kernel's three (here the
+    /// most one message carries): the host keeps three, closes the rest at once, leaves none
+    /// in its table, and reads on.
+    #[test]
+    fn descriptors_beyond_three_are_closed_as_they_arrive() {
+        use nix::sys::socket::{sendmsg, ControlMessage};
+        let (host, agent) = socket_pair().unwrap();
+        let (readers, writers): (Vec<OwnedFd>, Vec<OwnedFd>) = (0..SCM_MAX_FD)
+            .map(|_| nix::unistd::pipe().unwrap())
+            .unzip();
+        let raw: Vec<RawFd> = writers.iter().map(|w| w.as_raw_fd()).collect();
+        for message in [&raw[..], &raw[..1]] {
+            let rights = [ControlMessage::ScmRights(message)];
+            sendmsg::<()>(
+                agent.as_raw_fd(),
+                &[io::IoSlice::new(b"x")],
+                &rights,
+                MsgFlags::empty(),
+                None,
+            )
+            .unwrap();
+        }
+        drop(writers);
+        // A pipe reads its end at once when no write end is left anywhere.
+        let at_end = |r: &OwnedFd| {
+            fcntl(r.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).unwrap();
+            match nix::unistd::read(r.as_raw_fd(), &mut [0u8; 1]) {
+                Ok(0) => true,
+                Err(Errno::EAGAIN) => false,
+                other => panic!("{other:?}"),
+            }
+        };
+        let mut fds = std::collections::VecDeque::new();
+        let mut buf = [0u8; 1];
+        assert_eq!(receive(host.as_fd(), &mut buf, &mut fds), Ok(1));
+        assert_eq!(fds.len(), MAX_RECEIVED_FDS);
+        assert!(readers[..MAX_RECEIVED_FDS].iter().all(|r| !at_end(r)));
+        assert!(readers[MAX_RECEIVED_FDS..].iter().all(at_end));
+        // The next message is read; its descriptor is closed too (three are waiting).
+        assert_eq!(receive(host.as_fd(), &mut buf, &mut fds), Ok(1));
+        assert_eq!(fds.len(), MAX_RECEIVED_FDS);
+        drop(fds);
+        assert!(readers.iter().all(at_end));
+    }
 
     #[test]
     fn frames_round_trip_in_any_chunking() {

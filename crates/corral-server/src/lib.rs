@@ -11,6 +11,7 @@ pub mod db;
 mod docs_page;
 pub mod e2b;
 mod e2b_network;
+mod egress_shares;
 pub mod error;
 pub mod files_api;
 pub mod http;

@@ -154,9 +154,31 @@ impl Saved {
             max_paused,
             sandboxes: Mutex::new(sandboxes),
         };
+        saved.make_private()?;
         saved.remove_strays();
         saved.expire(db);
         Ok(saved)
+    }
+
+    /// Makes the directory of saved workspaces, or makes it the server's own: mode 0700, so
+    /// that no other local user reads the tenants' files through it (the database's directory
+    /// is usually world-readable, as `/var/lib/corral` is; the files inside keep the copy's
+    /// 0644). A directory made with a wider mode (by an older server) is narrowed; anything
+    /// else at its path is refused.
+    fn make_private(&self) -> Result<(), PersistError> {
+        use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+        let io = |source| PersistError::Io {
+            path: self.dir.clone(),
+            source,
+        };
+        match fs::DirBuilder::new().mode(0o700).create(&self.dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(io(e)),
+            _ => {}
+        }
+        if !fs::symlink_metadata(&self.dir).map_err(io)?.is_dir() {
+            return Err(io(std::io::Error::from(std::io::ErrorKind::NotADirectory)));
+        }
+        fs::set_permissions(&self.dir, fs::Permissions::from_mode(0o700)).map_err(io)
     }
 
     /// Removes saved files no saved sandbox owns (a shutdown that stopped half-way).
@@ -284,6 +306,7 @@ impl Saved {
         disk_bytes: u64,
     ) -> Result<(), PersistError> {
         let path = self.path(&sandbox.id)?;
+        self.make_private()?;
         // What a previous save of this id left (a server killed during its shutdown).
         let _ = fs::remove_dir_all(&path);
         let id = sandbox.id.clone();
@@ -376,9 +399,9 @@ mod tests {
         .unwrap()
     }
 
-    /// At start: a row whose id is no sandbox id is dropped (never used as a path), a sandbox
-    /// paused too long is deleted with its files, files nobody saved are removed, the rest
-    /// stays, to its owner only.
+    /// At start: the directory becomes mode 0700, a row whose id is no sandbox id is dropped
+    /// (never used as a path), a sandbox paused too long is deleted with its files, files
+    /// nobody saved are removed, the rest stays, to its owner only.
     #[test]
     fn loading_drops_bad_ids_expired_sandboxes_and_stray_files() {
         let dir = tempfile::tempdir().unwrap();
@@ -398,7 +421,13 @@ mod tests {
         db.save_sandbox("sbx-garbled", "key-a", now, "{not json")
             .unwrap();
 
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(&saved_dir, fs::Permissions::from_mode(0o755)).unwrap();
+
         let saved = Saved::load(&db, saved_dir.clone(), Duration::from_secs(3600)).unwrap();
+        // Narrowed to the server's own: other local users read no tenant's files.
+        let mode = fs::metadata(&saved_dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{mode:o}");
         let a = Tenant("key-a".into());
         let ids: Vec<String> = saved.of(&db, Some(&a)).into_iter().map(|s| s.id).collect();
         assert_eq!(ids, ["sbx-kept"]);
@@ -422,5 +451,21 @@ mod tests {
         assert!(saved.remove(&db, &a, "sbx-kept"));
         assert!(!saved_dir.join("sbx-kept").exists());
         assert!(db.saved_sandboxes().unwrap().is_empty());
+    }
+
+    /// A link (or any non-directory) where the saved workspaces go is refused, not followed.
+    #[test]
+    fn loading_refuses_a_link_in_place_of_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("corral.db")).unwrap();
+        let elsewhere = dir.path().join("elsewhere");
+        fs::create_dir(&elsewhere).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(&elsewhere, fs::Permissions::from_mode(0o755)).unwrap();
+        let saved_dir = dir.path().join("saved-sandboxes");
+        std::os::unix::fs::symlink(&elsewhere, &saved_dir).unwrap();
+        assert!(Saved::load(&db, saved_dir, Duration::from_secs(3600)).is_err());
+        let mode = fs::metadata(&elsewhere).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o755, "{mode:o}");
     }
 }

@@ -605,6 +605,8 @@ pub struct Service {
     code_policies: CodePolicies,
     /// Paused sandboxes saved across a restart.
     saved: crate::persist::Saved,
+    /// Each key's share of the egress proxies' connections.
+    egress_shares: crate::egress_shares::EgressShares,
 }
 
 /// Hears a sandbox's egress decisions: each is a line of the audit log (`egress` table) and
@@ -700,9 +702,24 @@ fn session_options(
     options
 }
 
+/// The most bytes of names and values an `env` may hold (a sandbox's, an execution's, a
+/// command's, a run's). A sandbox's is held on the host for its life and given to every
+/// program its process agent starts, whose start (argv and environment) is bounded alike.
+pub const MAX_ENV_BYTES: usize = 128 << 10;
+
 fn check_env(
     env: Option<&BTreeMap<String, String>>,
 ) -> Result<Vec<(String, String)>, ServiceError> {
+    let bytes: usize = env
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| k.len() + v.len())
+        .sum();
+    if bytes > MAX_ENV_BYTES {
+        return Err(ServiceError::BadRequest(format!(
+            "env: {bytes} bytes of names and values; at most {MAX_ENV_BYTES} are allowed"
+        )));
+    }
     let mut out = Vec::new();
     for (k, v) in env.into_iter().flatten() {
         if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
@@ -845,6 +862,7 @@ impl Service {
             default_limits,
             code_policies,
             saved,
+            egress_shares: Default::default(),
         });
         let weak = Arc::downgrade(&service);
         std::thread::Builder::new()
@@ -1010,6 +1028,7 @@ impl Service {
         });
         let mut egress = Egress::new(policy);
         egress.observer = Some(audit.clone());
+        egress.share = Some(self.egress_shares.of(&tenant.0));
         Ok((egress, Some(audit)))
     }
 

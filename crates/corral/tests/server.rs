@@ -3,6 +3,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -3771,6 +3772,8 @@ fn the_cpu_weight_is_set_on_the_corral_parent_or_the_server_refuses_to_start() {
 #[test]
 fn a_paused_sandbox_survives_a_restart_with_its_files() {
     let dir = tempfile::tempdir().unwrap();
+    // World-readable, as `/var/lib/corral` is.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let saved_dir = dir.path().join("saved-sandboxes");
     let mut s = Server::start_in(dir, "shutdown_grace_s = 2");
     let (key_a, key_b) = (s.key("A"), s.key("B"));
@@ -3806,7 +3809,20 @@ fn a_paused_sandbox_survives_a_restart_with_its_files() {
     .unwrap();
     assert!(s.child.wait().unwrap().success());
     assert_eq!(cgroups_of(pid), Vec::<PathBuf>::new());
-    assert!(saved_dir.join(&kept).join("deep/er/data.txt").is_file());
+    let saved_file = saved_dir.join(&kept).join("deep/er/data.txt");
+    assert!(saved_file.is_file());
+    // No other local user reads a tenant's saved files.
+    let mode = std::fs::metadata(&saved_dir).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+    if nix::unistd::geteuid().is_root() {
+        let read = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "cat"])
+            .arg(&saved_file)
+            .output()
+            .unwrap();
+        assert!(!read.status.success(), "nobody read {saved_file:?}");
+        assert!(!String::from_utf8_lossy(&read.stdout).contains("saved bytes"));
+    }
 
     let dir = std::mem::replace(&mut s._dir, tempfile::tempdir().unwrap());
     drop(s);

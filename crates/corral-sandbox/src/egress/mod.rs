@@ -16,6 +16,7 @@ pub mod hello;
 pub mod policy;
 pub mod proxy;
 pub mod resolve;
+pub mod share;
 
 use std::fmt;
 use std::io;
@@ -28,6 +29,7 @@ use serde::{Deserialize, Serialize};
 pub use policy::{CidrRule, HostPattern, HostRule, NetworkPolicy, PolicyError};
 pub use proxy::{EgressMonitor, EgressProxy};
 pub use resolve::{FixedResolver, Resolve, SystemResolver};
+pub use share::ConnectionShare;
 
 /// Where the proxy listens inside a sandbox's network namespace.
 pub const PROXY_PORT: u16 = 3128;
@@ -93,6 +95,9 @@ pub struct Egress {
     pub policy: NetworkPolicy,
     pub resolver: Arc<dyn Resolve>,
     pub observer: Option<Arc<dyn EgressObserver>>,
+    /// The places for open connections this sandbox shares with others (a server: its key's
+    /// sandboxes), on top of its own and the process's bounds; none: those alone.
+    pub share: Option<Arc<ConnectionShare>>,
 }
 
 impl Default for Egress {
@@ -108,6 +113,7 @@ impl Egress {
             policy,
             resolver: Arc::new(SystemResolver),
             observer: None,
+            share: None,
         }
     }
 }

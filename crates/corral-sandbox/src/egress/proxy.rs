@@ -282,15 +282,14 @@ fn accept_loop(shared: &Arc<Shared>) {
             shared.cut(Some(format!("{why}: the proxy closed its endpoint")));
             return;
         }
-        let busy = state.active >= MAX_CONCURRENT
-            || ACTIVE_TOTAL.fetch_add(1, Ordering::SeqCst) >= MAX_CONCURRENT_TOTAL;
-        if busy {
-            if state.active < MAX_CONCURRENT {
-                ACTIVE_TOTAL.fetch_sub(1, Ordering::SeqCst);
-            }
+        if state.active >= MAX_CONCURRENT || !shared.take_place() {
             drop(state);
+            let share = match &shared.egress.share {
+                Some(share) => format!(", {} for {}", share.limit(), share.what()),
+                None => String::new(),
+            };
             let why = format!(
-                "too many connections at once (at most {MAX_CONCURRENT} per sandbox, \
+                "too many connections at once (at most {MAX_CONCURRENT} per sandbox{share}, \
                  {MAX_CONCURRENT_TOTAL} on this host)"
             );
             refuse_at_once(shared, &conn, Reason::Busy, 503, &why);
@@ -304,14 +303,38 @@ fn accept_loop(shared: &Arc<Shared>) {
             .spawn(move || {
                 serve(&serving, conn);
                 serving.state.lock().expect("lock").active -= 1;
-                ACTIVE_TOTAL.fetch_sub(1, Ordering::SeqCst);
+                serving.give_back_place();
             });
         match spawned {
             Ok(t) => state.threads.push(t),
             Err(_) => {
                 state.active -= 1;
-                ACTIVE_TOTAL.fetch_sub(1, Ordering::SeqCst);
+                shared.give_back_place();
             }
+        }
+    }
+}
+
+impl Shared {
+    /// Takes a place for a new connection in the process's count and in the sandbox's
+    /// share: false, and nothing taken, when either is full.
+    fn take_place(&self) -> bool {
+        if ACTIVE_TOTAL.fetch_add(1, Ordering::SeqCst) >= MAX_CONCURRENT_TOTAL {
+            ACTIVE_TOTAL.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        if self.egress.share.as_ref().is_some_and(|s| !s.take()) {
+            ACTIVE_TOTAL.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// Gives back what [`Shared::take_place`] took.
+    fn give_back_place(&self) {
+        ACTIVE_TOTAL.fetch_sub(1, Ordering::SeqCst);
+        if let Some(share) = &self.egress.share {
+            share.give_back();
         }
     }
 }
