@@ -1,4 +1,4 @@
-"""Fixtures of the MCP tests (helpers in corral_mcp_support.py)."""
+"""Fixtures of the MCP tests (the binary, ports and processes: tests/corral_testing)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Callable, Iterator, List
 
 import pytest
 
-from corral_mcp_support import corral_bin, stop, wait_for_port
+from corral_testing import corral_bin, stop, wait_for_port
 
 
 @pytest.fixture
@@ -19,12 +19,13 @@ def start_listening(tmp_path: Path) -> Iterator[Callable[[List[str], int], None]
     procs: List["subprocess.Popen[bytes]"] = []
 
     def start(args: List[str], port: int) -> None:
-        argv = [str(corral_bin()), *args]
         log = tmp_path / f"corral-{len(procs)}.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen(argv, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                [str(corral_bin()), *args], env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT
+            )
         procs.append(proc)
-        wait_for_port(proc, port, argv, log)
+        wait_for_port(proc, port, log)
 
     try:
         yield start

@@ -16,7 +16,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from corral_mcp_support import corral_bin, free_port
+from corral_testing import corral_bin, create_key, free_port
 
 TOOLS = {
     "run_code",
@@ -176,11 +176,7 @@ async def test_stdio_through_a_running_server(tmp_path: Path, start_listening: A
 @pytest.mark.anyio
 async def test_http_off_loopback_requires_a_key(tmp_path: Path, start_listening: Any) -> None:
     db = tmp_path / "c.db"
-    made = subprocess.run(
-        [str(corral_bin()), "key", "create", "--db", str(db), "--name", "mcp-test"],
-        check=True, capture_output=True, text=True,
-    )
-    key = made.stdout.strip()
+    key = create_key(db, "mcp-test").secret
     port = free_port()
     # Bound to every address (not loopback): keys are required. Reached here on 127.0.0.1.
     start_listening(["mcp", "--db", str(db), "--pool-size", "0", "--http", f"0.0.0.0:{port}"], port)

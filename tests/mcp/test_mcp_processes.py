@@ -7,7 +7,6 @@ reaches none of it."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
@@ -15,7 +14,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from corral_mcp_support import corral_bin, free_port
+from corral_testing import corral_bin, create_key, free_port
 
 CALL_TIMEOUT_S = 120
 #: What the server keeps of a program's output, and the most one connection follows.
@@ -230,13 +229,7 @@ async def test_stdio_through_a_running_server(tmp_path: Path, start_listening: A
 
 async def test_another_key_reaches_no_program(tmp_path: Path, start_listening: Any) -> None:
     db = tmp_path / "c.db"
-    keys = []
-    for name in ("owner", "intruder"):
-        made = subprocess.run(
-            [str(corral_bin()), "key", "create", "--db", str(db), "--name", name],
-            check=True, capture_output=True, text=True,
-        )
-        keys.append(made.stdout.strip())
+    keys = [create_key(db, name).secret for name in ("owner", "intruder")]
     port = free_port()
     # A warm pool: programs run in sessions forked from its zygote.
     start_listening(["mcp", "--db", str(db), "--pool-size", "1", "--http", f"0.0.0.0:{port}"], port)
