@@ -16,9 +16,6 @@ from e2b_code_interpreter import Sandbox
 
 from corral_testing import Server
 
-SDK_ENV = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")
-
-
 @pytest.fixture()
 def own_server(tmp_path):
     yield from serve_own(tmp_path)
@@ -28,17 +25,10 @@ def serve_own(tmp_path, args=()):
     """A server of this test's own (`corral serve` with `args`), the SDK pointed at it."""
     server = Server(tmp_path, args=args)
     key = server.create_key("restart")
-    saved = {name: os.environ.get(name) for name in SDK_ENV}
-    with server:
-        os.environ.update(E2B_API_URL=server.url, E2B_SANDBOX_URL=server.url, E2B_API_KEY=key.secret)
-        try:
-            yield server
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+    with server, pytest.MonkeyPatch.context() as env:
+        for name, value in [("E2B_API_URL", server.url), ("E2B_SANDBOX_URL", server.url), ("E2B_API_KEY", key.secret)]:
+            env.setenv(name, value)
+        yield server
 
 
 def test_a_paused_sandbox_resumes_on_its_files_after_a_restart(own_server):

@@ -4,7 +4,6 @@ binary, and how it is started and stopped)."""
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -33,18 +32,10 @@ def corral_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     Also sets `CORRAL_URL` (and clears `CORRAL_API_KEY`) so that clients built without `url`
     reach it."""
-    with serve(tmp_path_factory.mktemp("corral-server")) as url:
-        saved = {k: os.environ.get(k) for k in ("CORRAL_URL", "CORRAL_API_KEY")}
-        os.environ["CORRAL_URL"] = url
-        os.environ.pop("CORRAL_API_KEY", None)
-        try:
-            yield url
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    with serve(tmp_path_factory.mktemp("corral-server")) as url, pytest.MonkeyPatch.context() as env:
+        env.setenv("CORRAL_URL", url)
+        env.delenv("CORRAL_API_KEY", raising=False)
+        yield url
 
 
 @pytest.fixture
