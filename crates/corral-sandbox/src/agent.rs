@@ -629,10 +629,7 @@ impl Agent {
         let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
             return Err(AgentRefusal::Start("no pipes".into()));
         };
-        self.programs.insert(
-            pid,
-            Program::default(),
-        );
+        self.programs.insert(pid, Program::default());
         Ok((
             pid,
             [host_end, OwnedFd::from(stdout), OwnedFd::from(stderr)],

@@ -71,4 +71,3 @@ pub async fn serve(service: Arc<Service>, listener: tokio::net::TcpListener) -> 
     eprintln!("corral: every sandbox is torn down");
     Ok(())
 }
-
