@@ -30,10 +30,10 @@ def serve_with(tmp_path: Path) -> Callable[[str], "contextlib.AbstractContextMan
 def corral_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The base URL of a `corral serve` running for this test session, with a fresh database.
 
-    Also sets `CORRAL_URL` (and clears `CORRAL_API_KEY`) so that clients built without `url`
-    reach it."""
+    Also clears `CORRAL_API_KEY`, so that clients built without `api_key` send none. It does not
+    set `CORRAL_URL`: the other suites of the same pytest run read it (tests/e2b takes it for a
+    server of the caller's); a test that needs it sets it itself."""
     with serve(tmp_path_factory.mktemp("corral-server")) as url, pytest.MonkeyPatch.context() as env:
-        env.setenv("CORRAL_URL", url)
         env.delenv("CORRAL_API_KEY", raising=False)
         yield url
 
