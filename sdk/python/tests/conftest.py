@@ -27,15 +27,21 @@ def serve_with(tmp_path: Path) -> Callable[[str], "contextlib.AbstractContextMan
 
 
 @pytest.fixture(scope="session")
-def corral_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The base URL of a `corral serve` running for this test session, with a fresh database.
-
-    Also clears `CORRAL_API_KEY`, so that clients built without `api_key` send none. It does not
-    set `CORRAL_URL`: the other suites of the same pytest run read it (tests/e2b takes it for a
-    server of the caller's); a test that needs it sets it itself."""
-    with serve(tmp_path_factory.mktemp("corral-server")) as url, pytest.MonkeyPatch.context() as env:
-        env.delenv("CORRAL_API_KEY", raising=False)
+def session_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The base URL of a `corral serve` running for this test session, with a fresh database."""
+    with serve(tmp_path_factory.mktemp("corral-server")) as url:
         yield url
+
+
+@pytest.fixture
+def corral_url(session_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The session's server (`session_server`), with `CORRAL_URL` set to it and `CORRAL_API_KEY`
+    cleared for the test, so that clients built without `url` reach it. For the test only:
+    the other suites of the same pytest run read `CORRAL_URL` (tests/e2b takes it for a server
+    of the caller's)."""
+    monkeypatch.setenv("CORRAL_URL", session_server)
+    monkeypatch.delenv("CORRAL_API_KEY", raising=False)
+    return session_server
 
 
 @pytest.fixture

@@ -54,9 +54,8 @@ def test_create_run_kill(corral_url: str) -> None:
     assert sandbox.kill() is False  # already gone
 
 
-def test_url_from_environment(corral_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CORRAL_URL", corral_url)
-    # No url given here.
+def test_url_from_environment(corral_url: str) -> None:
+    # conftest sets CORRAL_URL; no url given here.
     with Sandbox() as sandbox:
         assert sandbox.url == corral_url
         assert sandbox.run_code("1 + 2").text == "3"
