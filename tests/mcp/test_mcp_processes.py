@@ -214,16 +214,8 @@ async def test_http(tmp_path: Path, start_listening: Any, mode: str) -> None:
         await exercise(client)
 
 
-async def test_stdio_through_a_running_server(tmp_path: Path, start_listening: Any) -> None:
-    port = free_port()
-    start_listening(
-        ["serve", "--listen", f"127.0.0.1:{port}", "--db", str(tmp_path / "s.db"), "--pool-size", "1"], port
-    )
-    env = {k: v for k, v in os.environ.items() if k != "CORRAL_API_KEY"}
-    params = StdioServerParameters(
-        command=str(corral_bin()), args=["mcp", "--server", f"http://127.0.0.1:{port}"], env=env
-    )
-    async with Client(params) as client:
+async def test_stdio_through_a_running_server(through_a_server: Any) -> None:
+    async with Client(through_a_server()) as client:
         await exercise(client)
 
 
