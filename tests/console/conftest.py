@@ -1,10 +1,10 @@
 """A real `corral serve` and a real headless Chromium for the console's tests.
 
-The server is the binary from $CORRAL_BIN or <repo>/target/debug/corral, on a free loopback
-port, with a fresh database in a temporary directory holding an operator key and a plain key
-(`corral key create`), and the image store of $CORRAL_DATA_DIR. The browser is Debian's
-chromium driven through Debian's chromedriver (scripts/setup installs both); nothing is
-downloaded. Both are stopped at the end.
+The server is `corral serve` as tests/corral_testing runs it (the binary from $CORRAL_BIN or
+the repository's target directory, a free loopback port, a fresh database in a temporary
+directory, the image store of $CORRAL_DATA_DIR), its database holding an operator key and a
+plain key (`corral key create`). The browser is Debian's chromium driven through Debian's
+chromedriver (scripts/setup installs both); nothing is downloaded. Both are stopped at the end.
 
 Every page the browser opens gets a detector before any of its scripts runs: `alert`,
 `confirm` and `prompt` are logged instead of shown, and messages posted to the page are
@@ -16,21 +16,15 @@ reports anything any of those saw.
 
 import http.server
 import os
-import pathlib
 import shutil
-import signal
-import socket
-import subprocess
 import threading
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 120
-STOP_TIMEOUT_S = 60
+import corral_testing
+
 CHROMIUM = os.environ.get("CORRAL_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("CORRAL_CHROMEDRIVER", "/usr/bin/chromedriver")
 
@@ -51,27 +45,16 @@ DETECTOR = """
 """
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Server(corral_testing.Server):
+    """The console's server, with an operator key and a plain key."""
 
-
-def _log_tail(path, lines=40):
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-class Server:
-    def __init__(self, url, operator_key, tenant_key, tenant_key_id, binary, db):
-        self.url = url
-        self.operator_key = operator_key
-        self.tenant_key = tenant_key
-        self.tenant_key_id = tenant_key_id
-        self.binary = binary
-        self.db = db
+    def __init__(self, dir):
+        # Sandboxes may ask for names below example.org (test_readings.py: egress totals in the
+        # list); the proxy decides on a name before resolving it, so a refused one goes nowhere.
+        super().__init__(dir, config='[network]\nallow = ["*.example.org"]\n')
+        self.operator_key = self.create_key("ops", operator=True).secret
+        tenant = self.create_key("tenant")
+        self.tenant_key, self.tenant_key_id = tenant.secret, tenant.id
 
     def call(self, method, path, key=None, body=None, headers=None):
         """(status, headers, body bytes) of one request."""
@@ -89,69 +72,10 @@ class Server:
             return e.code, e.headers, e.read()
 
 
-def _make_key(binary, db, *extra):
-    made = subprocess.run(
-        [str(binary), "key", "create", "--db", str(db), *extra],
-        capture_output=True,
-        text=True,
-    )
-    if made.returncode != 0:
-        pytest.fail(f"`corral key create` failed: {made.stderr.strip()}", pytrace=False)
-    key_id = made.stderr.split("created key ", 1)[1].split(" ", 1)[0]
-    return made.stdout.strip().splitlines()[-1], key_id
-
-
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    binary = pathlib.Path(os.environ.get("CORRAL_BIN") or REPO / "target" / "debug" / "corral")
-    if not binary.is_file():
-        pytest.fail(
-            f"no corral binary at {binary}: build it with `cargo build -p corral` or set "
-            "CORRAL_BIN",
-            pytrace=False,
-        )
-    tmp = tmp_path_factory.mktemp("corral-console")
-    db = tmp / "corral.db"
-    operator_key, _ = _make_key(binary, db, "--name", "ops", "--operator")
-    tenant_key, tenant_key_id = _make_key(binary, db, "--name", "tenant")
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = tmp / "server.log"
-    # Sandboxes may ask for names below example.org (test_readings.py: egress totals in the
-    # list); the proxy decides on a name before resolving it, so a refused one goes nowhere.
-    config = tmp / "corral.toml"
-    config.write_text('[network]\nallow = ["*.example.org"]\n')
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--db", str(db),
-             "--config", str(config)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"corral serve exited: {_log_tail(log_path)}", pytrace=False)
-            try:
-                with urllib.request.urlopen(f"{url}/healthz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"corral serve did not start: {_log_tail(log_path)}", pytrace=False)
-            time.sleep(0.1)
-        yield Server(url, operator_key, tenant_key, tenant_key_id, binary, db)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with Server(tmp_path_factory.mktemp("corral-console")) as s:
+        yield s
 
 
 class Beacon:

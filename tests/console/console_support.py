@@ -2,13 +2,11 @@
 that a hostile payload ran (see conftest.py for the detectors). A module of its own name, so
 that suites run together do not mix their conftest modules."""
 
-import pathlib
 
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 # What a payload logs when it runs: built by concatenation in the payloads, so that the
 # marker appears in the browser's log only if a payload's code was executed.
 MARKER = "PWNED-FIRED"

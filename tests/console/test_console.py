@@ -9,9 +9,10 @@ import time
 from selenium.webdriver.common.by import By
 
 from console_support import (
-    REPO, browser_logs, by_id, click, create_sandbox, file_names, new_cell, open_console,
-    run_cell, set_code, visible, wait,
+    browser_logs, by_id, click, create_sandbox, file_names, new_cell, open_console, run_cell,
+    set_code, visible, wait,
 )
+from corral_testing import REPO
 
 def test_a_newcomer_runs_the_salary_analysis_and_sees_the_chart(browser, server, tmp_path):
     driver = browser

@@ -6,7 +6,7 @@ Python tests."""
 
 import re
 
-from e2b_server import REPO
+from corral_testing import REPO
 
 DOC = REPO / "docs" / "e2b.md"
 PY_DIR = REPO / "tests" / "e2b"

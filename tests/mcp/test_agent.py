@@ -14,7 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from corral_mcp_support import REPO, corral_bin, free_port
+from corral_testing import REPO, corral_bin, free_port
 
 AGENT = REPO / "examples" / "agent" / "agent.py"
 

@@ -16,7 +16,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from corral_mcp_support import corral_bin, free_port
+from corral_testing import corral_bin, create_key, free_port
 
 TOOLS = {
     "run_code",
@@ -159,28 +159,16 @@ async def test_http(tmp_path: Path, start_listening: Any, mode: str) -> None:
 
 
 @pytest.mark.anyio
-async def test_stdio_through_a_running_server(tmp_path: Path, start_listening: Any) -> None:
+async def test_stdio_through_a_running_server(through_a_server: Any) -> None:
     """`corral mcp --server URL`: the same tools, through `corral serve`'s HTTP API."""
-    port = free_port()
-    start_listening(
-        ["serve", "--listen", f"127.0.0.1:{port}", "--db", str(tmp_path / "s.db"), "--pool-size", "1"], port
-    )
-    env = {k: v for k, v in os.environ.items() if k != "CORRAL_API_KEY"}
-    params = StdioServerParameters(
-        command=str(corral_bin()), args=["mcp", "--server", f"http://127.0.0.1:{port}"], env=env
-    )
-    async with Client(params) as client:
+    async with Client(through_a_server()) as client:
         await exercise(client)
 
 
 @pytest.mark.anyio
 async def test_http_off_loopback_requires_a_key(tmp_path: Path, start_listening: Any) -> None:
     db = tmp_path / "c.db"
-    made = subprocess.run(
-        [str(corral_bin()), "key", "create", "--db", str(db), "--name", "mcp-test"],
-        check=True, capture_output=True, text=True,
-    )
-    key = made.stdout.strip()
+    key = create_key(db, "mcp-test").secret
     port = free_port()
     # Bound to every address (not loopback): keys are required. Reached here on 127.0.0.1.
     start_listening(["mcp", "--db", str(db), "--pool-size", "0", "--http", f"0.0.0.0:{port}"], port)
@@ -254,7 +242,7 @@ async def policed(client: Client) -> None:
 
 @pytest.mark.anyio
 async def test_a_code_policy_holds_in_process_and_through_a_running_server(
-    tmp_path: Path, start_listening: Any
+    tmp_path: Path, through_a_server: Any
 ) -> None:
     flags = ["--allow-module", "json,math", "--max-code-bytes", "1000"]
     params = StdioServerParameters(
@@ -262,11 +250,7 @@ async def test_a_code_policy_holds_in_process_and_through_a_running_server(
     )
     async with Client(params) as client:
         await policed(client)
-    port = free_port()
-    start_listening(["serve", "--listen", f"127.0.0.1:{port}", "--db", str(tmp_path / "s.db"), "--pool-size", "0"], port)
-    env = {k: v for k, v in os.environ.items() if k != "CORRAL_API_KEY"}
-    args = ["mcp", "--server", f"http://127.0.0.1:{port}", *flags]
-    async with Client(StdioServerParameters(command=str(corral_bin()), args=args, env=env)) as client:
+    async with Client(through_a_server(pool_size=0, flags=flags)) as client:
         await policed(client)
 
 

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import pytest
 from mcp import Client, StdioServerParameters
 
-from corral_mcp_support import corral_bin, free_port
+from corral_testing import corral_bin, free_port
 
 FETCH = """import os, urllib.request
 for k in ('NO_PROXY', 'no_proxy'):

@@ -7,7 +7,6 @@ reaches none of it."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
@@ -15,7 +14,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from corral_mcp_support import corral_bin, free_port
+from corral_testing import corral_bin, create_key, free_port
 
 CALL_TIMEOUT_S = 120
 #: What the server keeps of a program's output, and the most one connection follows.
@@ -215,28 +214,14 @@ async def test_http(tmp_path: Path, start_listening: Any, mode: str) -> None:
         await exercise(client)
 
 
-async def test_stdio_through_a_running_server(tmp_path: Path, start_listening: Any) -> None:
-    port = free_port()
-    start_listening(
-        ["serve", "--listen", f"127.0.0.1:{port}", "--db", str(tmp_path / "s.db"), "--pool-size", "1"], port
-    )
-    env = {k: v for k, v in os.environ.items() if k != "CORRAL_API_KEY"}
-    params = StdioServerParameters(
-        command=str(corral_bin()), args=["mcp", "--server", f"http://127.0.0.1:{port}"], env=env
-    )
-    async with Client(params) as client:
+async def test_stdio_through_a_running_server(through_a_server: Any) -> None:
+    async with Client(through_a_server()) as client:
         await exercise(client)
 
 
 async def test_another_key_reaches_no_program(tmp_path: Path, start_listening: Any) -> None:
     db = tmp_path / "c.db"
-    keys = []
-    for name in ("owner", "intruder"):
-        made = subprocess.run(
-            [str(corral_bin()), "key", "create", "--db", str(db), "--name", name],
-            check=True, capture_output=True, text=True,
-        )
-        keys.append(made.stdout.strip())
+    keys = [create_key(db, name).secret for name in ("owner", "intruder")]
     port = free_port()
     # A warm pool: programs run in sessions forked from its zygote.
     start_listening(["mcp", "--db", str(db), "--pool-size", "1", "--http", f"0.0.0.0:{port}"], port)

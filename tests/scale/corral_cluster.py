@@ -12,13 +12,12 @@ podman, runc and umoci installed (scripts/setup installs them), processes otherw
 suite says so loudly (on the terminal and as a warning). Containers that cannot run fail the
 suite: there is no fallback once containers are chosen (.ci/run sets `containers`).
 
-The binary is $CORRAL_BIN, else target/debug/corral; every process and container is stopped at
+The binary is the one tests/corral_testing finds ($CORRAL_BIN, else the repository's); every process and container is stopped at
 the end, and the containers' cgroups and mounts are checked gone.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import resource
@@ -29,8 +28,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +35,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from corral_testing import REPO, add_key, corral_bin, create_key, free_port, health, stop
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
 BUILD_TIMEOUT_S = 900
@@ -66,21 +63,6 @@ def node_config(tmp: Path) -> Path:
     path = tmp / "corral.toml"
     path.write_text("\n".join(body) + "\n")
     return path
-
-
-def corral_bin() -> Path:
-    env = os.environ.get("CORRAL_BIN")
-    path = Path(env) if env else REPO / "target" / "debug" / "corral"
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        pytest.fail(f"no corral binary at {path}: build it (cargo build -p corral) or set CORRAL_BIN",
-                    pytrace=False)
-    return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def free_port_on(hosts: List[str]) -> int:
@@ -236,14 +218,6 @@ class Containers:
         return left
 
 
-def health(url: str) -> Optional[dict]:
-    try:
-        with urllib.request.urlopen(f"{url}/healthz", timeout=2) as r:
-            return json.loads(r.read())
-    except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
-        return None
-
-
 def descendants(pid: int) -> List[int]:
     """Every process below `pid` (read from /proc), so that a test can tell they are gone."""
     children: Dict[int, List[int]] = {}
@@ -389,22 +363,6 @@ def node_of(sandbox_id: str) -> str:
     return m.group(1)
 
 
-def _make_key(db: Path, name: str, operator: bool = False) -> tuple:
-    made = subprocess.run([str(corral_bin()), "key", "create", "--name", name, "--db", str(db)]
-                          + (["--operator"] if operator else []),
-                          capture_output=True, text=True, timeout=60)
-    assert made.returncode == 0, made.stderr
-    key_id = re.search(r"key-[0-9a-f]{12}", made.stderr).group(0)
-    return key_id, made.stdout.strip()
-
-
-def _add_key(db: Path, key_id: str, name: str, secret: str, operator: bool = False) -> None:
-    added = subprocess.run([str(corral_bin()), "key", "add", "--id", key_id, "--name", name, "--db", str(db)]
-                           + (["--operator"] if operator else []),
-                           input=secret + "\n", capture_output=True, text=True, timeout=60)
-    assert added.returncode == 0, added.stderr
-
-
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory, request) -> Cluster:
     """The cluster, once a session (test_cluster.py and test_dns.py share it; a test that
@@ -427,13 +385,13 @@ def cluster(tmp_path_factory, request) -> Cluster:
     nodes = [Node(f"scale-node-{i}", NODE_HOSTS[i], port, tmp / f"node{i}.db", tmp / f"node{i}.log", config,
                   containers)
              for i in range(NODES)]
-    keys = [_make_key(nodes[0].db, "tenant-a"), _make_key(nodes[0].db, "tenant-b")]
+    keys = [create_key(nodes[0].db, "tenant-a"), create_key(nodes[0].db, "tenant-b")]
     for node in nodes[1:]:
-        for (key_id, secret), name in zip(keys, ["tenant-a", "tenant-b"]):
-            _add_key(node.db, key_id, name, secret)
-    operator = _make_key(nodes[0].db, "operator", operator=True)
+        for key, name in zip(keys, ["tenant-a", "tenant-b"]):
+            add_key(node.db, key, name)
+    operator = create_key(nodes[0].db, "operator", operator=True)
     for node in nodes[1:]:
-        _add_key(node.db, operator[0], "operator", operator[1], operator=True)
+        add_key(node.db, operator, "operator", operator=True)
     router_ports = [free_port() for _ in range(ROUTERS)]
     procs: List[subprocess.Popen] = []
     logs = [n.log for n in nodes]
@@ -450,26 +408,16 @@ def cluster(tmp_path_factory, request) -> Cluster:
                 procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                               stderr=subprocess.STDOUT))
         c = Cluster(nodes, [f"http://127.0.0.1:{p}" for p in router_ports], procs,
-                    keys[0][1], keys[1][1], tmp, mode, logs, operator_key=operator[1])
+                    keys[0].secret, keys[1].secret, tmp, mode, logs, operator_key=operator.secret)
         c.wait_until_routers_see(NODES)
         yield c
     finally:
         for proc in procs:
-            stop_process(proc)
+            stop(proc)
         for node in nodes:
             node.stop()
         if containers is not None:
             host_unchanged(containers)
-
-
-def stop_process(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def host_unchanged(containers: Containers) -> None:

@@ -23,7 +23,8 @@ import anyio
 import httpx
 import pytest
 
-from corral_cluster import Cluster, corral_bin, descendants, node_of, podman
+from corral_cluster import Cluster, descendants, node_of, podman
+from corral_testing import corral_bin
 
 from corral import NotFoundError, Sandbox
 

@@ -23,7 +23,8 @@ from typing import Iterator, List
 import httpx
 import pytest
 
-from corral_cluster import Cluster, Node, corral_bin, free_port, node_of, stop_process
+from corral_cluster import Cluster, Node, node_of
+from corral_testing import corral_bin, free_port, stop
 
 from corral import Sandbox
 
@@ -79,7 +80,7 @@ def dns_router(cluster: Cluster) -> Iterator[DnsRouter]:
         router.wait_until(up=2, listed=2)
         yield router
     finally:
-        stop_process(router.proc)
+        stop(router.proc)
         cluster.logs.remove(router.log)
 
 

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from corral_cluster import corral_bin
+from corral_testing import corral_bin
 
 
 def doctor(*wrapper: str) -> subprocess.CompletedProcess:

@@ -3,17 +3,15 @@
 //! (started directly, forked, taken from the warm pool, restarted), in Python, JavaScript and
 //! bash. docs/code-policy.md.
 
-use std::time::{Duration, Instant};
-
 use corral_kernel::bytecode::BytecodeCache;
-use corral_kernel::{oneshot, CodePolicy, Language, Pool, Session, SessionOptions};
+use corral_kernel::{oneshot, CodePolicy, Language, Session, SessionOptions};
 use corral_sandbox::{ExecutionResult, Rootfs, SandboxSpec, Status, Violation, ViolationRule};
 
-const SECOND: Duration = Duration::from_secs(1);
+mod support;
+use support::{full_pool, python_sessions_with, run, strings};
 
 fn policy(allowed: Option<&[&str]>, denied: &[&str], max: Option<u64>) -> CodePolicy {
-    let names = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    CodePolicy::new(allowed.map(names), names(denied), max).unwrap()
+    CodePolicy::new(allowed.map(strings), strings(denied), max).unwrap()
 }
 
 fn violation(rule: ViolationRule, line: u32, module: &str) -> Violation {
@@ -164,10 +162,6 @@ fn a_javascript_program_is_checked_by_nodes_parser_and_hooked() {
     );
 }
 
-fn run(session: &mut Session, code: &str) -> ExecutionResult {
-    session.execute(code, 20 * SECOND, &mut |_| {})
-}
-
 /// Every execution of a session is held to its policy: refused cells never run (the state
 /// they would have changed is as it was), the others run under the hook.
 fn check_session(how: &str, s: &mut Session) {
@@ -209,19 +203,7 @@ fn every_execution_of_a_session_is_checked_however_the_session_was_made() {
         "restarted",
     );
 
-    let pool = Pool::start(
-        Rootfs::Host,
-        Vec::new(),
-        Default::default(),
-        Default::default(),
-        1,
-    )
-    .unwrap();
-    let deadline = Instant::now() + 60 * SECOND;
-    while pool.ready_count() < 1 {
-        assert!(Instant::now() < deadline, "the pool did not fill");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let pool = full_pool(1);
     let mut pooled = pool.acquire(&options).unwrap();
     assert_eq!(pool.ready_count(), 0, "the session came from the pool");
     check_session("pooled", &mut pooled);
@@ -286,17 +268,7 @@ fn javascript_and_bash_sessions_take_what_applies_to_them() {
 fn a_cell_that_undoes_the_hook_does_not_undo_the_pre_check() {
     let mut options = SessionOptions::new(Language::Python);
     options.code_policy = policy(None, &["socket"], None);
-    let zygote = corral_kernel::Zygote::start(
-        &Rootfs::Host,
-        &[],
-        Default::default(),
-        corral_kernel::ZygoteKind::Full,
-    )
-    .unwrap();
-    let sessions = [
-        ("direct", Session::create(&options).unwrap()),
-        ("zygote", zygote.fork_session(&options).unwrap()),
-    ];
+    let sessions = python_sessions_with(&options);
     let undo = "import builtins, importlib, sys, ast\n\
                 sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != 'Finder']\n\
                 builtins.__import__ = importlib.__import__\n\

@@ -1,26 +1,16 @@
 //! Programs run by a session's process agent (host image): beside executions, with stdin,
 //! with a terminal, listed, connected to, signalled, and bounded.
 
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use corral_kernel::agent::{
     AgentError, AgentRefusal, OutputStream, ProcessEvent, ProcessExit, ProcessSpec, PtySize,
     Subscription, MAX_PENDING_INPUT, MAX_PROCESSES,
 };
-use corral_kernel::{Language, Session, SessionOptions, Zygote, ZygoteKind};
+use corral_kernel::{Language, Session, SessionOptions};
 
-const SECOND: Duration = Duration::from_secs(1);
-
-fn zygote() -> &'static Zygote {
-    static ZYGOTE: OnceLock<Zygote> = OnceLock::new();
-    ZYGOTE.get_or_init(|| {
-        Zygote::start(&Rootfs::Host, &[], Default::default(), ZygoteKind::Full)
-            .expect("the zygote starts")
-    })
-}
-
-use corral_sandbox::Rootfs;
+mod support;
+use support::{run, strings, zygote, SECOND};
 
 fn session() -> Session {
     zygote()
@@ -30,7 +20,7 @@ fn session() -> Session {
 
 fn spec(argv: &[&str]) -> ProcessSpec {
     ProcessSpec {
-        argv: argv.iter().map(|s| s.to_string()).collect(),
+        argv: strings(argv),
         ..ProcessSpec::default()
     }
 }
@@ -278,7 +268,6 @@ fn code_contexts_are_other_interpreters_on_the_same_files() {
     let mut js = context(Language::Javascript);
     let mut python = context(Language::Python);
     let mut bash = context(Language::Bash);
-    let run = |s: &mut Session, code: &str| s.execute(code, 20 * SECOND, &mut |_| {});
     assert!(run(
         &mut main,
         "x = 1; open('shared.txt', 'w').write('from main')"
@@ -338,7 +327,7 @@ fn the_sessions_code_cannot_reach_into_the_agent() {
          except OSError as e:\n    print(type(e).__name__)\n\
          print(sorted(os.listdir('/proc/{agent_pid}/fd')) if os.access('/proc/{agent_pid}/fd', os.R_OK) else 'no fds')"
     );
-    let r = session.execute(&code, 20 * SECOND, &mut |_| {});
+    let r = run(&mut session, &code);
     assert!(!r.stdout.contains("READ"), "{r:?}");
     assert!(r.stdout.contains("PermissionError"), "{r:?}");
     assert!(r.stdout.contains("no fds"), "{r:?}");
@@ -373,7 +362,7 @@ fn sessions_in_a_sandbox_of_their_own_have_an_agent() {
         let mut options = SessionOptions::new(language);
         options.env = vec![("OWN_ENV".into(), "yes".into())];
         let mut session = Session::create(&options).expect("a session starts");
-        let r = session.execute(write, 20 * SECOND, &mut |_| {});
+        let r = run(&mut session, write);
         assert!(r.error.is_none(), "{language:?}: {r:?}");
         for round in ["created", "restarted"] {
             let agent = session
@@ -393,7 +382,7 @@ fn sessions_in_a_sandbox_of_their_own_have_an_agent() {
             assert_eq!(rest, "kernel", "{language:?} {round}: {out}");
             let (env, agent_pid) = first.split_once(' ').unwrap();
             assert_eq!(env, "yes", "{language:?} {round}: {out}");
-            let r = session.execute(&probe.replace("{pid}", agent_pid), 20 * SECOND, &mut |_| {});
+            let r = run(&mut session, &probe.replace("{pid}", agent_pid));
             assert!(!r.stdout.contains("READ"), "{language:?} {round}: {r:?}");
             assert!(
                 ["PermissionError", "EACCES", "denied"]

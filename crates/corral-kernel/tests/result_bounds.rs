@@ -4,40 +4,17 @@
 //!
 //! A test binary of its own: the peak memory of this process is what is measured.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
-use corral_kernel::{Language, Session, SessionOptions, Zygote, ZygoteKind};
-use corral_sandbox::{ExecutionResult, Rootfs, Status};
+use corral_kernel::{Language, Session, SessionOptions};
+use corral_sandbox::{ExecutionResult, Status};
+
+mod support;
+use support::python_sessions;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// The default per-execution limit on the bytes of rich results (`Limits::result_bytes`).
 const RESULT_BYTES: usize = 64 << 20;
-
-fn zygote() -> &'static Zygote {
-    static ZYGOTE: OnceLock<Zygote> = OnceLock::new();
-    ZYGOTE.get_or_init(|| {
-        Zygote::start(&Rootfs::Host, &[], Default::default(), ZygoteKind::Full)
-            .expect("the zygote starts")
-    })
-}
-
-/// Both ways a Python session is made.
-fn python_sessions() -> Vec<(&'static str, Session)> {
-    let options = SessionOptions::new(Language::Python);
-    vec![
-        (
-            "direct",
-            Session::create(&options).expect("a direct session starts"),
-        ),
-        (
-            "zygote",
-            zygote()
-                .fork_session(&options)
-                .expect("a forked session starts"),
-        ),
-    ]
-}
 
 /// This process's peak resident memory so far, in KiB.
 fn vm_hwm_kib() -> u64 {

@@ -1,45 +1,14 @@
 //! Sessions inside real sandboxes (host image): state, rich results, streaming, interrupts,
 //! limits, isolation, for kernels started directly and for sessions forked from a zygote.
 
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use corral_kernel::{
-    Event, KernelError, Language, Session, SessionOptions, Stopper, Zygote, ZygoteKind,
-};
-use corral_sandbox::{ExecutionResult, Rootfs, Status};
+use corral_kernel::{Event, KernelError, Language, Session, SessionOptions, Stopper};
+use corral_sandbox::{ExecutionResult, Status};
 
-const SECOND: Duration = Duration::from_secs(1);
-
-fn zygote() -> &'static Zygote {
-    static ZYGOTE: OnceLock<Zygote> = OnceLock::new();
-    ZYGOTE.get_or_init(|| {
-        Zygote::start(&Rootfs::Host, &[], Default::default(), ZygoteKind::Full)
-            .expect("the zygote starts")
-    })
-}
-
-/// Both ways a Python session is made.
-fn python_sessions() -> Vec<(&'static str, Session)> {
-    let options = SessionOptions::new(Language::Python);
-    vec![
-        (
-            "direct",
-            Session::create(&options).expect("a direct session starts"),
-        ),
-        (
-            "zygote",
-            zygote()
-                .fork_session(&options)
-                .expect("a forked session starts"),
-        ),
-    ]
-}
-
-fn run(session: &mut Session, code: &str) -> ExecutionResult {
-    session.execute(code, 20 * SECOND, &mut |_| {})
-}
+mod support;
+use support::{full_pool, python_sessions, run, strings, zygote, SECOND};
 
 #[test]
 fn workspace_modules_are_importable() {
@@ -528,10 +497,6 @@ fn forked_sessions_resist_attacks_on_their_init_and_the_host() {
     std::fs::remove_file(&planted).unwrap();
 }
 
-fn strings(items: &[&str]) -> Vec<String> {
-    items.iter().map(|s| s.to_string()).collect()
-}
-
 fn command(session: &mut Session, argv: &[&str], cwd: Option<&str>) -> ExecutionResult {
     session
         .run_command(
@@ -889,20 +854,7 @@ fn a_command_stopped_as_it_starts_is_killed_and_its_session_lives() {
 /// reaches it without a fork made for the request.
 #[test]
 fn pooled_sessions_take_their_env_and_show_nothing_of_the_warm_up() {
-    use corral_kernel::Pool;
-    let pool = Pool::start(
-        Rootfs::Host,
-        Vec::new(),
-        Default::default(),
-        Default::default(),
-        2,
-    )
-    .unwrap();
-    let deadline = Instant::now() + 60 * SECOND;
-    while pool.ready_count() < 2 {
-        assert!(Instant::now() < deadline, "the pool did not fill");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let pool = full_pool(2);
     let mut options = SessionOptions::new(Language::Python);
     options.env = vec![("CORRAL_TENANT_VALUE".into(), "b's value".into())];
     let mut s = pool.acquire(&options).unwrap();

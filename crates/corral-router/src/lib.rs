@@ -95,7 +95,7 @@ pub async fn serve(config: RouterConfig) -> Result<(), RouterError> {
             addr: config.listen,
             source,
         })?;
-    serve_on(config, listener, shutdown_signal()).await
+    serve_on(config, listener, corral_server::shutdown_signal()).await
 }
 
 /// As [`serve`], on a bound listener, until `stop` completes.
@@ -119,21 +119,6 @@ pub async fn serve_on(
         .map_err(RouterError::Serve);
     probing.abort();
     served
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        // Without handlers the default action (ending the process) still applies.
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }
 
 #[cfg(test)]

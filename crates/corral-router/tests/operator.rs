@@ -8,7 +8,6 @@
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, Query};
@@ -16,10 +15,13 @@ use axum::http::{HeaderMap, Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use corral_router::{app, NodeSource, Nodes, RouterConfig, MAX_METRICS_BYTES};
+use corral_router::MAX_METRICS_BYTES;
 use http_body_util::BodyExt as _;
 use serde_json::{json, Value};
 use tower::ServiceExt as _;
+
+mod support;
+use support::router_for;
 
 /// What a fake node holds.
 #[derive(Clone, Default)]
@@ -221,28 +223,7 @@ async fn fake_node(
                 }
             }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
-    (addr, task)
-}
-
-async fn router_for(
-    nodes: &[SocketAddr],
-    tune: impl FnOnce(&mut RouterConfig),
-) -> (Router, Arc<Nodes>) {
-    let mut config = RouterConfig::new(
-        "127.0.0.1:0".parse().unwrap(),
-        NodeSource::Static(nodes.iter().map(|a| a.to_string()).collect()),
-    );
-    config.connect_timeout = Duration::from_millis(500);
-    tune(&mut config);
-    let config = Arc::new(config);
-    let nodes = Nodes::new(config.clone());
-    nodes.probe().await;
-    (app(config, nodes.clone()), nodes)
+    support::serve(app).await
 }
 
 async fn call_as(app: &Router, method: Method, path: &str, key: &str) -> (StatusCode, Value) {

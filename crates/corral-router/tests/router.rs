@@ -12,11 +12,13 @@ use axum::extract::Path;
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use corral_router::{app, NodeSource, Nodes, RouterConfig};
 use http_body_util::BodyExt as _;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tower::ServiceExt as _;
+
+mod support;
+use support::router_for;
 
 #[derive(Default)]
 struct Hold {
@@ -89,28 +91,7 @@ async fn fake_node(
                 }
             }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
-    (addr, task)
-}
-
-async fn router_for(
-    nodes: &[SocketAddr],
-    tune: impl FnOnce(&mut RouterConfig),
-) -> (Router, Arc<Nodes>) {
-    let mut config = RouterConfig::new(
-        "127.0.0.1:0".parse().unwrap(),
-        NodeSource::Static(nodes.iter().map(|a| a.to_string()).collect()),
-    );
-    config.connect_timeout = Duration::from_millis(500);
-    tune(&mut config);
-    let config = Arc::new(config);
-    let nodes = Nodes::new(config.clone());
-    nodes.probe().await;
-    (app(config, nodes.clone()), nodes)
+    support::serve(app).await
 }
 
 async fn call(app: &Router, request: Request<Body>) -> (StatusCode, HeaderMap, Value) {

@@ -223,6 +223,7 @@ impl FrameReader {
 }
 
 /// One program the agent started.
+#[derive(Default)]
 struct Program {
     /// Where input goes: a pipe, or the terminal's master side.
     input: Option<OwnedFd>,
@@ -550,14 +551,7 @@ impl Agent {
             .spawn()
             .map_err(|e| AgentRefusal::Start(format!("{program}: {e}")))?;
         let pid = child.id() as i32;
-        let mut program = Program {
-            input: None,
-            pending: Vec::new(),
-            close_when_written: false,
-            outputs: Vec::new(),
-            terminal: None,
-            exited: None,
-        };
+        let mut program = Program::default();
         match terminal {
             Some(master) => {
                 let _ = set_nonblocking(master.as_fd());
@@ -635,17 +629,7 @@ impl Agent {
         let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
             return Err(AgentRefusal::Start("no pipes".into()));
         };
-        self.programs.insert(
-            pid,
-            Program {
-                input: None,
-                pending: Vec::new(),
-                close_when_written: false,
-                outputs: Vec::new(),
-                terminal: None,
-                exited: None,
-            },
-        );
+        self.programs.insert(pid, Program::default());
         Ok((
             pid,
             [host_end, OwnedFd::from(stdout), OwnedFd::from(stderr)],

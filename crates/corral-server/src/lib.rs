@@ -21,6 +21,7 @@ pub mod operator;
 pub mod persist;
 pub mod ports;
 pub mod service;
+mod shutdown;
 pub mod threads;
 pub mod watch;
 
@@ -29,6 +30,7 @@ use std::time::Duration;
 
 pub use config::Config;
 pub use service::{Service, ServiceError, Tenant};
+pub use shutdown::shutdown_signal;
 
 /// Serves `service` on `listener` until SIGTERM or SIGINT, then shuts down: no new work is
 /// accepted, running executions get the configured grace period and are then interrupted,
@@ -71,14 +73,4 @@ pub async fn serve(service: Arc<Service>, listener: tokio::net::TcpListener) -> 
     threads::spawn(thread, move || closing.close_all()).await?;
     eprintln!("corral: every sandbox is torn down");
     Ok(())
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }

@@ -11,7 +11,7 @@ use corral_mcp::http::{Auth, KeyCheck};
 use corral_mcp::schema::{function_tools, Format};
 use corral_mcp::{Backend, InProcess, Remote, Shared};
 use corral_server::service::PolicyRequest;
-use corral_server::{Config, Service, Tenant};
+use corral_server::{shutdown_signal, Config, Service, Tenant};
 
 /// Warm sessions kept ready when neither `--pool-size` nor a config file says otherwise: an
 /// MCP server usually serves one user.
@@ -91,20 +91,6 @@ fn config(args: &McpArgs) -> Result<Config> {
         config.pool_size = n;
     }
     Ok(config)
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }
 
 pub fn mcp(args: McpArgs) -> Result<()> {

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, List
 
@@ -19,6 +18,8 @@ from corral import (
     RateLimitError,
     SandboxStateError,
 )
+
+from corral_testing import create_key
 
 pytestmark = pytest.mark.anyio
 
@@ -102,18 +103,8 @@ async def test_unknown_processes_are_not_found(sb: AsyncSandbox) -> None:
         await sb.processes.start("")
 
 
-async def test_another_key_reaches_no_process(
-    tmp_path: Path, serve_with: Callable[[str], Any], corral_bin: Path
-) -> None:
-    keys = []
-    for name in ("owner", "intruder"):
-        made = subprocess.run(
-            [str(corral_bin), "key", "create", "--name", name, "--db", str(tmp_path / "corral.db")],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        keys.append(made.stdout.strip().splitlines()[-1])
+async def test_another_key_reaches_no_process(tmp_path: Path, serve_with: Callable[[str], Any]) -> None:
+    keys = [create_key(tmp_path / "corral.db", name).secret for name in ("owner", "intruder")]
     with serve_with("") as url:
         async with AsyncSandbox(url, api_key=keys[0]) as owner:
             cat = await owner.processes.start("cat", stdin=True, tag="secret-tag")

@@ -5,7 +5,6 @@ of a listing, and that another key's sandbox is out of reach."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 from typing import Iterator
 
@@ -21,6 +20,8 @@ from corral import (
     PathExistsError,
     Sandbox,
 )
+
+from corral_testing import create_key
 
 
 @pytest.fixture
@@ -182,17 +183,8 @@ async def test_the_async_client_has_the_same_calls(corral_url: str) -> None:
         assert not await sb.files.exists("c")
 
 
-def test_another_key_reaches_nothing(tmp_path: Path, serve_with, corral_bin: Path) -> None:
-    binary = corral_bin
-    keys = []
-    for name in ("owner", "intruder"):
-        made = subprocess.run(
-            [str(binary), "key", "create", "--name", name, "--db", str(tmp_path / "corral.db")],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        keys.append(made.stdout.strip().splitlines()[-1])
+def test_another_key_reaches_nothing(tmp_path: Path, serve_with) -> None:
+    keys = [create_key(tmp_path / "corral.db", name).secret for name in ("owner", "intruder")]
     with serve_with("") as url:
         with Sandbox(url, api_key=keys[0]) as owner:
             owner.files.write("secret/s.txt", "secret")
