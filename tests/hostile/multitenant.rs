@@ -1312,8 +1312,7 @@ fn sessions_differ_in_random_state() {
         ("B pooled", &key_b, json!({})),
         ("B forked", &key_b, json!({"limits": {"memory_mb": 700}})),
     ];
-    let mut states = Vec::new();
-    for (label, key, body) in &sessions {
+    let state_of = |s: &Server, key: &str, body: &Value| -> Value {
         let id = s.session(key, body);
         let o = s.exec(
             key,
@@ -1321,8 +1320,11 @@ fn sessions_differ_in_random_state() {
             &program(include_str!("attacks/mt_random_state.py"), &json!({})),
         );
         o.assert_completed();
-        let state: Value = serde_json::from_str(o.value("STATE")).unwrap();
-        states.push((*label, state));
+        serde_json::from_str(o.value("STATE")).unwrap()
+    };
+    let mut states = Vec::new();
+    for (label, key, body) in &sessions {
+        states.push((*label, state_of(&s, key, body)));
     }
     let mut host = s.stop();
 
@@ -1347,18 +1349,10 @@ fn sessions_differ_in_random_state() {
     // address-space layout of its own, the choice docs/threat-model.md §7.1 offers operators.
     let s = Server::start(0);
     let (key_a, key_b) = (s.key("A"), s.key("B"));
-    let mut fresh = Vec::new();
-    for (label, key) in [("A fresh", &key_a), ("B fresh", &key_b)] {
-        let id = s.session(key, &json!({}));
-        let o = s.exec(
-            key,
-            &id,
-            &program(include_str!("attacks/mt_random_state.py"), &json!({})),
-        );
-        o.assert_completed();
-        let state: Value = serde_json::from_str(o.value("STATE")).unwrap();
-        fresh.push((label, state));
-    }
+    let fresh = [
+        ("A fresh", state_of(&s, &key_a, &json!({}))),
+        ("B fresh", state_of(&s, &key_b, &json!({}))),
+    ];
     let ((l1, s1), (l2, s2)) = (&fresh[0], &fresh[1]);
     for field in ["hash_x", "hash_bytes", "random", "urandom", "libc_printf"] {
         if s1[field] == s2[field] {
@@ -1958,6 +1952,27 @@ impl Server {
         assert_eq!(start["type"], "start", "{first}");
         // The rest of the stream stays with the caller, unread.
         (start["pid"].as_i64().unwrap(), reader)
+    }
+
+    /// Runs `sh -c script` through session `id`'s agent and reads its stream to the end: the
+    /// program's stdout.
+    fn agent_output(&self, key: &str, id: &str, script: &str) -> String {
+        let (_, reader) =
+            self.start_process(key, id, &json!({"cmd": "sh", "args": ["-c", script]}));
+        let mut out = Vec::new();
+        for line in std::io::BufRead::lines(reader) {
+            let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+            match event["type"].as_str() {
+                Some("stdout") => out.extend(
+                    base64::engine::general_purpose::STANDARD
+                        .decode(event["data"].as_str().unwrap())
+                        .unwrap(),
+                ),
+                Some("end") => break,
+                _ => {}
+            }
+        }
+        String::from_utf8(out).unwrap()
     }
 
     fn processes(&self, key: &str, id: &str) -> Vec<i64> {

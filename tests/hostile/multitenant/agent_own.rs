@@ -7,29 +7,6 @@
 
 use super::*;
 
-impl Server {
-    /// Runs `sh -c script` through session `id`'s agent and reads its stream to the end: the
-    /// program's stdout.
-    fn agent_output(&self, key: &str, id: &str, script: &str) -> String {
-        let (_, reader) =
-            self.start_process(key, id, &json!({"cmd": "sh", "args": ["-c", script]}));
-        let mut out = Vec::new();
-        for line in std::io::BufRead::lines(reader) {
-            let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
-            match event["type"].as_str() {
-                Some("stdout") => out.extend(
-                    base64::engine::general_purpose::STANDARD
-                        .decode(event["data"].as_str().unwrap())
-                        .unwrap(),
-                ),
-                Some("end") => break,
-                _ => {}
-            }
-        }
-        String::from_utf8(out).unwrap()
-    }
-}
-
 /// The lockdown lines of `/proc/<pid>/status` and the whole `/proc/<pid>/limits`, read from
 /// a program the agent started (`$PPID` is the agent).
 const LOCKDOWN: &str = "for p in $PPID $KERNEL; do \

@@ -10,25 +10,6 @@
 
 use super::*;
 
-/// Runs `sh -c script` through session `id`'s agent: the program's stdout.
-fn agent_says(s: &Server, key: &str, id: &str, script: &str) -> String {
-    let (_, reader) = s.start_process(key, id, &json!({"cmd": "sh", "args": ["-c", script]}));
-    let mut out = Vec::new();
-    for line in std::io::BufRead::lines(reader) {
-        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
-        match event["type"].as_str() {
-            Some("stdout") => out.extend(
-                base64::engine::general_purpose::STANDARD
-                    .decode(event["data"].as_str().unwrap())
-                    .unwrap(),
-            ),
-            Some("end") => break,
-            _ => {}
-        }
-    }
-    String::from_utf8(out).unwrap()
-}
-
 #[test]
 fn oversized_starts_are_refused_and_the_agent_lives() {
     let _g = shared();
@@ -100,8 +81,8 @@ fn oversized_starts_are_refused_and_the_agent_lives() {
         "{list}"
     );
     assert_eq!(list["processes"][0]["tag"], "kept", "{list}");
-    assert_eq!(agent_says(&s, &key_a, &a, "echo alive"), "alive\n");
-    assert_eq!(agent_says(&s, &key_b, &b, "echo B"), "B\n");
+    assert_eq!(s.agent_output(&key_a, &a, "echo alive"), "alive\n");
+    assert_eq!(s.agent_output(&key_b, &b, "echo B"), "B\n");
     s.delete(&key_a, &a);
     s.delete(&key_b, &b);
     let left = s.stop();
