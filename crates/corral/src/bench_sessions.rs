@@ -32,14 +32,60 @@ fn options(image: &str, data_dir: Option<&Path>) -> Result<SessionOptions> {
 
 /// Creates a session from `pool` and waits for the result of `print(1)`.
 fn create_and_print(pool: &Pool, options: &SessionOptions) -> Result<(Duration, Session)> {
+    let (split, s) = create_and_print_split(pool, options)?;
+    Ok((split.acquire + split.execute, s))
+}
+
+/// Where one creation's time went: taking the session from the pool (`acquire`: pop, probe,
+/// adopt), then its first execution (`execute`), with the CPU time the session's cgroup
+/// charged for that execution (`kernel_cpu`, `None` without a cgroup) and the calling
+/// thread's own CPU time for both (`host_cpu`). CPU times do not depend on the machine's
+/// load the way wall-clock times do.
+struct Split {
+    acquire: Duration,
+    execute: Duration,
+    kernel_cpu: Option<Duration>,
+    host_cpu: Duration,
+}
+
+/// The CPU time the calling thread has used so far.
+fn thread_cpu() -> Duration {
+    match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_THREAD) {
+        Ok(u) => {
+            let tv = |t: nix::sys::time::TimeVal| {
+                Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000)
+            };
+            tv(u.user_time()) + tv(u.system_time())
+        }
+        Err(_) => Duration::ZERO,
+    }
+}
+
+/// [`create_and_print`], timed phase by phase.
+fn create_and_print_split(pool: &Pool, options: &SessionOptions) -> Result<(Split, Session)> {
+    let host_before = thread_cpu();
     let t = Instant::now();
     let mut s = pool.acquire(options)?;
+    let acquire = t.elapsed();
+    let meter = s.meter();
+    let cpu_before = meter.as_ref().and_then(|m| m.cpu_time());
+    let t = Instant::now();
     let r = s.execute("print(1)", Duration::from_secs(30), &mut |_| {});
-    let elapsed = t.elapsed();
+    let execute = t.elapsed();
+    let host_cpu = thread_cpu().saturating_sub(host_before);
+    let kernel_cpu = cpu_before
+        .zip(meter.as_ref().and_then(|m| m.cpu_time()))
+        .map(|(a, b)| b.saturating_sub(a));
     if r.stdout != "1\n" {
         bail!("print(1) gave {r:?}");
     }
-    Ok((elapsed, s))
+    let split = Split {
+        acquire,
+        execute,
+        kernel_cpu,
+        host_cpu,
+    };
+    Ok((split, s))
 }
 
 /// Three bursts of 50 concurrent creations from a full pool. With `keep`, the 50 sessions
@@ -152,8 +198,32 @@ pub fn sessions(image: &str, data_dir: Option<&Path>) -> Result<()> {
 
     // One at a time, the pool refilled in between.
     let mut single = Vec::new();
+    let (mut acquires, mut executes, mut kernel_cpus, mut host_cpus) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..30 {
-        single.push(create_and_print(&pool, &options)?.0);
+        let (split, session) = create_and_print_split(&pool, &options)?;
+        drop(session);
+        single.push(split.acquire + split.execute);
+        acquires.push(split.acquire);
+        executes.push(split.execute);
+        kernel_cpus.extend(split.kernel_cpu);
+        host_cpus.push(split.host_cpu);
+        wait_for_pool(&pool);
+    }
+    // The control: a session's second `print(1)`, after the pool refilled (so with nothing of
+    // the pool running beside it), against its first one above. Equal times say that the
+    // first execution pays nothing of its own (an idle process waking up costs both).
+    let mut second = Vec::new();
+    for _ in 0..30 {
+        let (_, mut session) = create_and_print_split(&pool, &options)?;
+        wait_for_pool(&pool);
+        let t = Instant::now();
+        let r = session.execute("print(1)", Duration::from_secs(30), &mut |_| {});
+        second.push(t.elapsed());
+        if r.stdout != "1\n" {
+            bail!("print(1) gave {r:?}");
+        }
+        drop(session);
         wait_for_pool(&pool);
     }
     let burst = bursts(&pool, &options, false)?;
@@ -253,6 +323,30 @@ pub fn sessions(image: &str, data_dir: Option<&Path>) -> Result<()> {
         ms(single.p50),
         ms(single.p95)
     );
+    for (what, times) in [
+        (
+            "  of which taking it from the pool (pop, probe, adopt)",
+            acquires,
+        ),
+        ("  of which its first execution", executes),
+        ("  CPU of that execution, the session's cgroup", kernel_cpus),
+        ("  CPU of the creation, the creating thread", host_cpus),
+        (
+            "  the same session's second print(1), pool refilled",
+            second,
+        ),
+    ] {
+        if times.is_empty() {
+            continue;
+        }
+        let times = summarize(times);
+        println!(
+            "  {:58} {:>9.3} {:>9.3}",
+            what,
+            ms(times.p50),
+            ms(times.p95)
+        );
+    }
     println!(
         "  {:58} {:>9.2} {:>9.2}  p99 {:.2}",
         "corral session create -> print(1) result, 50 concurrent",
