@@ -1,6 +1,7 @@
 """What the Python suites share to run the corral binary: finding it, free ports, API keys,
 `corral serve` on a fresh database (started, waited for until healthy, stopped with SIGTERM),
-other corral processes waited for until they listen, and their logs.
+other corral processes waited for until they listen, and their logs; and an HTTP server on
+the host's loopback that answers "hello", the upstream of the egress tests.
 
 A package of its own name, on `sys.path` through the `pythonpath` setting of the root
 pytest.ini (and of sdk/python/pyproject.toml, the SDK's own): pytest collects several suites'
@@ -14,18 +15,21 @@ first. The environment is passed through (`CORRAL_DATA_DIR` selects the image st
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence
 
 import pytest
 
@@ -234,3 +238,27 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+        self.send_response(200)
+        self.send_header("Content-Length", "5")
+        self.end_headers()
+        self.wfile.write(b"hello")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def hello_server() -> Iterator[int]:
+    """An HTTP server on 127.0.0.1 that answers every GET with `hello`, for as long as the
+    `with` lasts: its port."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -7,16 +7,14 @@ config opts in (`allow_private`)."""
 
 from __future__ import annotations
 
-import http.server
 import os
-import threading
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 from mcp import Client, StdioServerParameters
 
-from corral_testing import corral_bin, free_port
+from corral_testing import corral_bin, free_port, hello_server
 
 FETCH = """import os, urllib.request
 for k in ('NO_PROXY', 'no_proxy'):
@@ -28,27 +26,10 @@ except Exception as e:
 """
 
 
-class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
-        self.send_response(200)
-        self.send_header("Content-Length", "5")
-        self.end_headers()
-        self.wfile.write(b"hello")
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def upstream() -> Iterator[int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
+    with hello_server() as port:
+        yield port
 
 
 @pytest.fixture

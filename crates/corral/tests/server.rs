@@ -80,8 +80,19 @@ impl Server {
     }
 
     fn key(&self, name: &str) -> String {
+        self.make_key(&["--name", name])
+    }
+
+    /// An operator key (`corral key create --operator`) in the server's database: its secret.
+    fn operator_key(&self) -> String {
+        self.make_key(&["--name", "ops", "--operator"])
+    }
+
+    fn make_key(&self, args: &[&str]) -> String {
         let out = Command::new(BIN)
-            .args(["key", "create", "--name", name, "--db"])
+            .args(["key", "create"])
+            .args(args)
+            .arg("--db")
             .arg(&self.db)
             .output()
             .unwrap();
@@ -1146,13 +1157,7 @@ fn off_loopback_the_console_is_public_and_operators_need_their_key() {
         );
     }
     let plain = s.key("plain");
-    let out = Command::new(BIN)
-        .args(["key", "create", "--name", "ops", "--operator", "--db"])
-        .arg(&s.db)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let operator = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let operator = s.operator_key();
     for path in ["/v1/keys", "/v1/operator/sandboxes"] {
         let (status, answer) = s.call("GET", path, Some(&plain), None);
         assert_eq!((status, error_code(&answer)), (403, "forbidden"), "{path}");
@@ -1252,13 +1257,7 @@ fn the_audit_log_is_held_to_its_bound_and_keeps_the_newest_lines() {
 fn the_operator_list_pages_over_every_keys_sandboxes() {
     let s = Server::start("");
     let (a, b) = (s.key("a"), s.key("b"));
-    let out = Command::new(BIN)
-        .args(["key", "create", "--name", "ops", "--operator", "--db"])
-        .arg(&s.db)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let operator = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let operator = s.operator_key();
     let (_, who_a) = s.call("GET", "/v1/whoami", Some(&a), None);
     let (_, who_b) = s.call("GET", "/v1/whoami", Some(&b), None);
     let (key_a, key_b) = (who_a["key_id"].clone(), who_b["key_id"].clone());

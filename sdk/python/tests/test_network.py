@@ -6,16 +6,15 @@ written here), and fails with a reason without it. Skipped when the host cannot 
 
 from __future__ import annotations
 
-import http.server
 import json
 import subprocess
-import threading
 from pathlib import Path
 from typing import Callable, List, Tuple
 
 import pytest
 
 import corral
+from corral_testing import hello_server
 
 PACKAGE, MODULE = "tomli-w", "tomli_w"
 INDEX_SCRIPT = Path(__file__).resolve().parents[3] / "tests" / "egress" / "index.py"
@@ -95,33 +94,19 @@ def test_a_session_installs_from_the_index_its_allow_list_names(
         assert ran.network is not None and ran.network["connections"] >= 1, ran
 
 
-class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
-        self.send_response(200)
-        self.send_header("Content-Length", "5")
-        self.end_headers()
-        self.wfile.write(b"hello")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_streamed_executions_and_commands_report_their_egress(
     serve_with: Callable[[str], object],
 ) -> None:
     """`Execution.network` and `CommandResult.network` come from the streamed `end` event:
     the egress of that execution alone. The upstream is a server of the test's on the host's
     loopback, which the operator opts in (no internet needed)."""
-    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    port = upstream.server_address[1]
-    fetch = (
-        "import os, urllib.request\n"
-        "for k in ('NO_PROXY', 'no_proxy'): os.environ.pop(k, None)\n"
-        f"print(urllib.request.urlopen('http://localhost:{port}/').read().decode())\n"
-    )
-    config = f'[network]\nallow = ["localhost:{port}"]\nallow_private = ["localhost"]\n'
-    try:
+    with hello_server() as port:
+        fetch = (
+            "import os, urllib.request\n"
+            "for k in ('NO_PROXY', 'no_proxy'): os.environ.pop(k, None)\n"
+            f"print(urllib.request.urlopen('http://localhost:{port}/').read().decode())\n"
+        )
+        config = f'[network]\nallow = ["localhost:{port}"]\nallow_private = ["localhost"]\n'
         with serve_with(config) as url:  # type: ignore[attr-defined]
             with corral.Sandbox(url, image="host", network=[f"localhost:{port}"]) as sb:
                 ran = sb.run_code(f"open('fetch.py', 'w').write({fetch!r})\n{fetch}")
@@ -135,5 +120,3 @@ def test_streamed_executions_and_commands_report_their_egress(
                 assert quiet.network is not None and quiet.network["connections"] == 0, quiet
             with corral.Sandbox(url, image="host") as sb:
                 assert sb.run_code("1 + 1").network is None
-    finally:
-        upstream.shutdown()
