@@ -532,8 +532,8 @@ fn egress_one_shares_connections_leave_another_shares_sandboxes_served() {
         egress.share = Some(share.clone());
         egress
     };
-    let share = Arc::new(ConnectionShare::new(4, "a test key's sandboxes".into()));
-    let other = Arc::new(ConnectionShare::new(4, "another key's sandboxes".into()));
+    let share = Arc::new(ConnectionShare::new(4, "a test key's sandboxes"));
+    let other = Arc::new(ConnectionShare::new(4, "another key's sandboxes"));
     let holding = with_share(&share);
     let holder = std::thread::spawn(move || {
         Run::python(HOLD)

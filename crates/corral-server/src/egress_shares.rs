@@ -33,12 +33,7 @@ impl EgressShares {
             .lock()
             .expect("lock")
             .entry(key_id.to_string())
-            .or_insert_with(|| {
-                Arc::new(ConnectionShare::new(
-                    PER_KEY,
-                    "this key's sandboxes".to_string(),
-                ))
-            })
+            .or_insert_with(|| Arc::new(ConnectionShare::new(PER_KEY, "this key's sandboxes")))
             .clone()
     }
 }

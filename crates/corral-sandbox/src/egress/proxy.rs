@@ -7,7 +7,7 @@
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -21,7 +21,9 @@ use super::head::{self, Host, Request, MAX_HEAD};
 use super::hello::{Hello, HelloReader};
 use super::policy::NameRefusal;
 use super::resolve::{resolve_within, ResolveError};
-use super::{check_listener, Decision, Denial, Egress, NetworkReport, Reason, Verdict};
+use super::{
+    check_listener, ConnectionShare, Decision, Denial, Egress, NetworkReport, Reason, Verdict,
+};
 use crate::limits::show_bytes;
 use crate::spec::Limits;
 
@@ -36,7 +38,8 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection that moves no byte either way for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
-static ACTIVE_TOTAL: AtomicUsize = AtomicUsize::new(0);
+/// Every proxy of the process shares these places.
+static ACTIVE_TOTAL: ConnectionShare = ConnectionShare::new(MAX_CONCURRENT_TOTAL, "this host");
 
 /// One sandbox's proxy. Dropping it stops it.
 pub struct EgressProxy {
@@ -319,12 +322,11 @@ impl Shared {
     /// Takes a place for a new connection in the process's count and in the sandbox's
     /// share: false, and nothing taken, when either is full.
     fn take_place(&self) -> bool {
-        if ACTIVE_TOTAL.fetch_add(1, Ordering::SeqCst) >= MAX_CONCURRENT_TOTAL {
-            ACTIVE_TOTAL.fetch_sub(1, Ordering::SeqCst);
+        if !ACTIVE_TOTAL.take() {
             return false;
         }
         if self.egress.share.as_ref().is_some_and(|s| !s.take()) {
-            ACTIVE_TOTAL.fetch_sub(1, Ordering::SeqCst);
+            ACTIVE_TOTAL.give_back();
             return false;
         }
         true
@@ -332,7 +334,7 @@ impl Shared {
 
     /// Gives back what [`Shared::take_place`] took.
     fn give_back_place(&self) {
-        ACTIVE_TOTAL.fetch_sub(1, Ordering::SeqCst);
+        ACTIVE_TOTAL.give_back();
         if let Some(share) = &self.egress.share {
             share.give_back();
         }

@@ -12,12 +12,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub struct ConnectionShare {
     open: AtomicUsize,
     limit: usize,
-    /// What the share is, for a refusal: "this key's share of …".
-    what: String,
+    /// Whose places they are, for a refusal: "this key's sandboxes".
+    what: &'static str,
 }
 
 impl ConnectionShare {
-    pub fn new(limit: usize, what: String) -> ConnectionShare {
+    pub const fn new(limit: usize, what: &'static str) -> ConnectionShare {
         ConnectionShare {
             open: AtomicUsize::new(0),
             limit,
@@ -49,7 +49,7 @@ impl ConnectionShare {
     }
 
     pub fn what(&self) -> &str {
-        &self.what
+        self.what
     }
 }
 
@@ -59,7 +59,7 @@ mod tests {
 
     #[test]
     fn places_stop_at_the_limit_and_come_back() {
-        let share = ConnectionShare::new(2, "a test's share".into());
+        let share = ConnectionShare::new(2, "a test's share");
         assert!(share.take() && share.take());
         assert!(!share.take());
         assert_eq!(share.open(), 2);
