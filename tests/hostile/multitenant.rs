@@ -997,11 +997,10 @@ fn inotify_exhaustion_is_per_session() {
     let after = inotify_step(&s, &key_b, &b, "probe");
     let mut host = s.stop();
     // The host: this process (rootless, the uid whose counters A filled) still gets instances.
-    let fd = unsafe { nix::libc::inotify_init1(nix::libc::IN_CLOEXEC) };
-    if fd < 0 {
-        host.push("this process cannot create an inotify instance".into());
-    } else {
-        unsafe { nix::libc::close(fd) };
+    if let Err(e) = nix::sys::inotify::Inotify::init(nix::sys::inotify::InitFlags::IN_CLOEXEC) {
+        host.push(format!(
+            "this process cannot create an inotify instance: {e}"
+        ));
     }
 
     let mut starved = Vec::new();

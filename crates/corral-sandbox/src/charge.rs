@@ -101,9 +101,9 @@ pub(crate) fn copy_into(
         .map(|&fd| fd as u32)
         .collect();
     keep.sort_unstable();
+    let oom_kills = read_oom_kills(&charge.oom_events);
     // SAFETY: the child runs `writer` only, which makes system calls on memory prepared
     // above (`keep`, `join`, its copy of `buf`) and ends in `_exit`.
-    let oom_kills = read_oom_kills(&charge.oom_events);
     let child = match unsafe { nix::unistd::fork() } {
         Err(e) => return Err(CopyFailure::Writer(e.into())),
         Ok(ForkResult::Child) => writer(

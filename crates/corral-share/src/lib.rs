@@ -21,8 +21,6 @@
 //! panic elsewhere while it is held (there is none) would not poison it for everyone: a
 //! poisoned lock is taken as it is.
 
-#![forbid(unsafe_code)]
-
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
