@@ -1,22 +1,24 @@
-//! Admission control: the host memory promised to live sandboxes, the one-shot run slots
-//! shared fairly between keys, and the uploads whose bodies stream at once.
+//! Admission control: the host memory promised to live sandboxes, the one-shot run slots and
+//! the upload slots, both shared fairly between keys.
 //!
 //! Every live sandbox (a session, or a one-shot run while it runs) holds a promise of host
 //! memory: [`corral_sandbox::Limits::host_memory_bytes`]. Their sum stays within the budget
 //! (`memory_overcommit` × `MemTotal`, or `memory_budget_bytes`): a sandbox beyond it is refused
 //! with 503 and `Retry-After` rather than left to the OOM killer. One-shot runs also take one of
-//! `max_runs` slots, at most `max_runs_per_key` of them per key, so that one key cannot starve
-//! the others; a run that cannot get its slot and its memory within `admission_wait_s` is
-//! refused (429, or 503 when memory was what it lacked). An upload streams its body only with
-//! one of `max_uploads_in_flight` slots, which bounds the server's buffers for all of them;
-//! one that gets none within `admission_wait_s` is refused with 503 (its body is never read).
-//! Nothing waits unboundedly.
+//! `max_runs` slots, and an upload streams its body only with one of `max_uploads_in_flight`
+//! slots (which bounds the server's buffers for all of them). Both kinds of slot are
+//! [`corral_share`] pools: at most `max_runs_per_key` (`max_uploads_in_flight_per_key`) of them
+//! for one key, and a floor of [`FLOOR_PER_KEY`] every key keeps whatever the others hold, out
+//! of a reserve of an eighth above the total. A request that gets its slot (and a run its
+//! memory) within `admission_wait_s` goes on; else it is refused: a run with 429 (no slot) or
+//! 503 (no memory), an upload with 429 `key_busy` (its key's share) or 503 `uploads_busy`, its
+//! body never read. Nothing waits unboundedly.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use corral_sandbox::limits::show_bytes;
+use corral_share::{Grant, Limits, Pool};
 
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -27,12 +29,16 @@ use crate::service::{ServiceError, Unavailability};
 /// What a refused request is told to wait before it retries.
 const RETRY_AFTER_S: u64 = 5;
 
+/// Run and upload slots every key may hold whatever other keys hold.
+pub const FLOOR_PER_KEY: u64 = 1;
+
 pub struct Admission {
-    max_runs: usize,
-    max_runs_per_key: usize,
+    runs: Arc<Pool>,
+    uploads: Arc<Pool>,
     wait: Duration,
     budget: u64,
-    state: Mutex<State>,
+    /// Bytes promised to live sandboxes.
+    committed: Mutex<u64>,
     /// Woken whenever a slot or memory is released.
     freed: tokio::sync::Notify,
     /// `/metrics` views of the state, kept up to date with it.
@@ -41,36 +47,40 @@ pub struct Admission {
     /// The queues: runs and uploads waiting now.
     runs_waiting: Gauge,
     uploads_waiting: Gauge,
-    /// One permit per upload streaming now.
-    uploads: Arc<tokio::sync::Semaphore>,
-    max_uploads: usize,
+}
+
+/// Limits of a slot pool of `total` with `per_key` for one key: the floor out of a reserve of
+/// an eighth above the total (at least one slot).
+fn slot_limits(total: usize, per_key: usize) -> Limits {
+    let total = total as u64;
+    let reserve = (total / 8).max(FLOOR_PER_KEY);
+    Limits::new(
+        total,
+        (per_key as u64).clamp(FLOOR_PER_KEY, total + reserve),
+        FLOOR_PER_KEY,
+        reserve,
+    )
 }
 
 /// An upload's slot; released when dropped.
 pub struct UploadPermit {
-    _slot: tokio::sync::OwnedSemaphorePermit,
+    admission: Arc<Admission>,
+    slot: Option<Grant>,
 }
 
-#[derive(Default)]
-struct State {
-    runs: usize,
-    runs_per_key: HashMap<String, usize>,
-    /// Bytes promised to live sandboxes.
-    committed: u64,
-}
-
-impl Admission {
-    fn publish(&self, state: &State) {
-        self.committed_gauge
-            .set(i64::try_from(state.committed).unwrap_or(i64::MAX));
-        self.runs_gauge
-            .set(i64::try_from(state.runs).unwrap_or(i64::MAX));
+impl Drop for UploadPermit {
+    fn drop(&mut self) {
+        // Given back before the waiters are woken, so that they find it.
+        drop(self.slot.take());
+        self.admission.freed.notify_waiters();
     }
 }
 
 /// Why a request cannot be admitted now.
 enum Refusal {
     Slots(String),
+    KeyUploads(String),
+    Uploads(String),
     Memory(String),
 }
 
@@ -80,6 +90,15 @@ impl Refusal {
             Refusal::Slots(message) => ServiceError::TooManySandboxes {
                 message,
                 retry_after_s: RETRY_AFTER_S,
+            },
+            Refusal::KeyUploads(message) => ServiceError::KeyBusy {
+                message,
+                retry_after_s: 1,
+            },
+            Refusal::Uploads(message) => ServiceError::Unavailable {
+                reason: Unavailability::Uploads,
+                message,
+                retry_after_s: 1,
             },
             Refusal::Memory(message) => ServiceError::Unavailable {
                 reason: Unavailability::MemoryBudget,
@@ -93,24 +112,15 @@ impl Refusal {
 /// A one-shot run's slot and memory; released when dropped (when the run's sandbox is gone).
 pub struct RunPermit {
     admission: Arc<Admission>,
-    tenant: String,
+    slot: Option<Grant>,
     bytes: u64,
 }
 
 impl Drop for RunPermit {
     fn drop(&mut self) {
-        {
-            let mut state = self.admission.state.lock().expect("lock");
-            state.runs -= 1;
-            if let Some(n) = state.runs_per_key.get_mut(&self.tenant) {
-                *n -= 1;
-                if *n == 0 {
-                    state.runs_per_key.remove(&self.tenant);
-                }
-            }
-            state.committed -= self.bytes;
-            self.admission.publish(&state);
-        }
+        drop(self.slot.take());
+        self.admission.runs_gauge.dec();
+        self.admission.release(self.bytes);
         self.admission.freed.notify_waiters();
     }
 }
@@ -122,41 +132,91 @@ impl Admission {
             .memory_budget_bytes
             .set(i64::try_from(budget).unwrap_or(i64::MAX));
         Admission {
-            max_runs: config.max_runs,
-            max_runs_per_key: config.runs_per_key(),
+            runs: Pool::new(
+                "one-shot run slots",
+                "runs",
+                slot_limits(config.max_runs, config.runs_per_key()),
+            ),
+            uploads: Pool::new(
+                "upload slots",
+                "uploads",
+                slot_limits(config.max_uploads_in_flight, config.uploads_per_key()),
+            ),
             wait: Duration::from_secs(config.admission_wait_s),
             budget,
-            state: Mutex::new(State::default()),
+            committed: Mutex::new(0),
             freed: tokio::sync::Notify::new(),
             committed_gauge: metrics.memory_committed_bytes.clone(),
             runs_gauge: metrics.runs_in_flight.clone(),
             runs_waiting: metrics.runs_waiting.clone(),
             uploads_waiting: metrics.uploads_waiting.clone(),
-            uploads: Arc::new(tokio::sync::Semaphore::new(config.max_uploads_in_flight)),
-            max_uploads: config.max_uploads_in_flight,
         }
     }
 
-    /// A slot for one upload, waited for at most `admission_wait_s`; then refused with 503
-    /// and `Retry-After`.
-    pub async fn admit_upload(&self) -> Result<UploadPermit, ServiceError> {
-        if let Ok(slot) = self.uploads.clone().try_acquire_owned() {
-            return Ok(UploadPermit { _slot: slot });
+    fn committed(&self) -> MutexGuard<'_, u64> {
+        // A sum that every change updates whole: a poisoned lock still holds it.
+        self.committed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Tries `admit` until it succeeds or `admission_wait_s` has passed, counted in `gauge`
+    /// while it waits; a release between two tries wakes it.
+    async fn wait_for<T>(
+        &self,
+        gauge: &Gauge,
+        mut admit: impl FnMut() -> Result<T, Refusal>,
+    ) -> Result<T, ServiceError> {
+        let deadline = Instant::now() + self.wait;
+        let mut waiting = None;
+        loop {
+            // Registered before the try, so that a release between the two is not missed.
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            match admit() {
+                Ok(admitted) => return Ok(admitted),
+                Err(refusal) => {
+                    waiting.get_or_insert_with(|| Waiting::new(gauge));
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() || tokio::time::timeout(left, freed).await.is_err() {
+                        return Err(refusal.into_error());
+                    }
+                }
+            }
         }
-        let _waiting = Waiting::new(&self.uploads_waiting);
-        let permit = tokio::time::timeout(self.wait, self.uploads.clone().acquire_owned()).await;
-        match permit {
-            Ok(Ok(slot)) => Ok(UploadPermit { _slot: slot }),
-            _ => Err(ServiceError::Unavailable {
-                reason: Unavailability::Uploads,
-                message: format!(
-                    "the server streams its maximum of {} uploads at once \
-                     (max_uploads_in_flight): retry later",
-                    self.max_uploads
-                ),
-                retry_after_s: 1,
-            }),
-        }
+    }
+
+    /// A slot for one of `tenant`'s uploads, waited for at most `admission_wait_s`; then
+    /// refused with 429 (the key's share) or 503 (the server's), with `Retry-After`.
+    pub async fn admit_upload(
+        self: &Arc<Self>,
+        tenant: &str,
+    ) -> Result<UploadPermit, ServiceError> {
+        let slot = self
+            .wait_for(&self.uploads_waiting, || {
+                self.uploads.take(tenant, 1).map_err(|refusal| {
+                    let limits = self.uploads.limits();
+                    if refusal.is_key() {
+                        Refusal::KeyUploads(format!(
+                            "this key streams its maximum of {} uploads at once \
+                             (max_uploads_in_flight_per_key): retry when one is done",
+                            limits.per_key
+                        ))
+                    } else {
+                        Refusal::Uploads(format!(
+                            "the server streams its maximum of {} uploads at once \
+                             (max_uploads_in_flight): retry later",
+                            limits.total
+                        ))
+                    }
+                })
+            })
+            .await?;
+        Ok(UploadPermit {
+            admission: self.clone(),
+            slot: Some(slot),
+        })
     }
 
     /// The memory budget of live sandboxes, in bytes.
@@ -166,12 +226,12 @@ impl Admission {
 
     /// Bytes promised to live sandboxes now.
     pub fn committed_bytes(&self) -> u64 {
-        self.state.lock().expect("lock").committed
+        *self.committed()
     }
 
     /// One-shot runs in flight now.
-    pub fn runs(&self) -> usize {
-        self.state.lock().expect("lock").runs
+    pub fn runs(&self) -> u64 {
+        self.runs.held()
     }
 
     /// Refuses outright what could never fit, even on an idle host: retrying cannot help.
@@ -187,27 +247,29 @@ impl Admission {
         Ok(())
     }
 
-    fn memory_refusal(&self, committed: u64, bytes: u64) -> Refusal {
-        Refusal::Memory(format!(
-            "the host's memory budget is committed: {} of {} GiB promised to live sandboxes, \
-             and this one needs {}: retry later, or ask for less memory or disk",
-            show_gib_number(committed),
-            show_gib_number(self.budget),
-            show_bytes(bytes)
-        ))
+    /// Promises `bytes` now, or says why the budget cannot hold them.
+    fn try_commit(&self, bytes: u64) -> Result<(), Refusal> {
+        let mut committed = self.committed();
+        if *committed + bytes > self.budget {
+            return Err(Refusal::Memory(format!(
+                "the host's memory budget is committed: {} of {} GiB promised to live \
+                 sandboxes, and this one needs {}: retry later, or ask for less memory or disk",
+                show_gib_number(*committed),
+                show_gib_number(self.budget),
+                show_bytes(bytes)
+            )));
+        }
+        *committed += bytes;
+        self.committed_gauge
+            .set(i64::try_from(*committed).unwrap_or(i64::MAX));
+        Ok(())
     }
 
     /// Promises `bytes` to a new session now, or refuses (503 with `Retry-After`) when the
     /// budget cannot hold them; [`Admission::release`] gives them back.
     pub fn commit(&self, bytes: u64) -> Result<(), ServiceError> {
         self.check_fits(bytes)?;
-        let mut state = self.state.lock().expect("lock");
-        if state.committed + bytes > self.budget {
-            return Err(self.memory_refusal(state.committed, bytes).into_error());
-        }
-        state.committed += bytes;
-        self.publish(&state);
-        Ok(())
+        self.try_commit(bytes).map_err(Refusal::into_error)
     }
 
     /// Gives back memory promised with [`Admission::commit`].
@@ -216,37 +278,34 @@ impl Admission {
             return;
         }
         {
-            let mut state = self.state.lock().expect("lock");
-            state.committed -= bytes;
-            self.publish(&state);
+            let mut committed = self.committed();
+            *committed -= bytes;
+            self.committed_gauge
+                .set(i64::try_from(*committed).unwrap_or(i64::MAX));
         }
         self.freed.notify_waiters();
     }
 
-    fn try_admit_run(&self, tenant: &str, bytes: u64) -> Result<(), Refusal> {
-        let mut state = self.state.lock().expect("lock");
-        let mine = state.runs_per_key.get(tenant).copied().unwrap_or(0);
-        if mine >= self.max_runs_per_key {
-            return Err(Refusal::Slots(format!(
-                "this key has its maximum of {} one-shot runs in flight (max_runs_per_key): \
-                 retry when one has finished",
-                self.max_runs_per_key
-            )));
-        }
-        if state.runs >= self.max_runs {
-            return Err(Refusal::Slots(format!(
-                "the server runs its maximum of {} one-shot runs (max_runs): retry later",
-                self.max_runs
-            )));
-        }
-        if state.committed + bytes > self.budget {
-            return Err(self.memory_refusal(state.committed, bytes));
-        }
-        state.runs += 1;
-        *state.runs_per_key.entry(tenant.to_string()).or_default() += 1;
-        state.committed += bytes;
-        self.publish(&state);
-        Ok(())
+    /// A slot and `bytes` of memory for a run of `tenant` now, or why not.
+    fn try_admit_run(&self, tenant: &str, bytes: u64) -> Result<Grant, Refusal> {
+        let slot = self.runs.take(tenant, 1).map_err(|refusal| {
+            let limits = self.runs.limits();
+            Refusal::Slots(if refusal.is_key() {
+                format!(
+                    "this key has its maximum of {} one-shot runs in flight (max_runs_per_key): \
+                     retry when one has finished",
+                    limits.per_key
+                )
+            } else {
+                format!(
+                    "the server runs its maximum of {} one-shot runs (max_runs): retry later",
+                    limits.total
+                )
+            })
+        })?;
+        // Without the memory the slot is given back (dropped) at once.
+        self.try_commit(bytes)?;
+        Ok(slot)
     }
 
     /// A slot for one of `tenant`'s one-shot runs and `bytes` of memory, waited for at most
@@ -258,30 +317,15 @@ impl Admission {
         bytes: u64,
     ) -> Result<RunPermit, ServiceError> {
         self.check_fits(bytes)?;
-        let deadline = Instant::now() + self.wait;
-        let mut waiting = None;
-        loop {
-            // Registered before the check, so that a release between the two is not missed.
-            let freed = self.freed.notified();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
-            match self.try_admit_run(tenant, bytes) {
-                Ok(()) => {
-                    return Ok(RunPermit {
-                        admission: self.clone(),
-                        tenant: tenant.to_string(),
-                        bytes,
-                    })
-                }
-                Err(refusal) => {
-                    waiting.get_or_insert_with(|| Waiting::new(&self.runs_waiting));
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() || tokio::time::timeout(left, freed).await.is_err() {
-                        return Err(refusal.into_error());
-                    }
-                }
-            }
-        }
+        let slot = self
+            .wait_for(&self.runs_waiting, || self.try_admit_run(tenant, bytes))
+            .await?;
+        self.runs_gauge.inc();
+        Ok(RunPermit {
+            admission: self.clone(),
+            slot: Some(slot),
+            bytes,
+        })
     }
 }
 
@@ -349,16 +393,17 @@ mod tests {
         drop(held);
         drop(b);
         assert_eq!((a.runs(), a.committed_bytes()), (0, 0));
-        assert!(a.state.lock().unwrap().runs_per_key.is_empty());
+        assert_eq!(a.runs.keys(), 0);
     }
 
     #[tokio::test]
     async fn a_waiting_run_gets_the_slot_another_releases() {
         let a = admission(1, 1, 5_000, 100);
         let first = a.admit_run("A", 10).await.unwrap();
+        let _floor = a.admit_run("B", 10).await.unwrap();
         let waiter = {
             let a = a.clone();
-            tokio::spawn(async move { a.admit_run("B", 10).await.map(|_| ()) })
+            tokio::spawn(async move { a.admit_run("C", 10).await.map(|_| ()) })
         };
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiter.is_finished());
@@ -375,21 +420,50 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn uploads_beyond_the_cap_wait_then_are_refused() {
+    async fn keys_filling_the_run_slots_leave_another_key_its_floor() {
+        let a = admission(4, 2, 50, 100);
+        let _held = [
+            a.admit_run("A", 1).await.unwrap(),
+            a.admit_run("A", 1).await.unwrap(),
+            a.admit_run("B", 1).await.unwrap(),
+            a.admit_run("B", 1).await.unwrap(),
+        ];
+        // All four slots are held: C still gets its floor, out of the reserve (one slot).
+        let c = a.admit_run("C", 1).await.unwrap();
+        assert_eq!(a.runs(), 5);
+        let refused = a.admit_run("D", 1).await.err().unwrap();
+        assert_eq!(code(refused), "too_many_sandboxes");
+        drop(c);
+        a.admit_run("D", 1).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn uploads_are_shared_between_keys_with_a_floor() {
         let config = Config {
             max_uploads_in_flight: 2,
             ..Config::default()
         };
+        assert_eq!(config.uploads_per_key(), 1, "half of the slots");
         let mut a = Admission::new(&config, 1, &Metrics::default());
         a.wait = Duration::from_millis(50);
-        let held = [
-            a.admit_upload().await.unwrap(),
-            a.admit_upload().await.unwrap(),
-        ];
         let a = Arc::new(a);
+        let held = [
+            a.admit_upload("A").await.unwrap(),
+            a.admit_upload("B").await.unwrap(),
+        ];
+        let refused = a.admit_upload("A").await.err().unwrap();
+        assert!(
+            refused
+                .to_string()
+                .contains("max_uploads_in_flight_per_key"),
+            "{refused}"
+        );
+        assert_eq!(code(refused), "key_busy");
+        // The slots are full; C gets its floor, D waits and is refused.
+        let c = a.admit_upload("C").await.unwrap();
         let waiter = {
             let a = a.clone();
-            tokio::spawn(async move { a.admit_upload().await.err().unwrap() })
+            tokio::spawn(async move { a.admit_upload("D").await.err().unwrap() })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(
@@ -398,11 +472,33 @@ mod tests {
             "the waiting upload is in the queue's gauge"
         );
         let refused = waiter.await.unwrap();
-        assert!(refused.to_string().contains("max_uploads_in_flight"));
+        assert!(refused.to_string().contains("(max_uploads_in_flight)"));
         assert_eq!(code(refused), "uploads_busy");
         assert_eq!(a.uploads_waiting.get(), 0);
-        drop(held);
-        a.admit_upload().await.unwrap();
+        drop((held, c));
+        a.admit_upload("D").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_waiting_upload_gets_the_slot_another_releases() {
+        let config = Config {
+            max_uploads_in_flight: 1,
+            ..Config::default()
+        };
+        let mut a = Admission::new(&config, 1, &Metrics::default());
+        a.wait = Duration::from_secs(5);
+        let a = Arc::new(a);
+        let first = a.admit_upload("A").await.unwrap();
+        let second = a.admit_upload("B").await.unwrap(); // B's floor
+        let waiter = {
+            let a = a.clone();
+            tokio::spawn(async move { a.admit_upload("C").await.map(|_| ()) })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished());
+        drop(first);
+        waiter.await.unwrap().unwrap();
+        drop(second);
     }
 
     #[tokio::test]

@@ -41,6 +41,9 @@ pub struct Config {
     /// Uploads whose bodies stream into sandboxes at once, from all keys; more wait up to
     /// `admission_wait_s` for a slot, then are refused (503 `uploads_busy`).
     pub max_uploads_in_flight: usize,
+    /// Uploads streaming at once from one key; default half of `max_uploads_in_flight` (at
+    /// least 1). Past the server's slots every key still streams one (admission.rs).
+    pub max_uploads_in_flight_per_key: Option<usize>,
     /// Threads of the server's blocking pool (tokio's `max_blocking_threads`): every engine
     /// call, and every other blocking step of a request, runs on one of them.
     pub blocking_threads: usize,
@@ -156,6 +159,7 @@ impl Default for Config {
             memory_budget_bytes: None,
             max_body_bytes: 64 << 20,
             max_uploads_in_flight: 32,
+            max_uploads_in_flight_per_key: None,
             blocking_threads: 512,
             max_blocking_calls: 384,
             max_blocking_calls_per_key: None,
@@ -205,6 +209,14 @@ impl Config {
             .clamp(1, self.max_runs.max(1))
     }
 
+    /// `max_uploads_in_flight_per_key`, or its default: half of `max_uploads_in_flight`, at
+    /// least 1.
+    pub fn uploads_per_key(&self) -> usize {
+        self.max_uploads_in_flight_per_key
+            .unwrap_or(self.max_uploads_in_flight / 2)
+            .clamp(1, self.max_uploads_in_flight.max(1))
+    }
+
     /// `max_result_bytes_in_flight_per_key`, or its default: half of
     /// `max_result_bytes_in_flight`; never more than that.
     pub fn result_bytes_per_key(&self) -> usize {
@@ -224,8 +236,10 @@ impl Config {
         if self.max_runs == 0 || self.max_runs_per_key == Some(0) {
             anyhow::bail!("max_runs and max_runs_per_key must be at least 1");
         }
-        if self.max_uploads_in_flight == 0 {
-            anyhow::bail!("max_uploads_in_flight must be at least 1");
+        if self.max_uploads_in_flight == 0 || self.max_uploads_in_flight_per_key == Some(0) {
+            anyhow::bail!(
+                "max_uploads_in_flight and max_uploads_in_flight_per_key must be at least 1"
+            );
         }
         if !(1..=self.max_blocking_calls).contains(&self.blocking_calls_per_key())
             || self.max_blocking_calls >= self.blocking_threads

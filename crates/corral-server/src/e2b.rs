@@ -877,7 +877,7 @@ async fn write_files(
 ) -> Result<Json<Vec<Value>>, E2bError> {
     let query = file_query(query)?;
     let mut multipart = multipart.map_err(|e| multipart_error(e.status(), e.body_text()))?;
-    let _slot = state.service.admit_upload().await?;
+    let _slot = state.service.admit_upload(&sandbox.tenant).await?;
     let max_body_bytes = state.service.config().max_body_bytes as u64;
     let mut written = Vec::new();
     while let Some(field) = multipart

@@ -1019,7 +1019,7 @@ async fn write_file(
             return Err(e);
         }
     };
-    let _slot = state.service.admit_upload().await?;
+    let _slot = state.service.admit_upload(&tenant).await?;
     // The writer's thread, once the upload has its slot (refused like the slot: body unread).
     let write = state.service.admit_thread(&tenant)?;
     let (written, failed) =

@@ -1883,11 +1883,15 @@ impl Service {
         self.threads.unmetered()
     }
 
-    /// A slot for one upload streaming its body (at most `max_uploads_in_flight` at once),
-    /// waited for at most `admission_wait_s`, then refused (503 with `Retry-After`).
-    pub async fn admit_upload(&self) -> Result<crate::admission::UploadPermit, ServiceError> {
+    /// A slot for one of `tenant`'s uploads streaming its body (at most
+    /// `max_uploads_in_flight` at once, `max_uploads_in_flight_per_key` of one key), waited for
+    /// at most `admission_wait_s`, then refused (429 or 503 with `Retry-After`).
+    pub async fn admit_upload(
+        &self,
+        tenant: &Tenant,
+    ) -> Result<crate::admission::UploadPermit, ServiceError> {
         self.check_running()?;
-        self.admission.admit_upload().await
+        self.admission.admit_upload(&tenant.0).await
     }
 
     /// Admits a one-shot run of `tenant`: a slot (at most `max_runs`, `max_runs_per_key` of
