@@ -18,6 +18,12 @@ fn session() -> Session {
         .expect("a forked session starts")
 }
 
+/// A share of a pool of output bytes larger than any test's output.
+fn output() -> corral_share::Share {
+    corral_share::Pool::new("output", "bytes", corral_share::Limits::new(1 << 30, 1 << 30, 0, 0))
+        .share("k")
+}
+
 fn spec(argv: &[&str]) -> ProcessSpec {
     ProcessSpec {
         argv: strings(argv),
@@ -103,7 +109,7 @@ fn programs_run_in_the_session_beside_its_executions() {
     );
     // Same workspace as the cell's.
     let agent = session.agent().unwrap();
-    let sub = agent.start(spec(&["cat", "cell.txt"])).unwrap();
+    let sub = agent.start(spec(&["cat", "cell.txt"]), &output()).unwrap();
     assert_eq!(collect(&sub, 10 * SECOND).0, b"x");
 }
 
@@ -113,7 +119,7 @@ fn stdin_is_sent_and_closed_and_exit_codes_and_signals_are_reported() {
     let agent = session.agent().unwrap();
     let mut cat = spec(&["cat"]);
     cat.stdin = true;
-    let sub = agent.start(cat).unwrap();
+    let sub = agent.start(cat, &output()).unwrap();
     agent.send_input(sub.pid(), b"hello ").unwrap();
     agent.send_input(sub.pid(), b"world").unwrap();
     agent.close_stdin(sub.pid()).unwrap();
@@ -138,14 +144,14 @@ fn stdin_is_sent_and_closed_and_exit_codes_and_signals_are_reported() {
     assert!(agent.list().is_empty(), "{:?}", agent.list());
 
     // Without stdin, input is refused, and a program that is not found says so.
-    let sub = agent.start(spec(&["sleep", "300"])).unwrap();
+    let sub = agent.start(spec(&["sleep", "300"]), &output()).unwrap();
     assert!(matches!(
         agent.send_input(sub.pid(), b"x"),
         Err(AgentError::Refused(AgentRefusal::NoStdin(_)))
     ));
     agent.signal(sub.pid(), libc::SIGKILL).unwrap();
     assert_eq!(collect(&sub, 10 * SECOND).2.unwrap().signal, Some(9));
-    let missing = agent.start(spec(&["no-such-program"])).err().unwrap();
+    let missing = agent.start(spec(&["no-such-program"]), &output()).err().unwrap();
     assert!(missing.to_string().contains("no-such-program"), "{missing}");
 }
 
@@ -155,7 +161,7 @@ fn a_terminal_takes_input_resizes_and_is_killed() {
     let agent = session.agent().unwrap();
     let mut bash = spec(&["bash", "--noprofile", "--norc", "-i"]);
     bash.pty = Some(PtySize { rows: 24, cols: 80 });
-    let sub = agent.start(bash).unwrap();
+    let sub = agent.start(bash, &output()).unwrap();
     agent.send_input(sub.pid(), b"tty; stty size\n").unwrap();
     let seen = read_until(&sub, "24 80", 10 * SECOND);
     assert!(seen.contains("/dev/pts/"), "{seen}");
@@ -190,7 +196,7 @@ fn programs_are_listed_and_connected_to_from_now_on() {
     ]);
     ticker.tag = Some("ticker".into());
     ticker.env = vec![("CORRAL_TEST".into(), "1".into())];
-    let first = agent.start(ticker.clone()).unwrap();
+    let first = agent.start(ticker.clone(), &output()).unwrap();
     read_until(&first, "t3", 10 * SECOND);
     let listed = agent.list();
     assert_eq!(listed.len(), 1);
@@ -199,13 +205,13 @@ fn programs_are_listed_and_connected_to_from_now_on() {
     assert_eq!(agent.find_tag("ticker"), Some(first.pid()));
     drop(first);
     // A later subscriber sees what comes from now on.
-    let second = agent.subscribe(listed[0].pid).unwrap();
+    let second = agent.subscribe(listed[0].pid, &output()).unwrap();
     let seen = read_until(&second, "\n", 10 * SECOND);
     assert!(!seen.starts_with("t1\n"), "{seen}");
     agent.signal(listed[0].pid, libc::SIGKILL).unwrap();
     assert_eq!(collect(&second, 10 * SECOND).2.unwrap().signal, Some(9));
     assert!(matches!(
-        agent.subscribe(listed[0].pid),
+        agent.subscribe(listed[0].pid, &output()),
         Err(AgentError::Refused(AgentRefusal::NoSuchProcess(_)))
     ));
 }
@@ -216,10 +222,10 @@ fn process_count_and_unread_input_are_bounded() {
     let agent = session.agent().unwrap();
     let mut held = Vec::new();
     for _ in 0..MAX_PROCESSES {
-        held.push(agent.start(spec(&["sleep", "300"])).unwrap());
+        held.push(agent.start(spec(&["sleep", "300"]), &output()).unwrap());
     }
     assert!(matches!(
-        agent.start(spec(&["sleep", "300"])),
+        agent.start(spec(&["sleep", "300"]), &output()),
         Err(AgentError::Refused(AgentRefusal::TooManyProcesses))
     ));
     for sub in &held {
@@ -232,7 +238,7 @@ fn process_count_and_unread_input_are_bounded() {
     // (plus what the pipe takes) and refuses the rest.
     let mut sleeper = spec(&["sleep", "300"]);
     sleeper.stdin = true;
-    let sub = agent.start(sleeper).unwrap();
+    let sub = agent.start(sleeper, &output()).unwrap();
     let chunk = vec![b'x'; 16 << 10];
     let mut accepted = 0;
     let refused = loop {
