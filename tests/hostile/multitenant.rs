@@ -32,6 +32,7 @@ mod control;
 mod healing;
 mod listings;
 mod lockdown;
+mod output_budget;
 mod port_floods;
 mod ports;
 mod process_starts;
