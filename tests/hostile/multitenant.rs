@@ -38,6 +38,7 @@ mod ports;
 mod process_starts;
 mod streams;
 mod threads;
+mod watch_scans;
 mod waiting;
 
 // ---- the server -----------------------------------------------------------------------------
