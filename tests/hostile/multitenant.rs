@@ -38,8 +38,8 @@ mod ports;
 mod process_starts;
 mod streams;
 mod threads;
-mod watch_scans;
 mod waiting;
+mod watch_scans;
 
 // ---- the server -----------------------------------------------------------------------------
 

@@ -26,10 +26,10 @@ use std::time::{Duration, Instant};
 use corral_sandbox::agent::{
     encode, receive, FrameReader, Message, Request, MAX_FRAME, OUTPUT_CHUNK,
 };
-use corral_share::{Grant, Share};
 pub use corral_sandbox::agent::{
     AgentRefusal, OutputStream, PtySize, MAX_INPUT, MAX_PENDING_INPUT, MAX_PROCESSES,
 };
+use corral_share::{Grant, Share};
 
 /// The most output one subscriber's queue holds.
 pub const SUBSCRIBER_BYTES: usize = 256 << 10;
@@ -725,8 +725,12 @@ mod tests {
 
     /// A share of a pool larger than any test's output.
     fn roomy() -> Share {
-        corral_share::Pool::new("output", "bytes", corral_share::Limits::new(1 << 30, 1 << 30, 0, 0))
-            .share("k")
+        corral_share::Pool::new(
+            "output",
+            "bytes",
+            corral_share::Limits::new(1 << 30, 1 << 30, 0, 0),
+        )
+        .share("k")
     }
 
     #[test]
@@ -770,7 +774,10 @@ mod tests {
             pid: 1,
             queue: a[0].clone(),
         };
-        assert!(matches!(first.next(Duration::ZERO), Some(ProcessEvent::Lost { .. })));
+        assert!(matches!(
+            first.next(Duration::ZERO),
+            Some(ProcessEvent::Lost { .. })
+        ));
         while let Some(ProcessEvent::Output { .. }) = first.next(Duration::ZERO) {}
         assert!(pool.held_by("a") < 6 * cost);
         a[1].push(OutputStream::Stdout, &chunk);
@@ -866,7 +873,7 @@ mod tests {
         let waiting: Vec<_> = (0..MAX_REQUESTS)
             .map(|_| {
                 let (agent, spec) = (agent.clone(), spec.clone());
-                std::thread::spawn(move || agent.start(spec).map(|_| ()))
+                std::thread::spawn(move || agent.start(spec, &roomy()).map(|_| ()))
             })
             .collect();
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -875,7 +882,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         let started = Instant::now();
-        assert!(matches!(agent.start(spec), Err(AgentError::Busy)));
+        assert!(matches!(agent.start(spec, &roomy()), Err(AgentError::Busy)));
         assert!(started.elapsed() < Duration::from_secs(1));
         for t in waiting {
             assert!(matches!(t.join().unwrap(), Err(AgentError::NoAnswer(_))));
@@ -908,7 +915,10 @@ mod tests {
             },
         ] {
             let started = Instant::now();
-            assert!(matches!(agent.start(spec), Err(AgentError::Invalid(_))));
+            assert!(matches!(
+                agent.start(spec, &roomy()),
+                Err(AgentError::Invalid(_))
+            ));
             assert!(started.elapsed() < Duration::from_secs(1));
         }
         assert!(!agent.state.lock().unwrap().gone);

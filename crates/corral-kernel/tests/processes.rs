@@ -20,8 +20,12 @@ fn session() -> Session {
 
 /// A share of a pool of output bytes larger than any test's output.
 fn output() -> corral_share::Share {
-    corral_share::Pool::new("output", "bytes", corral_share::Limits::new(1 << 30, 1 << 30, 0, 0))
-        .share("k")
+    corral_share::Pool::new(
+        "output",
+        "bytes",
+        corral_share::Limits::new(1 << 30, 1 << 30, 0, 0),
+    )
+    .share("k")
 }
 
 fn spec(argv: &[&str]) -> ProcessSpec {
@@ -78,11 +82,10 @@ fn programs_run_in_the_session_beside_its_executions() {
     let started = Instant::now();
     let handle = std::thread::spawn(move || {
         let sub = agent
-            .start(spec(&[
-                "/bin/sh",
-                "-c",
-                "sleep 0.2; echo from-$0; pwd; id -u",
-            ]))
+            .start(
+                spec(&["/bin/sh", "-c", "sleep 0.2; echo from-$0; pwd; id -u"]),
+                &output(),
+            )
             .expect("starts");
         collect(&sub, 10 * SECOND)
     });
@@ -128,7 +131,7 @@ fn stdin_is_sent_and_closed_and_exit_codes_and_signals_are_reported() {
     assert_eq!(exit.unwrap().exit_code, Some(0));
 
     let sub = agent
-        .start(spec(&["sh", "-c", "echo err >&2; exit 7"]))
+        .start(spec(&["sh", "-c", "echo err >&2; exit 7"]), &output())
         .unwrap();
     let (_, err, exit) = collect(&sub, 10 * SECOND);
     assert_eq!(err, b"err\n");
@@ -136,7 +139,7 @@ fn stdin_is_sent_and_closed_and_exit_codes_and_signals_are_reported() {
 
     // A signal goes to the program's whole group: the shell's child dies with it.
     let sub = agent
-        .start(spec(&["sh", "-c", "sleep 300 & wait"]))
+        .start(spec(&["sh", "-c", "sleep 300 & wait"]), &output())
         .unwrap();
     agent.signal(sub.pid(), libc::SIGTERM).unwrap();
     let (_, _, exit) = collect(&sub, 10 * SECOND);
@@ -151,7 +154,10 @@ fn stdin_is_sent_and_closed_and_exit_codes_and_signals_are_reported() {
     ));
     agent.signal(sub.pid(), libc::SIGKILL).unwrap();
     assert_eq!(collect(&sub, 10 * SECOND).2.unwrap().signal, Some(9));
-    let missing = agent.start(spec(&["no-such-program"]), &output()).err().unwrap();
+    let missing = agent
+        .start(spec(&["no-such-program"]), &output())
+        .err()
+        .unwrap();
     assert!(missing.to_string().contains("no-such-program"), "{missing}");
 }
 
@@ -320,11 +326,14 @@ fn the_sessions_code_cannot_reach_into_the_agent() {
     let mut session = session();
     let agent = session.agent().unwrap();
     let sub = agent
-        .start(spec(&[
-            "sh",
-            "-c",
-            "echo $PPID; ls -l /proc/self/fd/ | grep -c zygote; sleep 30",
-        ]))
+        .start(
+            spec(&[
+                "sh",
+                "-c",
+                "echo $PPID; ls -l /proc/self/fd/ | grep -c zygote; sleep 30",
+            ]),
+            &output(),
+        )
         .unwrap();
     let seen = read_until(&sub, "\n", 10 * SECOND);
     let agent_pid: i32 = seen.lines().next().unwrap().trim().parse().unwrap();
@@ -375,7 +384,10 @@ fn sessions_in_a_sandbox_of_their_own_have_an_agent() {
                 .agent()
                 .unwrap_or_else(|e| panic!("{language:?} {round}: {e}"));
             let sub = agent
-                .start(spec(&["sh", "-c", "echo $OWN_ENV $PPID; cat k.txt"]))
+                .start(
+                    spec(&["sh", "-c", "echo $OWN_ENV $PPID; cat k.txt"]),
+                    &output(),
+                )
                 .unwrap();
             let (out, _, exit) = collect(&sub, 10 * SECOND);
             assert_eq!(

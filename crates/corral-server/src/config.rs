@@ -238,7 +238,10 @@ impl Config {
     /// floors' reserve (an eighth of `max_output_bytes`).
     pub fn output_limits(&self) -> corral_share::Limits {
         let total = self.max_output_bytes;
-        let per_key = self.max_output_bytes_per_key.unwrap_or(total / 4).min(total);
+        let per_key = self
+            .max_output_bytes_per_key
+            .unwrap_or(total / 4)
+            .min(total);
         corral_share::Limits::new(total, per_key, per_key / 8, total / 8)
     }
 
@@ -293,7 +296,9 @@ impl Config {
             anyhow::bail!("max_watch_scans must be at least 1");
         }
         if !(self.watch_scan_share > 0.0 && self.watch_scan_share <= 1.0) {
-            anyhow::bail!("watch_scan_share must be more than 0 and at most 1 (0.1: a tenth of a core)");
+            anyhow::bail!(
+                "watch_scan_share must be more than 0 and at most 1 (0.1: a tenth of a core)"
+            );
         }
         if self.memory_budget_bytes == Some(0) {
             anyhow::bail!("memory_budget_bytes must be more than 0");
@@ -450,11 +455,14 @@ mod tests {
             (l.total, l.per_key, l.floor, l.reserve),
             (1 << 30, 256 << 20, 32 << 20, 128 << 20)
         );
-        let c: Config = toml::from_str(
-            "max_output_bytes = 8388608\nmax_output_bytes_per_key = 16777216",
-        )
-        .unwrap();
-        assert_eq!(c.output_limits().per_key, 8 << 20, "never more than the total");
+        let c: Config =
+            toml::from_str("max_output_bytes = 8388608\nmax_output_bytes_per_key = 16777216")
+                .unwrap();
+        assert_eq!(
+            c.output_limits().per_key,
+            8 << 20,
+            "never more than the total"
+        );
         for bad in [
             "max_output_bytes = 0",
             "max_output_bytes_per_key = 0",
@@ -466,7 +474,10 @@ mod tests {
             assert!(c.check().is_err(), "{bad}");
         }
         let scans = Config::default().watch_scan_limits();
-        assert_eq!((scans.total, scans.per_key, scans.floor, scans.reserve), (8, 1, 1, 2));
+        assert_eq!(
+            (scans.total, scans.per_key, scans.floor, scans.reserve),
+            (8, 1, 1, 2)
+        );
     }
 
     #[test]

@@ -431,7 +431,11 @@ mod tests {
         let mut queue = p.take("a", 6).unwrap();
         let frame = queue.split(4);
         assert_eq!((queue.amount(), frame.amount()), (2, 4));
-        assert_eq!(p.held_by("a"), 6, "a split takes nothing and gives nothing back");
+        assert_eq!(
+            p.held_by("a"),
+            6,
+            "a split takes nothing and gives nothing back"
+        );
         assert!(queue.try_grow(1).unwrap_err().is_key());
         drop(frame);
         assert_eq!(p.held_by("a"), 2);

@@ -104,7 +104,10 @@ fn reads_all_at_once(s: &Server, key: &str) {
     }
     let took = started.elapsed();
     assert_eq!(out, 200_000, "{key} read {out} bytes of 200000");
-    assert!(took < Duration::from_secs(30), "{key}'s program took {took:?}");
+    assert!(
+        took < Duration::from_secs(30),
+        "{key}'s program took {took:?}"
+    );
     eprintln!("{key} ran a program and read its 200 KB in {took:?}");
 }
 

@@ -92,7 +92,12 @@ pub(super) fn e2b_sandbox(s: &Server, key: &str) -> (String, String) {
 }
 
 /// B's execution, answered within `limit` or not at all.
-pub(super) fn exec_within(s: &Server, key: &str, id: &str, limit: Duration) -> Result<Value, String> {
+pub(super) fn exec_within(
+    s: &Server,
+    key: &str,
+    id: &str,
+    limit: Duration,
+) -> Result<Value, String> {
     let agent = ureq::AgentBuilder::new().timeout(limit).build();
     agent
         .post(&format!("{}/v1/sandboxes/{id}/execute", s.url))

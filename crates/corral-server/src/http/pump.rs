@@ -92,10 +92,7 @@ impl Pump {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         let frame = match held {
-            Some(held) if held.amount() > 0 => Bytes::from_owner(Counted {
-                frame,
-                _held: held,
-            }),
+            Some(held) if held.amount() > 0 => Bytes::from_owner(Counted { frame, _held: held }),
             _ => frame,
         };
         match tokio::time::timeout(super::SLOW_CLIENT_LIMIT, self.frames.send(frame)).await {
