@@ -32,12 +32,14 @@ mod control;
 mod healing;
 mod listings;
 mod lockdown;
+mod output_budget;
 mod port_floods;
 mod ports;
 mod process_starts;
 mod streams;
 mod threads;
 mod waiting;
+mod watch_scans;
 
 // ---- the server -----------------------------------------------------------------------------
 

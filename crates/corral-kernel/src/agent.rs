@@ -6,6 +6,14 @@
 //! agent never waits for a client: a program's output goes to each of its subscribers'
 //! queues, which hold at most [`SUBSCRIBER_BYTES`] each (a subscriber that does not read
 //! loses output, counted, and never makes the host hold more).
+//!
+//! Every byte a queue holds is also counted in a pool of output bytes shared by keys (a
+//! [`corral_share::Share`] given with each subscription: the server's `max_output_bytes` and
+//! its per-key share), at [`held_cost`] a chunk, which is what the chunk takes once encoded
+//! for the client; a chunk the pool refuses is lost like one past the queue's bound, so the
+//! output held for all of a key's subscribers has a bound, and so has all of it. The units
+//! move on with the chunk ([`Subscription::next_held`]) until the server has written it to
+//! its client.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
@@ -21,9 +29,13 @@ use corral_sandbox::agent::{
 pub use corral_sandbox::agent::{
     AgentRefusal, OutputStream, PtySize, MAX_INPUT, MAX_PENDING_INPUT, MAX_PROCESSES,
 };
+use corral_share::{Grant, Share};
 
 /// The most output one subscriber's queue holds.
 pub const SUBSCRIBER_BYTES: usize = 256 << 10;
+/// What a frame to a client adds to a chunk of output besides its base64 (the event's name,
+/// its JSON or its Connect envelope), at most.
+pub const FRAME_OVERHEAD: u64 = 64;
 /// The most subscribers (output streams) one program has at once.
 pub const MAX_SUBSCRIBERS: usize = 4;
 /// How long a request waits for the agent's answer (a paused session's agent answers none).
@@ -97,7 +109,8 @@ pub enum ProcessEvent {
         stream: OutputStream,
         data: Vec<u8>,
     },
-    /// Output this subscriber did not read in time and that was dropped.
+    /// Output dropped for this subscriber: it did not read it in time, or its key's (or the
+    /// server's) output bytes were all held.
     Lost {
         bytes: u64,
     },
@@ -108,10 +121,17 @@ pub enum ProcessEvent {
 /// What a subscriber that waits without a thread is told when an event arrives.
 type Wake = Arc<dyn Fn() + Send + Sync>;
 
-#[derive(Default)]
+/// What a chunk of `len` bytes of output holds of the pool of output bytes, in its queue and
+/// then in its frame to the client: its base64 and the frame's overhead.
+pub fn held_cost(len: usize) -> u64 {
+    4 * (len as u64).div_ceil(3) + FRAME_OVERHEAD
+}
+
 struct QueueState {
     items: VecDeque<(OutputStream, Vec<u8>)>,
     bytes: usize,
+    /// What the items hold of the pool of output bytes.
+    held: Grant,
     lost: u64,
     end: Option<Option<ProcessExit>>,
     wake: Option<Wake>,
@@ -125,16 +145,33 @@ impl QueueState {
     }
 }
 
-#[derive(Default)]
 struct Queue {
     state: Mutex<QueueState>,
     ready: Condvar,
 }
 
 impl Queue {
+    /// An empty queue whose output is counted in `share`'s pool.
+    fn new(share: &Share) -> Arc<Queue> {
+        let held = share.take(0).expect("nothing is always admitted");
+        Arc::new(Queue {
+            state: Mutex::new(QueueState {
+                items: VecDeque::new(),
+                bytes: 0,
+                held,
+                lost: 0,
+                end: None,
+                wake: None,
+            }),
+            ready: Condvar::new(),
+        })
+    }
+
     fn push(&self, stream: OutputStream, data: &[u8]) {
         let mut q = self.state.lock().expect("lock");
-        if q.bytes + data.len() > SUBSCRIBER_BYTES {
+        if q.bytes + data.len() > SUBSCRIBER_BYTES
+            || q.held.try_grow(held_cost(data.len())).is_err()
+        {
             q.lost += data.len() as u64;
         } else {
             q.bytes += data.len();
@@ -173,21 +210,29 @@ impl Subscription {
     }
 
     /// The next event, waiting at most `timeout` (none: `None`). After [`ProcessEvent::End`]
-    /// it returns `End` again.
+    /// it returns `End` again. An output's bytes leave the pool of output bytes at once.
     pub fn next(&self, timeout: Duration) -> Option<ProcessEvent> {
+        self.next_held(timeout).map(|(event, _)| event)
+    }
+
+    /// As [`Subscription::next`], with what an output still holds of the pool of output
+    /// bytes ([`held_cost`]; nothing for other events): the caller drops it once the output
+    /// is written to its client.
+    pub fn next_held(&self, timeout: Duration) -> Option<(ProcessEvent, Grant)> {
         let deadline = Instant::now() + timeout;
         let mut q = self.queue.state.lock().expect("lock");
         loop {
             if q.lost > 0 {
                 let bytes = std::mem::take(&mut q.lost);
-                return Some(ProcessEvent::Lost { bytes });
+                return Some((ProcessEvent::Lost { bytes }, q.held.split(0)));
             }
             if let Some((stream, data)) = q.items.pop_front() {
                 q.bytes -= data.len();
-                return Some(ProcessEvent::Output { stream, data });
+                let held = q.held.split(held_cost(data.len()));
+                return Some((ProcessEvent::Output { stream, data }, held));
             }
             if let Some(end) = q.end {
-                return Some(ProcessEvent::End(end));
+                return Some((ProcessEvent::End(end), q.held.split(0)));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -339,10 +384,11 @@ impl ProcessAgent {
         }
     }
 
-    /// Starts a program; the subscription receives all of its output from its start.
-    pub fn start(&self, spec: ProcessSpec) -> Result<Subscription, AgentError> {
+    /// Starts a program; the subscription receives all of its output from its start, and
+    /// counts what it holds of it in `share`.
+    pub fn start(&self, spec: ProcessSpec, share: &Share) -> Result<Subscription, AgentError> {
         validate(&spec)?;
-        let queue = Arc::new(Queue::default());
+        let queue = Queue::new(share);
         let pending = PendingStart {
             spec: spec.clone(),
             queue: queue.clone(),
@@ -453,8 +499,9 @@ impl ProcessAgent {
             .map(|(&pid, _)| pid)
     }
 
-    /// A new subscriber to a running program's output from now on.
-    pub fn subscribe(&self, pid: i32) -> Result<Subscription, AgentError> {
+    /// A new subscriber to a running program's output from now on, which counts what it
+    /// holds of it in `share`.
+    pub fn subscribe(&self, pid: i32, share: &Share) -> Result<Subscription, AgentError> {
         let mut state = self.state.lock().expect("lock");
         let entry = state
             .processes
@@ -463,7 +510,7 @@ impl ProcessAgent {
         if entry.live_subscribers().len() >= MAX_SUBSCRIBERS {
             return Err(AgentError::TooManySubscribers(pid));
         }
-        let queue = Arc::new(Queue::default());
+        let queue = Queue::new(share);
         entry.subscribers.push(Arc::downgrade(&queue));
         Ok(Subscription { pid, queue })
     }
@@ -676,9 +723,72 @@ fn decode_status(raw: i32) -> (Option<i32>, Option<i32>) {
 mod tests {
     use super::*;
 
+    /// A share of a pool larger than any test's output.
+    fn roomy() -> Share {
+        corral_share::Pool::new(
+            "output",
+            "bytes",
+            corral_share::Limits::new(1 << 30, 1 << 30, 0, 0),
+        )
+        .share("k")
+    }
+
+    #[test]
+    fn a_keys_unread_queues_hold_its_share_and_leave_other_keys_theirs() {
+        let chunk = vec![b'x'; 3000];
+        let cost = held_cost(chunk.len());
+        let pool = corral_share::Pool::new(
+            "output",
+            "bytes",
+            corral_share::Limits::new(10 * cost, 6 * cost, 2 * cost, 2 * cost),
+        );
+        // Key a's three subscribers read nothing: together they hold a's share, no more.
+        let a: Vec<_> = (0..3).map(|_| Queue::new(&pool.share("a"))).collect();
+        for _ in 0..10 {
+            for q in &a {
+                q.push(OutputStream::Stdout, &chunk);
+            }
+        }
+        assert_eq!(pool.held_by("a"), 6 * cost);
+        let lost: u64 = a.iter().map(|q| q.state.lock().unwrap().lost).sum();
+        assert_eq!(lost, 24 * 3000, "what did not fit is lost, and counted");
+        // Key b takes the rest of the pool; key c still gets its floor.
+        let b = Queue::new(&pool.share("b"));
+        for _ in 0..10 {
+            b.push(OutputStream::Stdout, &chunk);
+        }
+        assert_eq!(pool.held_by("b"), 4 * cost);
+        let c = Subscription {
+            pid: 1,
+            queue: Queue::new(&pool.share("c")),
+        };
+        c.queue.push(OutputStream::Stdout, &chunk);
+        let (event, held) = c.next_held(Duration::ZERO).unwrap();
+        assert!(matches!(event, ProcessEvent::Output { .. }));
+        // The chunk's units go with it until its frame is written.
+        assert_eq!((held.amount(), pool.held_by("c")), (cost, cost));
+        drop(held);
+        assert_eq!(pool.held_by("c"), 0);
+        // Read, a's output leaves the pool, and a's subscribers take output again.
+        let first = Subscription {
+            pid: 1,
+            queue: a[0].clone(),
+        };
+        assert!(matches!(
+            first.next(Duration::ZERO),
+            Some(ProcessEvent::Lost { .. })
+        ));
+        while let Some(ProcessEvent::Output { .. }) = first.next(Duration::ZERO) {}
+        assert!(pool.held_by("a") < 6 * cost);
+        a[1].push(OutputStream::Stdout, &chunk);
+        assert_eq!(a[1].state.lock().unwrap().items.len(), 3);
+        drop((a, b, c, first));
+        assert_eq!(pool.held(), 0, "a queue gives its units back when it goes");
+    }
+
     #[test]
     fn a_subscriber_that_does_not_read_holds_a_bounded_queue() {
-        let queue = Queue::default();
+        let queue = Queue::new(&roomy());
         let chunk = vec![b'x'; 1000];
         for _ in 0..10_000 {
             queue.push(OutputStream::Stdout, &chunk);
@@ -690,7 +800,7 @@ mod tests {
 
     #[test]
     fn lost_output_is_reported_before_the_rest_and_the_end_comes_last() {
-        let queue = Arc::new(Queue::default());
+        let queue = Queue::new(&roomy());
         let sub = Subscription {
             pid: 5,
             queue: queue.clone(),
@@ -725,7 +835,7 @@ mod tests {
 
     #[test]
     fn a_subscriber_is_told_of_every_event_and_takes_it_without_waiting() {
-        let queue = Arc::new(Queue::default());
+        let queue = Queue::new(&roomy());
         let sub = Subscription {
             pid: 5,
             queue: queue.clone(),
@@ -763,7 +873,7 @@ mod tests {
         let waiting: Vec<_> = (0..MAX_REQUESTS)
             .map(|_| {
                 let (agent, spec) = (agent.clone(), spec.clone());
-                std::thread::spawn(move || agent.start(spec).map(|_| ()))
+                std::thread::spawn(move || agent.start(spec, &roomy()).map(|_| ()))
             })
             .collect();
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -772,7 +882,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         let started = Instant::now();
-        assert!(matches!(agent.start(spec), Err(AgentError::Busy)));
+        assert!(matches!(agent.start(spec, &roomy()), Err(AgentError::Busy)));
         assert!(started.elapsed() < Duration::from_secs(1));
         for t in waiting {
             assert!(matches!(t.join().unwrap(), Err(AgentError::NoAnswer(_))));
@@ -805,7 +915,10 @@ mod tests {
             },
         ] {
             let started = Instant::now();
-            assert!(matches!(agent.start(spec), Err(AgentError::Invalid(_))));
+            assert!(matches!(
+                agent.start(spec, &roomy()),
+                Err(AgentError::Invalid(_))
+            ));
             assert!(started.elapsed() < Duration::from_secs(1));
         }
         assert!(!agent.state.lock().unwrap().gone);

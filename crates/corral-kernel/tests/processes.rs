@@ -18,6 +18,16 @@ fn session() -> Session {
         .expect("a forked session starts")
 }
 
+/// A share of a pool of output bytes larger than any test's output.
+fn output() -> corral_share::Share {
+    corral_share::Pool::new(
+        "output",
+        "bytes",
+        corral_share::Limits::new(1 << 30, 1 << 30, 0, 0),
+    )
+    .share("k")
+}
+
 fn spec(argv: &[&str]) -> ProcessSpec {
     ProcessSpec {
         argv: strings(argv),
@@ -72,11 +82,10 @@ fn programs_run_in_the_session_beside_its_executions() {
     let started = Instant::now();
     let handle = std::thread::spawn(move || {
         let sub = agent
-            .start(spec(&[
-                "/bin/sh",
-                "-c",
-                "sleep 0.2; echo from-$0; pwd; id -u",
-            ]))
+            .start(
+                spec(&["/bin/sh", "-c", "sleep 0.2; echo from-$0; pwd; id -u"]),
+                &output(),
+            )
             .expect("starts");
         collect(&sub, 10 * SECOND)
     });
@@ -103,7 +112,7 @@ fn programs_run_in_the_session_beside_its_executions() {
     );
     // Same workspace as the cell's.
     let agent = session.agent().unwrap();
-    let sub = agent.start(spec(&["cat", "cell.txt"])).unwrap();
+    let sub = agent.start(spec(&["cat", "cell.txt"]), &output()).unwrap();
     assert_eq!(collect(&sub, 10 * SECOND).0, b"x");
 }
 
@@ -113,7 +122,7 @@ fn stdin_is_sent_and_closed_and_exit_codes_and_signals_are_reported() {
     let agent = session.agent().unwrap();
     let mut cat = spec(&["cat"]);
     cat.stdin = true;
-    let sub = agent.start(cat).unwrap();
+    let sub = agent.start(cat, &output()).unwrap();
     agent.send_input(sub.pid(), b"hello ").unwrap();
     agent.send_input(sub.pid(), b"world").unwrap();
     agent.close_stdin(sub.pid()).unwrap();
@@ -122,7 +131,7 @@ fn stdin_is_sent_and_closed_and_exit_codes_and_signals_are_reported() {
     assert_eq!(exit.unwrap().exit_code, Some(0));
 
     let sub = agent
-        .start(spec(&["sh", "-c", "echo err >&2; exit 7"]))
+        .start(spec(&["sh", "-c", "echo err >&2; exit 7"]), &output())
         .unwrap();
     let (_, err, exit) = collect(&sub, 10 * SECOND);
     assert_eq!(err, b"err\n");
@@ -130,7 +139,7 @@ fn stdin_is_sent_and_closed_and_exit_codes_and_signals_are_reported() {
 
     // A signal goes to the program's whole group: the shell's child dies with it.
     let sub = agent
-        .start(spec(&["sh", "-c", "sleep 300 & wait"]))
+        .start(spec(&["sh", "-c", "sleep 300 & wait"]), &output())
         .unwrap();
     agent.signal(sub.pid(), libc::SIGTERM).unwrap();
     let (_, _, exit) = collect(&sub, 10 * SECOND);
@@ -138,14 +147,17 @@ fn stdin_is_sent_and_closed_and_exit_codes_and_signals_are_reported() {
     assert!(agent.list().is_empty(), "{:?}", agent.list());
 
     // Without stdin, input is refused, and a program that is not found says so.
-    let sub = agent.start(spec(&["sleep", "300"])).unwrap();
+    let sub = agent.start(spec(&["sleep", "300"]), &output()).unwrap();
     assert!(matches!(
         agent.send_input(sub.pid(), b"x"),
         Err(AgentError::Refused(AgentRefusal::NoStdin(_)))
     ));
     agent.signal(sub.pid(), libc::SIGKILL).unwrap();
     assert_eq!(collect(&sub, 10 * SECOND).2.unwrap().signal, Some(9));
-    let missing = agent.start(spec(&["no-such-program"])).err().unwrap();
+    let missing = agent
+        .start(spec(&["no-such-program"]), &output())
+        .err()
+        .unwrap();
     assert!(missing.to_string().contains("no-such-program"), "{missing}");
 }
 
@@ -155,7 +167,7 @@ fn a_terminal_takes_input_resizes_and_is_killed() {
     let agent = session.agent().unwrap();
     let mut bash = spec(&["bash", "--noprofile", "--norc", "-i"]);
     bash.pty = Some(PtySize { rows: 24, cols: 80 });
-    let sub = agent.start(bash).unwrap();
+    let sub = agent.start(bash, &output()).unwrap();
     agent.send_input(sub.pid(), b"tty; stty size\n").unwrap();
     let seen = read_until(&sub, "24 80", 10 * SECOND);
     assert!(seen.contains("/dev/pts/"), "{seen}");
@@ -190,7 +202,7 @@ fn programs_are_listed_and_connected_to_from_now_on() {
     ]);
     ticker.tag = Some("ticker".into());
     ticker.env = vec![("CORRAL_TEST".into(), "1".into())];
-    let first = agent.start(ticker.clone()).unwrap();
+    let first = agent.start(ticker.clone(), &output()).unwrap();
     read_until(&first, "t3", 10 * SECOND);
     let listed = agent.list();
     assert_eq!(listed.len(), 1);
@@ -199,13 +211,13 @@ fn programs_are_listed_and_connected_to_from_now_on() {
     assert_eq!(agent.find_tag("ticker"), Some(first.pid()));
     drop(first);
     // A later subscriber sees what comes from now on.
-    let second = agent.subscribe(listed[0].pid).unwrap();
+    let second = agent.subscribe(listed[0].pid, &output()).unwrap();
     let seen = read_until(&second, "\n", 10 * SECOND);
     assert!(!seen.starts_with("t1\n"), "{seen}");
     agent.signal(listed[0].pid, libc::SIGKILL).unwrap();
     assert_eq!(collect(&second, 10 * SECOND).2.unwrap().signal, Some(9));
     assert!(matches!(
-        agent.subscribe(listed[0].pid),
+        agent.subscribe(listed[0].pid, &output()),
         Err(AgentError::Refused(AgentRefusal::NoSuchProcess(_)))
     ));
 }
@@ -216,10 +228,10 @@ fn process_count_and_unread_input_are_bounded() {
     let agent = session.agent().unwrap();
     let mut held = Vec::new();
     for _ in 0..MAX_PROCESSES {
-        held.push(agent.start(spec(&["sleep", "300"])).unwrap());
+        held.push(agent.start(spec(&["sleep", "300"]), &output()).unwrap());
     }
     assert!(matches!(
-        agent.start(spec(&["sleep", "300"])),
+        agent.start(spec(&["sleep", "300"]), &output()),
         Err(AgentError::Refused(AgentRefusal::TooManyProcesses))
     ));
     for sub in &held {
@@ -232,7 +244,7 @@ fn process_count_and_unread_input_are_bounded() {
     // (plus what the pipe takes) and refuses the rest.
     let mut sleeper = spec(&["sleep", "300"]);
     sleeper.stdin = true;
-    let sub = agent.start(sleeper).unwrap();
+    let sub = agent.start(sleeper, &output()).unwrap();
     let chunk = vec![b'x'; 16 << 10];
     let mut accepted = 0;
     let refused = loop {
@@ -314,11 +326,14 @@ fn the_sessions_code_cannot_reach_into_the_agent() {
     let mut session = session();
     let agent = session.agent().unwrap();
     let sub = agent
-        .start(spec(&[
-            "sh",
-            "-c",
-            "echo $PPID; ls -l /proc/self/fd/ | grep -c zygote; sleep 30",
-        ]))
+        .start(
+            spec(&[
+                "sh",
+                "-c",
+                "echo $PPID; ls -l /proc/self/fd/ | grep -c zygote; sleep 30",
+            ]),
+            &output(),
+        )
         .unwrap();
     let seen = read_until(&sub, "\n", 10 * SECOND);
     let agent_pid: i32 = seen.lines().next().unwrap().trim().parse().unwrap();
@@ -369,7 +384,10 @@ fn sessions_in_a_sandbox_of_their_own_have_an_agent() {
                 .agent()
                 .unwrap_or_else(|e| panic!("{language:?} {round}: {e}"));
             let sub = agent
-                .start(spec(&["sh", "-c", "echo $OWN_ENV $PPID; cat k.txt"]))
+                .start(
+                    spec(&["sh", "-c", "echo $OWN_ENV $PPID; cat k.txt"]),
+                    &output(),
+                )
                 .unwrap();
             let (out, _, exit) = collect(&sub, 10 * SECOND);
             assert_eq!(

@@ -63,6 +63,22 @@ pub struct Config {
     /// What one key may hold of `max_result_bytes_in_flight`; default half of it, so that no
     /// key can take all of it.
     pub max_result_bytes_in_flight_per_key: Option<usize>,
+    /// Bytes of programs' output the server holds for clients at once, from every stream of
+    /// every key: in the streams' queues and in frames not yet written to their clients
+    /// (docs/api.md#processes). Output that does not fit is dropped from the stream it was
+    /// for, which says so (a `lost` line); the program runs on.
+    pub max_output_bytes: u64,
+    /// What one key may hold of `max_output_bytes`; default a quarter of it. Every key keeps
+    /// an eighth of this share (its floor) even when other keys hold all of
+    /// `max_output_bytes`, out of a reserve of an eighth of `max_output_bytes` above it.
+    pub max_output_bytes_per_key: Option<u64>,
+    /// Keys whose directory watchers (E2B `files.watch_dir`) scan at once, from all keys; a
+    /// key scans one directory at a time, and a key beyond this waits for its turn (every
+    /// key keeps one turn out of a reserve of a quarter of this above it).
+    pub max_watch_scans: u64,
+    /// The fraction of a core one key's watcher scans may take: after a scan that took `t`,
+    /// the key's next one waits `t * (1 / watch_scan_share - 1)`.
+    pub watch_scan_share: f64,
     pub default_idle_timeout_s: u64,
     pub max_idle_timeout_s: u64,
     /// A paused sandbox (whose idle clock stops) is closed once paused this long.
@@ -166,6 +182,10 @@ impl Default for Config {
             max_json_bytes: 8 << 20,
             max_result_bytes_in_flight: 256 << 20,
             max_result_bytes_in_flight_per_key: None,
+            max_output_bytes: 1 << 30,
+            max_output_bytes_per_key: None,
+            max_watch_scans: 8,
+            watch_scan_share: 0.1,
             default_idle_timeout_s: 600,
             max_idle_timeout_s: 24 * 3600,
             max_paused_s: 24 * 3600,
@@ -225,6 +245,25 @@ impl Config {
             .min(self.max_result_bytes_in_flight)
     }
 
+    /// How the output bytes held for clients are shared: `max_output_bytes`, a key's share
+    /// (`max_output_bytes_per_key`, or a quarter), its floor (an eighth of the share) and the
+    /// floors' reserve (an eighth of `max_output_bytes`).
+    pub fn output_limits(&self) -> corral_share::Limits {
+        let total = self.max_output_bytes;
+        let per_key = self
+            .max_output_bytes_per_key
+            .unwrap_or(total / 4)
+            .min(total);
+        corral_share::Limits::new(total, per_key, per_key / 8, total / 8)
+    }
+
+    /// How the turns of watcher scans are shared: `max_watch_scans` in all, one a key, and
+    /// every key's one out of a reserve of a quarter of `max_watch_scans` (at least 1).
+    pub fn watch_scan_limits(&self) -> corral_share::Limits {
+        let total = self.max_watch_scans;
+        corral_share::Limits::new(total, 1, 1, (total / 4).max(1))
+    }
+
     /// `max_blocking_calls_per_key`, or its default: half of `max_blocking_calls`, at least 1.
     pub fn blocking_calls_per_key(&self) -> usize {
         self.max_blocking_calls_per_key
@@ -259,6 +298,20 @@ impl Config {
             anyhow::bail!(
                 "max_result_bytes_in_flight and max_result_bytes_in_flight_per_key must be more \
                  than 0 (with 0 no rich result could be returned)"
+            );
+        }
+        if self.max_output_bytes == 0 || self.max_output_bytes_per_key == Some(0) {
+            anyhow::bail!(
+                "max_output_bytes and max_output_bytes_per_key must be more than 0 (with 0 no \
+                 program's output could reach its client)"
+            );
+        }
+        if self.max_watch_scans == 0 {
+            anyhow::bail!("max_watch_scans must be at least 1");
+        }
+        if !(self.watch_scan_share > 0.0 && self.watch_scan_share <= 1.0) {
+            anyhow::bail!(
+                "watch_scan_share must be more than 0 and at most 1 (0.1: a tenth of a core)"
             );
         }
         if self.memory_budget_bytes == Some(0) {
@@ -406,6 +459,39 @@ mod tests {
         )
         .unwrap();
         c.check().unwrap();
+    }
+
+    #[test]
+    fn output_bytes_are_shared_with_a_floor_and_checked() {
+        let c = Config::default();
+        let l = c.output_limits();
+        assert_eq!(
+            (l.total, l.per_key, l.floor, l.reserve),
+            (1 << 30, 256 << 20, 32 << 20, 128 << 20)
+        );
+        let c: Config =
+            toml::from_str("max_output_bytes = 8388608\nmax_output_bytes_per_key = 16777216")
+                .unwrap();
+        assert_eq!(
+            c.output_limits().per_key,
+            8 << 20,
+            "never more than the total"
+        );
+        for bad in [
+            "max_output_bytes = 0",
+            "max_output_bytes_per_key = 0",
+            "max_watch_scans = 0",
+            "watch_scan_share = 0.0",
+            "watch_scan_share = 1.5",
+        ] {
+            let c: Config = toml::from_str(bad).unwrap();
+            assert!(c.check().is_err(), "{bad}");
+        }
+        let scans = Config::default().watch_scan_limits();
+        assert_eq!(
+            (scans.total, scans.per_key, scans.floor, scans.reserve),
+            (8, 1, 1, 2)
+        );
     }
 
     #[test]

@@ -1448,7 +1448,10 @@ fn filesystem_call(
             Ok(json!({"watcherId": watcher_id}))
         }
         "GetWatcherEvents" => {
-            let events = poll_watcher(service, registry, sandbox, &req.watcher_id)?;
+            let turn = service
+                .watch_scans()
+                .turn_within(&sandbox.tenant.0, watch_dir::TURN_WAIT);
+            let events = poll_watcher(service, registry, sandbox, &req.watcher_id, turn)?;
             let events: Vec<Value> = events.iter().map(|(n, k)| event_json(n, *k)).collect();
             Ok(json!({"events": events}))
         }

@@ -592,6 +592,11 @@ pub struct Service {
     admission: Arc<Admission>,
     /// The blocking threads engine calls take, shared fairly between keys.
     threads: Arc<Threads>,
+    /// The bytes of programs' output held for clients (`max_output_bytes`), shared fairly
+    /// between keys.
+    output: Arc<corral_share::Pool>,
+    /// The turns of directory watchers' scans, shared fairly between keys.
+    watch_scans: crate::watch::Scans,
     shutting_down: AtomicBool,
     bytecode: Mutex<HashMap<String, Arc<BytecodeCache>>>,
     /// Images resolved by name, each reused for [`RESOLVED_FOR`].
@@ -842,6 +847,8 @@ impl Service {
                 show_bytes(config.max_result_bytes_in_flight as u64)
             ),
         );
+        let output = corral_share::Pool::new("program output", "bytes", config.output_limits());
+        let watch_scans = crate::watch::Scans::new(&config);
         let service = Arc::new(Service {
             config,
             store,
@@ -853,6 +860,8 @@ impl Service {
             sessions: Mutex::new(HashMap::new()),
             reserved: Mutex::new(HashMap::new()),
             admission,
+            output,
+            watch_scans,
             threads,
             shutting_down: AtomicBool::new(false),
             bytecode: Mutex::new(HashMap::new()),
@@ -1876,6 +1885,17 @@ impl Service {
     /// [`crate::threads::spawn`] (or `http::blocking`).
     pub fn admit_thread(&self, tenant: &Tenant) -> Result<ThreadPermit, ServiceError> {
         self.threads.admit(tenant)
+    }
+
+    /// `tenant`'s share of the bytes of programs' output held for clients: every output
+    /// stream of the key counts what it holds in it ([`corral_kernel::agent`]).
+    pub fn output_share(&self, tenant: &Tenant) -> corral_share::Share {
+        self.output.share(&tenant.0)
+    }
+
+    /// The turns of directory watchers' scans ([`crate::watch::Scans`]).
+    pub fn watch_scans(&self) -> &crate::watch::Scans {
+        &self.watch_scans
     }
 
     /// A blocking thread for work that is no key's engine call ([`Threads::unmetered`]).

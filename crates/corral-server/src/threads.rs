@@ -18,9 +18,9 @@
 //! [`ThreadPermit`], which only [`Threads::admit`] (or, for the work that is no key's,
 //! [`Threads::unmetered`]) makes.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use corral_share::{Grant, Limits, Pool};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -33,46 +33,39 @@ use crate::service::{ServiceError, Tenant, Unavailability};
 /// refused at once, so a thread is usually free again soon.
 const RETRY_AFTER_S: u64 = 1;
 
-/// Calls every key may have on threads whatever other keys hold (up to [`Threads::floor_max`]
-/// in all): one running and one waiting.
+/// Calls every key may have on threads whatever other keys hold (up to halfway between
+/// `max_blocking_calls` and `blocking_threads` in all): one running and one waiting.
 pub const FLOOR_PER_KEY: usize = 2;
 
 pub struct Threads {
-    max: usize,
-    /// The most admitted calls in all, counting those of keys under their floor: halfway
-    /// between `max_blocking_calls` and `blocking_threads`.
-    floor_max: usize,
-    per_key: usize,
-    state: Mutex<State>,
+    /// Admitted calls holding a thread (or queued for one), in a pool of `max_blocking_calls`
+    /// with a share of `max_blocking_calls_per_key` and a floor of [`FLOOR_PER_KEY`] out of a
+    /// reserve of half the threads above it.
+    calls: Arc<Pool>,
     /// Blocking threads taken now (admitted and unmetered work).
     in_use: Gauge,
     refusals: Family<RefusalLabels, Counter>,
-}
-
-#[derive(Default)]
-struct State {
-    /// Admitted calls holding a thread (or queued for one) now.
-    admitted: usize,
-    /// The same, per key; a key without any is not in the map.
-    per_key: HashMap<String, usize>,
 }
 
 /// The right to run one piece of work on a blocking thread; given back when dropped (when
 /// the work has finished, however it ended).
 pub struct ThreadPermit {
     threads: Arc<Threads>,
-    /// The key it was admitted for; `None` for unmetered work.
-    key: Option<String>,
+    /// The call's unit of the pool; `None` for unmetered work.
+    _call: Option<Grant>,
 }
 
 impl Threads {
     pub fn new(config: &Config, metrics: &Metrics) -> Arc<Threads> {
+        let per_key = config.blocking_calls_per_key() as u64;
+        let limits = Limits::new(
+            config.max_blocking_calls as u64,
+            per_key,
+            (FLOOR_PER_KEY as u64).min(per_key),
+            ((config.blocking_threads - config.max_blocking_calls) / 2) as u64,
+        );
         Arc::new(Threads {
-            max: config.max_blocking_calls,
-            floor_max: config.max_blocking_calls
-                + (config.blocking_threads - config.max_blocking_calls) / 2,
-            per_key: config.blocking_calls_per_key(),
-            state: Mutex::new(State::default()),
+            calls: Pool::new("blocking threads", "calls", limits),
             in_use: metrics.blocking_threads_in_use.clone(),
             refusals: metrics.blocking_refusals.clone(),
         })
@@ -83,38 +76,35 @@ impl Threads {
     /// `server_busy` when all keys together hold `max_blocking_calls` and this key holds its
     /// floor ([`FLOOR_PER_KEY`]) already, or when the floors too have taken their threads.
     pub fn admit(self: &Arc<Self>, tenant: &Tenant) -> Result<ThreadPermit, ServiceError> {
-        let mut state = self.state.lock().expect("threads lock");
-        let held = state.per_key.get(&tenant.0).copied().unwrap_or(0);
-        if held >= self.per_key {
-            self.refused("key");
-            return Err(ServiceError::KeyBusy {
-                message: format!(
-                    "this key has {held} calls running or waiting on the server's threads, \
-                     its most (max_blocking_calls_per_key): retry when one is done"
-                ),
-                retry_after_s: RETRY_AFTER_S,
-            });
+        match self.calls.take(&tenant.0, 1) {
+            Ok(call) => {
+                self.in_use.inc();
+                Ok(ThreadPermit {
+                    threads: self.clone(),
+                    _call: Some(call),
+                })
+            }
+            Err(refusal) if refusal.is_key() => {
+                self.refused("key");
+                Err(ServiceError::KeyBusy {
+                    message: format!(
+                        "{refusal} (max_blocking_calls_per_key): retry when one of its calls \
+                         is done"
+                    ),
+                    retry_after_s: RETRY_AFTER_S,
+                })
+            }
+            Err(refusal) => {
+                self.refused("server");
+                Err(ServiceError::Unavailable {
+                    reason: Unavailability::ServerBusy,
+                    message: format!(
+                        "{refusal} (max_blocking_calls): retry when one of them is done"
+                    ),
+                    retry_after_s: RETRY_AFTER_S,
+                })
+            }
         }
-        let under_floor = held < FLOOR_PER_KEY && state.admitted < self.floor_max;
-        if state.admitted >= self.max && !under_floor {
-            self.refused("server");
-            return Err(ServiceError::Unavailable {
-                reason: Unavailability::ServerBusy,
-                message: format!(
-                    "the server has {} calls running or waiting on its threads, its most \
-                     (max_blocking_calls): retry when one is done",
-                    state.admitted
-                ),
-                retry_after_s: RETRY_AFTER_S,
-            });
-        }
-        state.admitted += 1;
-        *state.per_key.entry(tenant.0.clone()).or_insert(0) += 1;
-        self.in_use.inc();
-        Ok(ThreadPermit {
-            threads: self.clone(),
-            key: Some(tenant.0.clone()),
-        })
     }
 
     /// A thread for work that is no key's engine call and is short or bounded by one that
@@ -125,7 +115,7 @@ impl Threads {
         self.in_use.inc();
         ThreadPermit {
             threads: self.clone(),
-            key: None,
+            _call: None,
         }
     }
 
@@ -149,18 +139,8 @@ impl ThreadPermit {
 
 impl Drop for ThreadPermit {
     fn drop(&mut self) {
+        // The call's grant goes back to the pool as the field is dropped.
         self.threads.in_use.dec();
-        let Some(key) = self.key.take() else {
-            return;
-        };
-        let mut state = self.threads.state.lock().expect("threads lock");
-        state.admitted -= 1;
-        if let Some(n) = state.per_key.get_mut(&key) {
-            *n -= 1;
-            if *n == 0 {
-                state.per_key.remove(&key);
-            }
-        }
     }
 }
 
@@ -215,7 +195,7 @@ mod tests {
         // A's share is back once its calls are done.
         let _again = threads.admit(&a).unwrap();
         drop(b_held);
-        assert!(!threads.state.lock().unwrap().per_key.contains_key("b"));
+        assert_eq!(threads.calls.held_by("b"), 0);
         let text = metrics.encode();
         assert!(
             text.contains("corral_blocking_refusals_total{scope=\"key\"} 1"),
@@ -245,7 +225,7 @@ mod tests {
         let unmetered = threads.unmetered();
         assert_eq!(metrics.blocking_threads_in_use.get(), 6);
         drop((unmetered, floor_b, floor_c));
-        assert_eq!(threads.state.lock().unwrap().admitted, 3);
+        assert_eq!(threads.calls.held(), 3);
         assert!(metrics
             .encode()
             .contains("corral_blocking_refusals_total{scope=\"server\"} 3"));

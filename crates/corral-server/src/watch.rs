@@ -14,15 +14,104 @@
 //! are one `write`. An upload in progress is not seen: its hidden name
 //! ([`UPLOAD_TEMP_PREFIX`]) is left out of every snapshot, so a finished upload is the `create`
 //! or `write` of its own name, as it is for envd.
+//!
+//! A scan costs CPU in proportion to its directory (up to `MAX_ENTRIES` entries), and a key
+//! may have many watchers in many sandboxes: every scan takes a turn ([`Scans`]) of a pool
+//! shared between keys (corral-share: `max_watch_scans` in all, one a key, every key's one
+//! out of a reserve above them), and a key keeps its turn after its scan for
+//! `1 / watch_scan_share - 1` times as long as the scan took, so that all of one key's scans
+//! take at most `watch_scan_share` of a core, and all keys' at most
+//! `max_watch_scans + reserve` times that. A scan without a turn is put off, never
+//! lost: the next one reports what changed since the last.
 
 use std::collections::BTreeMap;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use corral_sandbox::workspace::{EntryInfo, EntryKind, UPLOAD_TEMP_PREFIX};
+use corral_share::{Grant, Pool};
+
+use crate::config::Config;
 
 /// The most watchers one sandbox has at once.
 pub const MAX_WATCHERS: usize = 8;
+
+/// The longest a key keeps its turn after one scan, whatever the scan took.
+const MAX_REST: Duration = Duration::from_secs(60);
+/// How often a caller that waits for a turn looks again.
+const TURN_RETRY: Duration = Duration::from_millis(20);
+
+/// The turns of watcher scans, shared between keys (see the module's documentation).
+pub struct Scans {
+    turns: Arc<Pool>,
+    /// How much longer than its scan a key keeps its turn.
+    rest_factor: f64,
+}
+
+/// One scan of a key's, and the rest after it ([`ScanTurn::scan`]).
+pub struct ScanTurn {
+    turn: Grant,
+    rest_factor: f64,
+}
+
+impl Scans {
+    pub fn new(config: &Config) -> Scans {
+        Scans {
+            turns: Pool::new("watcher scans", "turns", config.watch_scan_limits()),
+            rest_factor: 1.0 / config.watch_scan_share - 1.0,
+        }
+    }
+
+    /// A turn for `key` now, or `None` while the key's last scan rests or the pool is full.
+    pub fn turn(&self, key: &str) -> Option<ScanTurn> {
+        let turn = self.turns.take(key, 1).ok()?;
+        Some(ScanTurn {
+            turn,
+            rest_factor: self.rest_factor,
+        })
+    }
+
+    /// A turn for `key`, waited for (on this blocking thread) at most `limit`.
+    pub fn turn_within(&self, key: &str, limit: Duration) -> Option<ScanTurn> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(turn) = self.turn(key) {
+                return Some(turn);
+            }
+            if Instant::now() + TURN_RETRY > deadline {
+                return None;
+            }
+            std::thread::sleep(TURN_RETRY);
+        }
+    }
+}
+
+impl ScanTurn {
+    /// Runs `scan`, then keeps the key's turn for its rest: by a task of the server's
+    /// runtime, so that the blocking thread is free at once.
+    pub fn scan<T>(self, scan: impl FnOnce() -> T) -> T {
+        let started = Instant::now();
+        let done = scan();
+        let rest = started.elapsed().mul_f64(self.rest_factor).min(MAX_REST);
+        let turn = self.turn;
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    tokio::time::sleep(rest).await;
+                    drop(turn);
+                });
+            }
+            // Outside a runtime (no caller of the server is) the thread rests itself.
+            Err(_) => {
+                std::thread::sleep(rest);
+                drop(turn);
+            }
+        }
+        done
+    }
+}
 
 /// What a poll reports of one entry, as E2B's `EventType` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -147,6 +236,38 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_keys_scans_take_turns_with_rests_and_leave_other_keys_theirs() {
+        let config = Config {
+            max_watch_scans: 2,
+            watch_scan_share: 0.01,
+            ..Config::default()
+        };
+        let scans = Scans::new(&config);
+        let a = scans.turn("a").expect("a's first turn");
+        assert!(scans.turn("a").is_none(), "one scan a key at a time");
+        // A scan of 20 ms keeps a's turn for 99 times that after it (by a task of the
+        // runtime, which this test's thread is: it blocks it as a blocking thread would).
+        let scanned = a.scan(|| {
+            std::thread::sleep(Duration::from_millis(20));
+            7
+        });
+        assert_eq!(scanned, 7);
+        assert!(scans.turn("a").is_none(), "a's turn rests after its scan");
+        assert!(
+            scans.turn_within("a", Duration::from_millis(100)).is_none(),
+            "a caller that waits less than the rest gets none"
+        );
+        // Two other keys fill the pool; a fourth gets its turn out of the reserve, a fifth
+        // when one is given back.
+        let b = scans.turn("b").unwrap();
+        let _c = scans.turn("c").expect("c's floor");
+        assert!(scans.turn("d").is_none(), "the reserve bounds the floors");
+        drop(b);
+        assert!(scans.turn("d").is_some());
+        assert_eq!(scans.turns.held_by("a"), 1);
+    }
 
     fn entry(path: &str, ino: u64, kind: EntryKind, size: u64, mtime: i64) -> EntryInfo {
         EntryInfo {

@@ -306,6 +306,19 @@ impl Grant {
         self.amount -= less;
     }
 
+    /// Hands `amount` units (at most what the grant holds) on to a new grant of the same
+    /// key, without asking the pool again: units that move with what they count (bytes of
+    /// output from a stream's queue into the frame that carries them to its client).
+    pub fn split(&mut self, amount: u64) -> Grant {
+        let amount = amount.min(self.amount);
+        self.amount -= amount;
+        Grant {
+            pool: self.pool.clone(),
+            key: self.key.clone(),
+            amount,
+        }
+    }
+
     /// A handle on the same pool for the same key.
     pub fn share(&self) -> Share {
         Share {
@@ -408,6 +421,24 @@ mod tests {
         drop((a, b, c));
         assert_eq!(p.held(), 0);
         assert_eq!(p.keys(), 0);
+    }
+
+    #[test]
+    fn a_split_grant_carries_its_units_until_dropped() {
+        let p = pool(10, 6, 1, 1);
+        let mut queue = p.take("a", 6).unwrap();
+        let frame = queue.split(4);
+        assert_eq!((queue.amount(), frame.amount()), (2, 4));
+        assert_eq!(
+            p.held_by("a"),
+            6,
+            "a split takes nothing and gives nothing back"
+        );
+        assert!(queue.try_grow(1).unwrap_err().is_key());
+        drop(frame);
+        assert_eq!(p.held_by("a"), 2);
+        assert_eq!(queue.split(100).amount(), 2, "at most what the grant holds");
+        assert_eq!(p.held(), 0);
     }
 
     #[test]

@@ -21,7 +21,7 @@ fn threads(pid: i32) -> usize {
 
 /// Sends a request on a connection of its own and reads until its stream has begun (the
 /// `start` of a native stream or of a Connect one): the open connection, or why not.
-fn open_stream(
+pub(super) fn open_stream(
     s: &Server,
     method: &str,
     path: &str,
@@ -67,7 +67,7 @@ fn open_stream(
 }
 
 /// A Connect envelope of JSON `value` (flags 0, big-endian length).
-fn envelope(value: &Value) -> Vec<u8> {
+pub(super) fn envelope(value: &Value) -> Vec<u8> {
     let json = value.to_string().into_bytes();
     let mut out = vec![0u8];
     out.extend_from_slice(&(json.len() as u32).to_be_bytes());
@@ -76,7 +76,7 @@ fn envelope(value: &Value) -> Vec<u8> {
 }
 
 /// A sandbox of tenant `key` made through the E2B face: its id and access token.
-fn e2b_sandbox(s: &Server, key: &str) -> (String, String) {
+pub(super) fn e2b_sandbox(s: &Server, key: &str) -> (String, String) {
     let response = s
         .agent
         .post(&format!("{}/v2/sandboxes", s.url))
@@ -92,7 +92,12 @@ fn e2b_sandbox(s: &Server, key: &str) -> (String, String) {
 }
 
 /// B's execution, answered within `limit` or not at all.
-fn exec_within(s: &Server, key: &str, id: &str, limit: Duration) -> Result<Value, String> {
+pub(super) fn exec_within(
+    s: &Server,
+    key: &str,
+    id: &str,
+    limit: Duration,
+) -> Result<Value, String> {
     let agent = ureq::AgentBuilder::new().timeout(limit).build();
     agent
         .post(&format!("{}/v1/sandboxes/{id}/execute", s.url))

@@ -158,7 +158,8 @@ impl ProcessBackend for InProcess {
         pid: i32,
     ) -> Result<Box<dyn OutputSource>, BackendError> {
         let agent = self.service.process_agent(&caller.tenant, id)?;
-        Ok(Box::new(agent.subscribe(pid).map_err(agent_error)?))
+        let share = self.service.output_share(&caller.tenant);
+        Ok(Box::new(agent.subscribe(pid, &share).map_err(agent_error)?))
     }
 
     fn list_processes(

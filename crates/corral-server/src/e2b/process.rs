@@ -318,7 +318,9 @@ pub(super) async fn connect(
     let subscribed = blocking(service.admit_thread(&tenant)?, move || {
         let agent = service.process_agent(&tenant, &id)?;
         Ok(match resolve(&agent, &selector) {
-            Ok(pid) => agent.subscribe(pid).map_err(|e| error_of(&e.into())),
+            Ok(pid) => agent
+                .subscribe(pid, &service.output_share(&tenant))
+                .map_err(|e| error_of(&e.into())),
             Err(error) => Err(error),
         })
     })

@@ -8,7 +8,10 @@
 //! [`MAX_ENTRIES`](corral_sandbox::workspace::MAX_ENTRIES) entries, never through a link;
 //! a stream polls at most every [`MIN_POLL`], and after a slow poll waits
 //! [`POLL_COST_FACTOR`] times as long as that poll took, so that one watcher of a large
-//! directory takes a bounded share of a core; a stream whose client reads nothing for
+//! directory takes a bounded share of a core; every scan (a creation's, a poll's) takes a
+//! turn of its key's ([`crate::watch::Scans`]), so that all of a key's watchers together
+//! take at most `watch_scan_share` of a core (a poll without a turn within [`TURN_WAIT`]
+//! reports nothing, and the next one what changed since the last); a stream whose client reads nothing for
 //! [`SLOW_CLIENT_LIMIT`] ends, and so does every stream at its client's deadline
 //! (`Connect-Timeout-Ms`, at most [`MAX_STREAM`]) and when the server shuts down.
 
@@ -18,7 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::watch::EventKind;
+use crate::watch::{EventKind, ScanTurn};
 
 /// The shortest wait between two polls of a streaming watcher.
 pub const MIN_POLL: Duration = Duration::from_millis(200);
@@ -33,6 +36,8 @@ pub const SLOW_CLIENT_LIMIT: Duration = Duration::from_secs(30);
 /// The keepalive interval without a `Keepalive-Ping-Interval` header, and its bounds.
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(50);
 const KEEPALIVE_BOUNDS: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(300));
+/// How long a creation or a client's poll waits for its key's turn to scan.
+pub const TURN_WAIT: Duration = Duration::from_secs(2);
 /// Frames queued for a slow client before the poller waits for it.
 const STREAM_BUFFER: usize = 16;
 
@@ -63,7 +68,18 @@ pub(super) fn create_watcher(
             format!("path {path} is not a directory"),
         ));
     }
-    let entries = service.list_dir(tenant, id, &dir, depth)?;
+    let turn = service
+        .watch_scans()
+        .turn_within(&tenant.0, TURN_WAIT)
+        .ok_or_else(|| {
+            RpcError(
+                Code::ResourceExhausted,
+                "this key's directory watchers are scanning at their most (watch_scan_share): \
+                 retry soon"
+                    .into(),
+            )
+        })?;
+    let entries = turn.scan(|| service.list_dir(tenant, id, &dir, depth))?;
     let watcher = Watcher {
         seen: Mutex::new(Snapshot::of(std::path::Path::new(&dir), &entries)),
         sandbox: id.clone(),
@@ -73,17 +89,22 @@ pub(super) fn create_watcher(
     registry.add_watcher(watcher)
 }
 
-/// What changed in watcher `watcher_id`'s directory since its last poll.
+/// What changed in watcher `watcher_id`'s directory since its last poll, scanned in `turn`
+/// (none: nothing, and the next poll reports it).
 pub(super) fn poll_watcher(
     service: &Service,
     registry: &Registry,
     sandbox: &PlaneSandbox,
     watcher_id: &str,
+    turn: Option<ScanTurn>,
 ) -> Result<Vec<(std::path::PathBuf, EventKind)>, RpcError> {
     let PlaneSandbox { id, tenant } = sandbox;
     let watcher = registry.watcher(id, watcher_id)?;
+    let Some(turn) = turn else {
+        return Ok(Vec::new());
+    };
     let mut seen = watcher.seen.lock().expect("lock");
-    let entries = service.list_dir(tenant, id, &watcher.dir, watcher.depth)?;
+    let entries = turn.scan(|| service.list_dir(tenant, id, &watcher.dir, watcher.depth))?;
     let now = Snapshot::of(std::path::Path::new(&watcher.dir), &entries);
     let events = seen.events_to(&now);
     *seen = now;
@@ -225,7 +246,12 @@ pub(super) async fn watch_dir(
                 return;
             }
             let started = Instant::now();
-            // A key whose blocking threads are all taken polls again later.
+            // A key whose scans have used their share of a core, or whose blocking threads
+            // are all taken, polls again later.
+            let Some(turn) = service.watch_scans().turn(&sandbox.tenant.0) else {
+                wait = MIN_POLL;
+                continue;
+            };
             let Ok(thread) = service.admit_thread(&sandbox.tenant) else {
                 wait = MAX_POLL;
                 continue;
@@ -235,7 +261,7 @@ pub(super) async fn watch_dir(
                     (service.clone(), registry.clone(), sandbox.clone());
                 let watcher_id = watcher_id.clone();
                 crate::threads::spawn(thread, move || {
-                    poll_watcher(&service, &registry, &sandbox, &watcher_id)
+                    poll_watcher(&service, &registry, &sandbox, &watcher_id, Some(turn))
                 })
                 .await
             };

@@ -261,7 +261,11 @@ pub async fn output(
     tenant: Tenant,
     Path((id, pid)): Path<(String, i32)>,
 ) -> Result<Response, ApiError> {
-    let sub = with_agent(&state, tenant, id, move |agent| Ok(agent.subscribe(pid)?)).await?;
+    let share = state.service.output_share(&tenant);
+    let sub = with_agent(&state, tenant, id, move |agent| {
+        Ok(agent.subscribe(pid, &share)?)
+    })
+    .await?;
     Ok(output_stream(sub))
 }
 

@@ -11,15 +11,19 @@
 //! Bounds: the subscriber's queue ([`corral_kernel::agent::SUBSCRIBER_BYTES`]) and at most
 //! [`BUFFER`] frames queued for the client; a client that reads nothing for
 //! [`super::SLOW_CLIENT_LIMIT`] loses its stream, and one that goes away ends it at once.
+//! Every output's bytes stay counted in its key's share of the server's output bytes
+//! (`max_output_bytes`) from the queue until hyper has written its frame to the socket and
+//! dropped it: the frame owns the units ([`Bytes::from_owner`]).
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use corral_kernel::agent::{ProcessEvent, Subscription};
+use corral_share::Grant;
 use futures_util::StreamExt as _;
 use tokio::sync::{mpsc, Notify};
 
@@ -36,6 +40,20 @@ pub struct Pump {
     sub: Subscription,
     ready: Arc<Notify>,
     frames: mpsc::Sender<Bytes>,
+    /// What the last event holds of the output bytes, handed on to the next frame sent.
+    held: Mutex<Option<Grant>>,
+}
+
+/// A frame and the output bytes it holds, given back when hyper drops it.
+struct Counted {
+    frame: Bytes,
+    _held: Grant,
+}
+
+impl AsRef<[u8]> for Counted {
+    fn as_ref(&self) -> &[u8] {
+        &self.frame
+    }
 }
 
 impl Pump {
@@ -49,7 +67,9 @@ impl Pump {
         loop {
             // `notify_one` keeps a permit when nobody waits: an event that arrives between
             // this look and the wait below still wakes it.
-            if let Some(event) = self.sub.next(Duration::ZERO) {
+            if let Some((event, held)) = self.sub.next_held(Duration::ZERO) {
+                // Only this task touches the slot: it holds consistent state.
+                *self.held.lock().unwrap_or_else(PoisonError::into_inner) = Some(held);
                 return Ok(Some(event));
             }
             tokio::select! {
@@ -63,8 +83,18 @@ impl Pump {
         }
     }
 
-    /// Queues a frame for the client.
+    /// Queues a frame for the client; it holds the output bytes of the last event until it
+    /// is written.
     pub async fn send(&self, frame: Bytes) -> Result<(), ClientGone> {
+        let held = self
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let frame = match held {
+            Some(held) if held.amount() > 0 => Bytes::from_owner(Counted { frame, _held: held }),
+            _ => frame,
+        };
         match tokio::time::timeout(super::SLOW_CLIENT_LIMIT, self.frames.send(frame)).await {
             Ok(Ok(())) => Ok(()),
             _ => Err(ClientGone),
@@ -83,7 +113,12 @@ where
     let wake = ready.clone();
     sub.on_event(move || wake.notify_one());
     let (frames, rx) = mpsc::channel::<Bytes>(BUFFER);
-    let pump = Pump { sub, ready, frames };
+    let pump = Pump {
+        sub,
+        ready,
+        frames,
+        held: Mutex::new(None),
+    };
     let done = work(pump);
     tokio::spawn(async move {
         let _ = done.await;

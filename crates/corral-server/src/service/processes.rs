@@ -24,8 +24,9 @@ impl Service {
             .map_err(|e| self.manager_error(id, e))
     }
 
-    /// Starts a program in session `id`; the subscription streams all of its output. The
-    /// start is written to the audit log (kind `process`).
+    /// Starts a program in session `id`; the subscription streams all of its output, held in
+    /// the key's share of the server's output bytes. The start is written to the audit log
+    /// (kind `process`).
     pub fn start_process(
         &self,
         tenant: &Tenant,
@@ -34,7 +35,7 @@ impl Service {
     ) -> Result<(Arc<ProcessAgent>, Subscription), ServiceError> {
         let agent = self.process_agent(tenant, id)?;
         let line = spec.argv.join(" ");
-        let started = agent.start(spec);
+        let started = agent.start(spec, &self.output_share(tenant));
         let entry = AuditEntry {
             key_id: &tenant.0,
             session_id: Some(id),
