@@ -33,6 +33,7 @@ pub use sys::{
 #[cfg(test)]
 mod seccomp_profile;
 pub mod spec;
+mod sparse;
 mod sys;
 pub mod workspace;
 
