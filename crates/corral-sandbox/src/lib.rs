@@ -32,8 +32,8 @@ pub use sys::{
 };
 #[cfg(test)]
 mod seccomp_profile;
-pub mod spec;
 mod sparse;
+pub mod spec;
 mod sys;
 pub mod workspace;
 

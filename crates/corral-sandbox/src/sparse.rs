@@ -84,14 +84,8 @@ pub(crate) fn copy<E>(
         while offset < end {
             let want = (end - offset).min(buf.len() as u64) as usize;
             // SAFETY: `buf` is valid for writes of `want <= buf.len()` bytes.
-            let n = unsafe {
-                libc::pread(
-                    src,
-                    buf.as_mut_ptr().cast(),
-                    want,
-                    offset as libc::off_t,
-                )
-            };
+            let n =
+                unsafe { libc::pread(src, buf.as_mut_ptr().cast(), want, offset as libc::off_t) };
             if n < 0 {
                 match nix::errno::Errno::last_raw() {
                     libc::EINTR => continue,

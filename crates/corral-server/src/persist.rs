@@ -6,7 +6,7 @@
 //! database has a directory of its own, so that servers on several databases in one
 //! directory never touch each other's) through the same [`OutDir`] that copies files out of
 //! any sandbox: new files only, no link followed, holes kept as holes, at most the sandbox's
-//! disk limit, within the key's share of the host's disk for saved sandboxes
+//! disk limit (by apparent size), within the key's share of the host's disk for saved sandboxes
 //! ([`DiskBudget`]) and before the time to save runs out. A file that does not fit is left
 //! out whole. Its settings — owner, image, language, limits, environment, code policy,
 //! network policy, metadata, idle timeout, since when it is paused — and the files left out
@@ -286,7 +286,7 @@ impl Saved {
             }
         }
         let free = nix::sys::statvfs::statvfs(&dir)
-            .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64)
+            .map(|s| s.blocks_available().saturating_mul(s.fragment_size()))
             .map_err(|e| PersistError::Io {
                 path: dir.clone(),
                 source: e.into(),
@@ -315,7 +315,9 @@ impl Saved {
 
     fn sandboxes(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, SavedSandbox>> {
         // Every change is one insert or remove: a poisoned map is consistent.
-        self.sandboxes.lock().unwrap_or_else(PoisonError::into_inner)
+        self.sandboxes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Grant>> {
@@ -465,7 +467,10 @@ impl Saved {
                 }
             })?;
         // The directory itself is made already.
-        out.charge_to(self.disk.take_held(&sandbox.tenant.0, allocated_self(&path)));
+        out.charge_to(
+            self.disk
+                .take_held(&sandbox.tenant.0, allocated_self(&path)),
+        );
         out.stop_at(deadline);
         let report = workspace.copy_out(&mut out);
         let grant = out.into_grant();
@@ -726,7 +731,11 @@ mod tests {
         let lost = one.get(&db1, &Tenant("key-a".into()), "sbx-lost").unwrap();
         assert!(lost.files_lost);
         assert!(lost.warnings()[0].contains("files are lost"));
-        assert!(!one.get(&db1, &Tenant("key-a".into()), "sbx-one").unwrap().files_lost);
+        assert!(
+            !one.get(&db1, &Tenant("key-a".into()), "sbx-one")
+                .unwrap()
+                .files_lost
+        );
 
         let two = Saved::load(&db2, &p2, Duration::from_secs(3600), BUDGET).unwrap();
         assert!(dir.path().join("n2.db.saved/sbx-two/f").is_file());

@@ -2041,10 +2041,13 @@ impl Service {
             },
             files_lost: false,
         };
-        match self
-            .saved
-            .save(&self.db, saved, &workspace, owned.limits.disk_bytes, deadline)
-        {
+        match self.saved.save(
+            &self.db,
+            saved,
+            &workspace,
+            owned.limits.disk_bytes,
+            deadline,
+        ) {
             Ok(()) => eprintln!("corral: paused sandbox {id} saved: resume it after the restart"),
             Err(e) => eprintln!("corral: paused sandbox {id} could not be saved: {e}"),
         }

@@ -410,7 +410,10 @@ mod tests {
         let p = pool(10, 6, 2, 2);
         let held = p.take_held("a", 9);
         assert_eq!((p.held(), p.held_by("a")), (9, 9));
-        assert!(p.take("a", 1).unwrap_err().is_key(), "past its share already");
+        assert!(
+            p.take("a", 1).unwrap_err().is_key(),
+            "past its share already"
+        );
         // Another key still has its floor, then no more.
         let _b = p.take("b", 2).unwrap();
         assert!(p.take("b", 1).is_err());

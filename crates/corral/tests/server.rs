@@ -4117,7 +4117,10 @@ fn a_saved_sandbox_whose_files_are_gone_resumes_empty_with_a_warning() {
     assert!(warnings_of(&info).contains("files are lost"), "{info}");
     for id in [&before, &after] {
         let (info, out) = resume_and_print(&s, None, id, "import os\nprint(os.listdir('.'))");
-        assert!(warnings_of(&info).contains("files are lost"), "{id}: {info}");
+        assert!(
+            warnings_of(&info).contains("files are lost"),
+            "{id}: {info}"
+        );
         assert_eq!(info["memory"], "not kept", "{info}");
         assert_eq!(out, "[]\n", "{id}");
     }
@@ -4143,7 +4146,11 @@ fn a_sparse_file_is_saved_and_restored_sparse() {
     let saved = saved_files(&root, &id).join("big");
     let meta = std::fs::symlink_metadata(&saved).unwrap();
     assert_eq!(meta.len(), 2 << 30);
-    assert!(meta.blocks() * 512 <= 1 << 20, "{} bytes", meta.blocks() * 512);
+    assert!(
+        meta.blocks() * 512 <= 1 << 20,
+        "{} bytes",
+        meta.blocks() * 512
+    );
     let (info, out) = resume_and_print(
         &s,
         None,
@@ -4164,7 +4171,8 @@ fn a_sparse_file_is_saved_and_restored_sparse() {
 fn saved_sandboxes_stay_within_their_disk_budget() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_path_buf();
-    let config = "shutdown_grace_s = 2\nsaved_disk_bytes = 4194304\nsaved_disk_bytes_per_key = 2097152";
+    let config =
+        "shutdown_grace_s = 2\nsaved_disk_bytes = 4194304\nsaved_disk_bytes_per_key = 2097152";
     let s = Server::start_in(dir, config);
     let (key_a, key_b) = (s.key("A"), s.key("B"));
     let write = |name: &str, bytes: usize| {
@@ -4174,7 +4182,11 @@ fn saved_sandboxes_stay_within_their_disk_budget() {
         &s,
         Some(&key_a),
         "",
-        &format!("{}\n{}", write("over.bin", 3 << 20), write("fits.bin", 1536 << 10)),
+        &format!(
+            "{}\n{}",
+            write("over.bin", 3 << 20),
+            write("fits.bin", 1536 << 10)
+        ),
     );
     let b = paused_session(&s, Some(&key_b), "", &write("b.bin", 1536 << 10));
     let s = s.restarted(config);
@@ -4209,9 +4221,15 @@ fn saving_stops_when_its_time_is_up() {
     let s = s.restarted("");
     let (status, info) = s.call("GET", &format!("/v1/sandboxes/{id}"), None, None);
     assert_eq!(status, 200, "{info}");
-    assert!(warnings_of(&info).contains("time for the copy ran out"), "{info}");
+    assert!(
+        warnings_of(&info).contains("time for the copy ran out"),
+        "{info}"
+    );
     let (info, out) = resume_and_print(&s, None, &id, "import os\nprint(os.listdir('.'))");
-    assert!(warnings_of(&info).contains("time for the copy ran out"), "{info}");
+    assert!(
+        warnings_of(&info).contains("time for the copy ran out"),
+        "{info}"
+    );
     assert_eq!(out, "[]\n");
 }
 
