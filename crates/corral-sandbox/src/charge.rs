@@ -29,6 +29,8 @@ use crate::cgroup::{read_oom_kills, Cgroup};
 const COPY_BUFFER: usize = 64 << 10;
 /// The writer's exit status when it could not raise its `oom_score_adj` or join the cgroup.
 const WRITER_SETUP_FAILED: i32 = 255;
+/// The writer's exit status when it could not read a [`Data::File`], or the file shrank.
+const WRITER_SOURCE_FAILED: i32 = 254;
 
 /// The sandbox's cgroup, as a workspace charges what the host writes into it.
 #[derive(Debug)]
@@ -78,26 +80,65 @@ pub(crate) enum CopyFailure {
     Writer(io::Error),
 }
 
-/// Copies all of `data` into `file` and returns how many bytes that was: charged to `charge`
-/// by a writer in the sandbox's cgroup, or written by this thread where the sandbox has no
-/// cgroup (the tmpfs size still bounds it).
+/// What [`copy_into`] copies.
+pub(crate) enum Data<'a> {
+    /// Everything read until it ends.
+    Stream(&'a mut dyn Read),
+    /// The first `size` bytes of a regular file of the host's, holes kept as holes
+    /// (crate::sparse).
+    File(&'a File, u64),
+}
+
+/// The failure of a sparse copy as [`copy_into`] reports it.
+fn sparse_failure(e: crate::sparse::SparseError<std::convert::Infallible>) -> CopyFailure {
+    use crate::sparse::SparseError;
+    match e {
+        SparseError::Read(errno) => CopyFailure::Source(io::Error::from_raw_os_error(errno)),
+        SparseError::Write(errno) => CopyFailure::Write(io::Error::from_raw_os_error(errno)),
+        SparseError::Shrank => CopyFailure::Source(io::Error::other("it shrank while copied")),
+        SparseError::Stopped(never) => match never {},
+    }
+}
+
+/// Copies all of `data` into `file` and returns how many bytes that was (a file's size):
+/// charged to `charge` by a writer in the sandbox's cgroup, or written by this thread where
+/// the sandbox has no cgroup (the tmpfs size still bounds it).
 pub(crate) fn copy_into(
     file: &File,
-    data: &mut dyn Read,
+    data: Data<'_>,
     charge: Option<&Charge>,
 ) -> Result<u64, CopyFailure> {
     let mut buf = vec![0u8; COPY_BUFFER];
     let Some(charge) = charge else {
-        return pump(data, &mut &*file, &mut buf).map_err(|e| match e {
-            Pump::Source(e) => CopyFailure::Source(e),
-            Pump::Sink(e) => CopyFailure::Write(e),
-        });
+        return match data {
+            Data::Stream(data) => pump(data, &mut &*file, &mut buf).map_err(|e| match e {
+                Pump::Source(e) => CopyFailure::Source(e),
+                Pump::Sink(e) => CopyFailure::Write(e),
+            }),
+            Data::File(source, size) => crate::sparse::copy(
+                source.as_raw_fd(),
+                file.as_raw_fd(),
+                size,
+                &mut buf,
+                &mut |_| Ok(()),
+            )
+            .map(|_| size)
+            .map_err(sparse_failure),
+        };
     };
     let (host, writer_end) = UnixStream::pair().map_err(CopyFailure::Writer)?;
     let join: Vec<RawFd> = charge.join.iter().map(AsRawFd::as_raw_fd).collect();
+    // The writer reads a file itself, or the socket this thread feeds.
+    let source = match &data {
+        Data::Stream(_) => Source::Socket(writer_end.as_raw_fd()),
+        Data::File(file, size) => Source::File(file.as_raw_fd(), *size),
+    };
+    let source_fd = match source {
+        Source::Socket(fd) | Source::File(fd, _) => fd,
+    };
     let mut keep: Vec<u32> = join
         .iter()
-        .chain([&writer_end.as_raw_fd(), &file.as_raw_fd()])
+        .chain([&source_fd, &file.as_raw_fd()])
         .map(|&fd| fd as u32)
         .collect();
     keep.sort_unstable();
@@ -106,17 +147,14 @@ pub(crate) fn copy_into(
     // above (`keep`, `join`, its copy of `buf`) and ends in `_exit`.
     let child = match unsafe { nix::unistd::fork() } {
         Err(e) => return Err(CopyFailure::Writer(e.into())),
-        Ok(ForkResult::Child) => writer(
-            writer_end.as_raw_fd(),
-            file.as_raw_fd(),
-            &join,
-            &keep,
-            &mut buf,
-        ),
+        Ok(ForkResult::Child) => writer(source, file.as_raw_fd(), &join, &keep, &mut buf),
         Ok(ForkResult::Parent { child }) => child,
     };
     drop(writer_end);
-    let pumped = pump(data, &mut Sent(host.as_fd()), &mut buf);
+    let pumped = match data {
+        Data::Stream(data) => pump(data, &mut Sent(host.as_fd()), &mut buf),
+        Data::File(_, size) => Ok(size),
+    };
     // The writer sees the end of the data (or, after a failure, stops early).
     drop(host);
     let status = loop {
@@ -130,6 +168,9 @@ pub(crate) fn copy_into(
     match (pumped, status) {
         (_, Ok(WaitStatus::Exited(_, WRITER_SETUP_FAILED))) => Err(CopyFailure::Writer(
             io::Error::other("the writer could not join the sandbox's cgroup"),
+        )),
+        (_, Ok(WaitStatus::Exited(_, WRITER_SOURCE_FAILED))) => Err(CopyFailure::Source(
+            io::Error::other("the file could not be read whole"),
         )),
         (_, Ok(WaitStatus::Exited(_, errno))) if errno != 0 => {
             Err(CopyFailure::Write(io::Error::from_raw_os_error(errno)))
@@ -182,11 +223,20 @@ impl Write for Sent<'_> {
     }
 }
 
+/// What the writer child copies from.
+#[derive(Clone, Copy)]
+enum Source {
+    /// A socket, to its end.
+    Socket(RawFd),
+    /// A file of this size, holes kept.
+    File(RawFd, u64),
+}
+
 /// The writer child: keeps only the descriptors it needs, becomes the first choice of the OOM
-/// killer, joins the sandbox's cgroup, then copies `source` into `file` until `source` ends.
-/// Exits 0 when everything was written, the errno of a failed write, or
+/// killer, joins the sandbox's cgroup, then copies `source` into `file`. Exits 0 when
+/// everything was written, the errno of a failed write, [`WRITER_SOURCE_FAILED`] or
 /// [`WRITER_SETUP_FAILED`].
-fn writer(source: RawFd, file: RawFd, join: &[RawFd], keep: &[u32], buf: &mut [u8]) -> ! {
+fn writer(source: Source, file: RawFd, join: &[RawFd], keep: &[u32], buf: &mut [u8]) -> ! {
     crate::sys::close_all_except_sorted(keep);
     let exit = |code: i32| -> ! {
         // SAFETY: _exit ends the child without running the host's exit handlers.
@@ -225,6 +275,17 @@ fn writer(source: RawFd, file: RawFd, join: &[RawFd], keep: &[u32], buf: &mut [u
             exit(WRITER_SETUP_FAILED);
         }
     }
+    let source = match source {
+        Source::Socket(fd) => fd,
+        Source::File(fd, size) => {
+            use crate::sparse::SparseError;
+            match crate::sparse::copy::<()>(fd, file, size, buf, &mut |_| Ok(())) {
+                Ok(_) => exit(0),
+                Err(SparseError::Write(errno)) => exit(errno),
+                Err(_) => exit(WRITER_SOURCE_FAILED),
+            }
+        }
+    };
     loop {
         // SAFETY: `buf` is valid for writes of its length.
         let n = unsafe { libc::read(source, buf.as_mut_ptr().cast(), buf.len()) };
@@ -269,11 +330,35 @@ mod tests {
         let charge = fake_charge(dir.path());
         let file = File::create(dir.path().join("out")).unwrap();
         let data: Vec<u8> = (0..(3 * COPY_BUFFER + 17)).map(|i| i as u8).collect();
-        let n = copy_into(&file, &mut &data[..], Some(&charge)).unwrap();
+        let n = copy_into(&file, Data::Stream(&mut &data[..]), Some(&charge)).unwrap();
         assert_eq!(n, data.len() as u64);
         assert_eq!(std::fs::read(dir.path().join("out")).unwrap(), data);
         for name in ["memory", "pids"] {
             assert_eq!(std::fs::read(dir.path().join(name)).unwrap(), b"0");
+        }
+    }
+
+    /// A file is copied by the writer itself, holes kept: a file of 256 MiB with two bytes
+    /// takes a few blocks, with or without a cgroup.
+    #[test]
+    fn a_file_is_copied_with_its_holes() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let charge = fake_charge(dir.path());
+        let source = File::create(dir.path().join("sparse")).unwrap();
+        source.set_len(256 << 20).unwrap();
+        nix::sys::uio::pwrite(&source, b"x", 128 << 20).unwrap();
+        let source = File::open(dir.path().join("sparse")).unwrap();
+        for (name, charge) in [("charged", Some(&charge)), ("plain", None)] {
+            let file = File::create(dir.path().join(name)).unwrap();
+            let n = copy_into(&file, Data::File(&source, 256 << 20), charge).unwrap();
+            assert_eq!(n, 256 << 20);
+            let meta = std::fs::metadata(dir.path().join(name)).unwrap();
+            assert_eq!(meta.len(), 256 << 20);
+            assert!(meta.blocks() * 512 <= 64 << 10, "{name}: {}", meta.blocks());
+            let copy = std::fs::read(dir.path().join(name)).unwrap();
+            assert_eq!(copy[128 << 20], b'x');
+            assert_eq!(copy.iter().filter(|&&b| b != 0).count(), 1);
         }
     }
 
@@ -283,7 +368,7 @@ mod tests {
         let charge = fake_charge(dir.path());
         let full = File::options().write(true).open("/dev/full").unwrap();
         for charge in [Some(&charge), None] {
-            match copy_into(&full, &mut &[1u8; 100][..], charge) {
+            match copy_into(&full, Data::Stream(&mut &[1u8; 100][..]), charge) {
                 Err(CopyFailure::Write(e)) => assert_eq!(e.raw_os_error(), Some(libc::ENOSPC)),
                 other => panic!("{other:?}"),
             }
@@ -297,7 +382,7 @@ mod tests {
         let file = File::create(dir.path().join("out")).unwrap();
         for charge in [Some(&charge), None] {
             assert!(matches!(
-                copy_into(&file, &mut Broken, charge),
+                copy_into(&file, Data::Stream(&mut Broken), charge),
                 Err(CopyFailure::Source(_))
             ));
         }

@@ -32,6 +32,7 @@ pub use sys::{
 };
 #[cfg(test)]
 mod seccomp_profile;
+mod sparse;
 pub mod spec;
 mod sys;
 pub mod workspace;

@@ -21,14 +21,17 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
+use corral_share::Grant;
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{fstat, mkdirat, Mode, SFlag};
 
-use crate::charge::{copy_into, Charge, CopyFailure};
+use crate::charge::{copy_into, Charge, CopyFailure, Data};
 use crate::limits::show_bytes;
 use crate::owner::{Owner, Transfer, MAX_REPLY_FDS};
 use crate::result::FileEntry;
+use crate::sparse::SparseError;
 
 /// The most files `list` and `copy_out` visit, and the most entries one [`Workspace::list_dir`]
 /// returns: a sandbox cannot make the host walk forever.
@@ -178,6 +181,16 @@ pub enum CopyError {
     ListingTruncated { max: usize },
     #[error("{0:?} changed while it was copied: not copied")]
     Changed(PathBuf),
+    #[error("{path:?} not copied: its {size} bytes do not fit: {refusal}")]
+    OverBudget {
+        path: PathBuf,
+        size: u64,
+        refusal: corral_share::Refusal,
+    },
+    #[error("{0:?} not copied: the time for the copy ran out")]
+    OutOfTime(PathBuf),
+    #[error("the time for the copy ran out: {files} more file(s) were not copied")]
+    NotReached { files: usize },
     #[error("{0:?} is not a relative path of plain names: not copied")]
     BadName(PathBuf),
     #[error("reading {path:?} from the workspace: {source}")]
@@ -200,7 +213,9 @@ pub struct CopyReport {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CopyLimits {
     /// Bytes written in all, counting every file by its apparent size (a hole costs as much
-    /// as the data it stands for) and every hard link as a file of its own.
+    /// as the data it stands for, although it is written as a hole: whatever copies the
+    /// files on later, without holes, stays within it) and every hard link as a file of its
+    /// own.
     pub max_bytes: u64,
     /// Files and directories created in all.
     pub max_entries: usize,
@@ -222,15 +237,22 @@ impl CopyLimits {
 /// (mode 0644), a directory with `mkdirat`; an existing name (file, hard link, symlink, FIFO,
 /// device) is never opened, followed or replaced, and a directory on the way is entered only
 /// if it is a real directory on the same mount (`openat2` with `RESOLVE_BENEATH |
-/// RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV`, `O_PATH`, so it cannot block). Nothing is written
-/// past its [`CopyLimits`].
+/// RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV`, `O_PATH`, so it cannot block). A file copied from
+/// another keeps its holes (crate::sparse). Nothing is written past its [`CopyLimits`], past
+/// what its [`Grant`] of the host's disk may grow to ([`OutDir::charge_to`]), or after its
+/// deadline ([`OutDir::stop_at`]); a file that does not fit is left out whole, never cut.
 #[derive(Debug)]
 pub struct OutDir {
     fd: OwnedFd,
     path: PathBuf,
     limits: CopyLimits,
+    /// Bytes written, as [`CopyLimits::max_bytes`] counts them.
     bytes: u64,
     entries: usize,
+    /// The block of the directory's filesystem: what a directory made takes of the disk.
+    block: u64,
+    grant: Option<Grant>,
+    deadline: Option<Instant>,
 }
 
 impl OutDir {
@@ -268,26 +290,55 @@ impl OutDir {
 
     /// Opens the existing directory `path`.
     pub fn open(path: &Path, limits: CopyLimits) -> Result<OutDir, OutDirError> {
-        let fd = nix::fcntl::open(
-            path,
-            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| match e {
+        let io_error = |e: nix::errno::Errno| match e {
             nix::errno::Errno::ENOTDIR => OutDirError::NotADirectory(path.to_path_buf()),
             e => OutDirError::Io {
                 path: path.to_path_buf(),
                 source: e.into(),
             },
-        })?;
+        };
+        let fd = nix::fcntl::open(
+            path,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(io_error)?;
+        // SAFETY: open returned a new descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let block = fstat(fd.as_raw_fd()).map_err(io_error)?.st_blksize.max(512) as u64;
         Ok(OutDir {
-            // SAFETY: open returned a new descriptor that nothing else owns.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            fd,
             path: path.to_path_buf(),
             limits,
             bytes: 0,
             entries: 0,
+            block,
+            grant: None,
+            deadline: None,
         })
+    }
+
+    /// Charges what is written from now on to `grant` too (a key's share of a pool of the
+    /// host's disk), as the disk holds it: the blocks of each file (`st_blocks`; whole blocks,
+    /// and every hole where the filesystem keeps none) and a block for each directory made.
+    /// What it cannot grow for is not written, or removed again.
+    pub fn charge_to(&mut self, grant: Grant) {
+        self.grant = Some(grant);
+    }
+
+    /// The grant given to [`OutDir::charge_to`], holding what was written since.
+    pub fn into_grant(self) -> Option<Grant> {
+        self.grant
+    }
+
+    /// Writes nothing after `deadline`: a file being copied then is removed, and
+    /// [`Workspace::copy_out`] copies no more.
+    pub fn stop_at(&mut self, deadline: Instant) {
+        self.deadline = Some(deadline);
+    }
+
+    fn out_of_time(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
     }
 
     /// The directory as the caller named it.
@@ -295,9 +346,50 @@ impl OutDir {
         &self.path
     }
 
-    /// Bytes written so far, by apparent size.
+    /// Bytes written so far, as [`CopyLimits::max_bytes`] counts them.
     pub fn bytes_written(&self) -> u64 {
         self.bytes
+    }
+
+    /// Counts `bytes` more against the cap and `disk` more against the grant for `rel` (of
+    /// `size` bytes), or refuses them and changes nothing.
+    fn admit(&mut self, rel: &Path, size: u64, bytes: u64, disk: u64) -> Result<(), CopyError> {
+        if self.out_of_time() {
+            return Err(CopyError::OutOfTime(rel.to_path_buf()));
+        }
+        let left = self.limits.max_bytes.saturating_sub(self.bytes);
+        if bytes > left {
+            return Err(CopyError::OverByteCap {
+                path: rel.to_path_buf(),
+                size,
+                cap: self.limits.max_bytes,
+                left,
+            });
+        }
+        if let Some(grant) = &mut self.grant {
+            grant
+                .try_grow(disk)
+                .map_err(|refusal| CopyError::OverBudget {
+                    path: rel.to_path_buf(),
+                    size,
+                    refusal,
+                })?;
+        }
+        self.bytes += bytes;
+        Ok(())
+    }
+
+    /// Takes back what [`OutDir::admit`] counted for something that was not written at all.
+    fn unadmit(&mut self, bytes: u64, disk: u64) {
+        self.bytes -= bytes;
+        self.refund(disk);
+    }
+
+    /// Gives `disk` back to the grant: what it counted is no longer on the disk.
+    fn refund(&mut self, disk: u64) {
+        if let Some(grant) = &mut self.grant {
+            grant.shrink(disk);
+        }
     }
 
     /// Creates the new file `rel` (directories on the way as needed) and copies `size` bytes
@@ -309,56 +401,159 @@ impl OutDir {
         data: &mut dyn Read,
         size: u64,
     ) -> Result<u64, CopyError> {
-        let parts = checked_components(rel).map_err(|_| CopyError::BadName(rel.to_path_buf()))?;
-        let (name, parents) = parts.split_last().expect("checked non-empty");
-        let left = self.limits.max_bytes.saturating_sub(self.bytes);
-        if size > left {
-            return Err(CopyError::OverByteCap {
-                path: rel.to_path_buf(),
-                size,
-                cap: self.limits.max_bytes,
-                left,
-            });
-        }
-        let dir = self.enter_parents(rel, parents)?;
-        self.check_entries(rel)?;
-        let how = new_file();
-        let fd = match openat2(dir.as_raw_fd(), Path::new(name), how) {
-            Ok(fd) => fd,
-            Err(nix::errno::Errno::EEXIST) => return Err(CopyError::Exists(rel.to_path_buf())),
-            Err(e) => {
-                return Err(CopyError::Write {
-                    path: rel.to_path_buf(),
-                    source: e.into(),
-                })
-            }
-        };
-        // SAFETY: openat2 returned a new descriptor that nothing else owns.
-        let mut file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
         // Counted before the first byte, so that even a failed copy stays within the caps.
-        self.entries += 1;
-        self.bytes += size;
+        let (dir, name, mut file, mut disk) = self.create_new(rel, size, size)?;
         let copied = io::copy(&mut data.take(size), &mut file);
         let more = copied.as_ref().is_ok_and(|_| {
             let mut probe = [0u8; 1];
             !matches!(data.read(&mut probe), Ok(0))
         });
         let failed = match copied {
-            Ok(n) if !more => return Ok(n),
+            Ok(n) if !more => match self.settle(rel, size, &file, &mut disk) {
+                Ok(()) => return Ok(n),
+                Err(e) => e,
+            },
             Ok(_) => CopyError::Changed(rel.to_path_buf()),
             Err(source) => CopyError::Write {
                 path: rel.to_path_buf(),
                 source,
             },
         };
-        // The file is the one just created (O_EXCL) in a directory of the caller's.
+        self.remove_new(&dir, name, file, disk);
+        Err(failed)
+    }
+
+    /// Creates the new file `rel` (as [`OutDir::write_new`] does) and copies the regular file
+    /// `source` into it, holes kept: only its data is read and written (the cap still counts
+    /// its size, the grant what the disk holds). A file that changes meanwhile, or that
+    /// cannot be copied whole, is removed again. Returns its size.
+    pub fn copy_new(&mut self, rel: &Path, source: &File) -> Result<u64, CopyError> {
+        let read_error = |e: io::Error| CopyError::Read {
+            path: rel.to_path_buf(),
+            source: WorkspaceError::io(rel, e),
+        };
+        let size = source.metadata().map_err(read_error)?.len();
+        let data = crate::sparse::data_bytes(source.as_raw_fd(), size)
+            .map_err(|errno| read_error(io::Error::from_raw_os_error(errno)))?;
+        let (dir, name, file, mut disk) = self.create_new(rel, size, data)?;
+        let mut buf = vec![0u8; 1 << 20];
+        // What the data may grow to (the file changed): never more than was counted.
+        let mut allowed = data;
+        let deadline = self.deadline;
+        let copied = crate::sparse::copy(
+            source.as_raw_fd(),
+            file.as_raw_fd(),
+            size,
+            &mut buf,
+            &mut |n| {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(CopyError::OutOfTime(rel.to_path_buf()));
+                }
+                allowed = allowed
+                    .checked_sub(n)
+                    .ok_or_else(|| CopyError::Changed(rel.to_path_buf()))?;
+                Ok(())
+            },
+        );
+        let failed = match copied {
+            Ok(_) => {
+                let unchanged = source.metadata().is_ok_and(|m| m.len() == size);
+                match self.settle(rel, size, &file, &mut disk) {
+                    Ok(()) if unchanged => return Ok(size),
+                    Ok(()) => CopyError::Changed(rel.to_path_buf()),
+                    Err(e) => e,
+                }
+            }
+            Err(SparseError::Stopped(e)) => e,
+            Err(SparseError::Shrank) => CopyError::Changed(rel.to_path_buf()),
+            Err(SparseError::Read(errno)) => read_error(io::Error::from_raw_os_error(errno)),
+            Err(SparseError::Write(errno)) => CopyError::Write {
+                path: rel.to_path_buf(),
+                source: io::Error::from_raw_os_error(errno),
+            },
+        };
+        self.remove_new(&dir, name, file, disk);
+        Err(failed)
+    }
+
+    /// Counts `rel` (`size` bytes, of which `data` are written) and an entry, then creates
+    /// it: its directory, its name there, the file open for writing, and what the grant
+    /// counts of it so far.
+    fn create_new<'a>(
+        &mut self,
+        rel: &'a Path,
+        size: u64,
+        data: u64,
+    ) -> Result<(OwnedFd, &'a std::ffi::OsStr, File, u64), CopyError> {
+        let parts = checked_components(rel).map_err(|_| CopyError::BadName(rel.to_path_buf()))?;
+        let (name, parents) = parts.split_last().expect("checked non-empty");
+        let name: &'a std::ffi::OsStr = name;
+        // Refused before any directory is made for it.
+        self.admit(rel, size, size, data)?;
+        let opened = self
+            .enter_parents(rel, size, parents)
+            .and_then(|dir| self.check_entries(rel).map(|()| dir))
+            .and_then(|dir| {
+                openat2(dir.as_raw_fd(), Path::new(name), new_file())
+                    .map(|fd| (dir, fd))
+                    .map_err(|e| match e {
+                        nix::errno::Errno::EEXIST => CopyError::Exists(rel.to_path_buf()),
+                        e => CopyError::Write {
+                            path: rel.to_path_buf(),
+                            source: e.into(),
+                        },
+                    })
+            });
+        let (dir, fd) = match opened {
+            Ok(opened) => opened,
+            Err(e) => {
+                // Nothing of it was written.
+                self.unadmit(size, data);
+                return Err(e);
+            }
+        };
+        self.entries += 1;
+        // SAFETY: openat2 returned a new descriptor that nothing else owns.
+        let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        Ok((dir, name, file, data))
+    }
+
+    /// Charges the grant with what the written `file` takes of the disk beyond the `disk` it
+    /// holds for it already (whole blocks; every hole where the filesystem keeps none), or
+    /// refuses it.
+    fn settle(
+        &mut self,
+        rel: &Path,
+        size: u64,
+        file: &File,
+        disk: &mut u64,
+    ) -> Result<(), CopyError> {
+        use std::os::unix::fs::MetadataExt as _;
+        let allocated = file
+            .metadata()
+            .map_err(|source| CopyError::Write {
+                path: rel.to_path_buf(),
+                source,
+            })?
+            .blocks()
+            * 512;
+        let extra = allocated.saturating_sub(*disk);
+        self.admit(rel, size, 0, extra)?;
+        *disk += extra;
+        Ok(())
+    }
+
+    /// Removes the file `name` just created in `dir` (O_EXCL: the one this OutDir made), and
+    /// gives the `disk` it held back to the grant. What it counted against the cap stays
+    /// counted: even failed copies stay within it.
+    fn remove_new(&mut self, dir: &OwnedFd, name: &std::ffi::OsStr, file: File, disk: u64) {
         drop(file);
         let _ = nix::unistd::unlinkat(
             Some(dir.as_raw_fd()),
             Path::new(name),
             nix::unistd::UnlinkatFlags::NoRemoveDir,
         );
-        Err(failed)
+        self.refund(disk);
     }
 
     /// Fails when one more file or directory would pass the entry cap.
@@ -377,6 +572,7 @@ impl OutDir {
     fn enter_parents(
         &mut self,
         rel: &Path,
+        size: u64,
         parents: &[&std::ffi::OsStr],
     ) -> Result<OwnedFd, CopyError> {
         let write_error = |source: nix::errno::Errno| CopyError::Write {
@@ -401,14 +597,20 @@ impl OutDir {
             let entered = match enter(&dir) {
                 Err(nix::errno::Errno::ENOENT) => {
                     self.check_entries(rel)?;
+                    self.admit(rel, size, 0, self.block)?;
                     match mkdirat(
                         Some(dir.as_raw_fd()),
                         *part,
                         Mode::from_bits_truncate(0o755),
                     ) {
                         Ok(()) => self.entries += 1,
-                        Err(nix::errno::Errno::EEXIST) => {}
-                        Err(e) => return Err(write_error(e)),
+                        Err(e) => {
+                            // Not made by this OutDir.
+                            self.refund(self.block);
+                            if e != nix::errno::Errno::EEXIST {
+                                return Err(write_error(e));
+                            }
+                        }
                     }
                     enter(&dir)
                 }
@@ -924,6 +1126,21 @@ impl Workspace {
     /// left and an existing file at `path` is unchanged. A link, directory or special file at
     /// `path` is refused, never followed or replaced.
     pub fn write_file(&self, path: &Path, data: &mut dyn Read) -> Result<u64, WorkspaceError> {
+        self.write_data(path, Data::Stream(data))
+    }
+
+    /// [`Workspace::write_file`] of the host's regular file `source` (the caller's, opened
+    /// by the caller): only its data is copied and its holes stay holes, so that a sparse
+    /// file costs the sandbox's memory only what it holds. Returns its size.
+    pub fn write_file_from(&self, path: &Path, source: &File) -> Result<u64, WorkspaceError> {
+        let meta = source.metadata().map_err(|e| WorkspaceError::io(path, e))?;
+        if !meta.is_file() {
+            return Err(WorkspaceError::NotRegular(path.to_path_buf()));
+        }
+        self.write_data(path, Data::File(source, meta.len()))
+    }
+
+    fn write_data(&self, path: &Path, data: Data<'_>) -> Result<u64, WorkspaceError> {
         let parts = checked_components(path)?;
         let (name, parents) = parts.split_last().expect("checked non-empty");
         let name = Path::new(name);
@@ -1265,7 +1482,13 @@ impl Workspace {
         let mut report = CopyReport::default();
         // Opened with the sandbox user's permissions a batch at a time (one helper each,
         // rootless with subordinate ids), copied with the host's.
-        for batch in files.chunks(MAX_REPLY_FDS) {
+        for (done, batch) in files.chunks(MAX_REPLY_FDS).enumerate() {
+            if out.out_of_time() {
+                report.skipped.push(CopyError::NotReached {
+                    files: files.len() - done * MAX_REPLY_FDS,
+                });
+                break;
+            }
             let opened = self.as_owner(Path::new("."), &[], || {
                 Ok(batch
                     .iter()
@@ -1278,18 +1501,11 @@ impl Workspace {
             for (entry, source) in batch.iter().zip(opened) {
                 let rel = PathBuf::from(&entry.path);
                 let copied = source
-                    .and_then(|src| {
-                        let size = src
-                            .metadata()
-                            .map_err(|e| WorkspaceError::io(&rel, e))?
-                            .len();
-                        Ok((src, size))
-                    })
                     .map_err(|source| CopyError::Read {
                         path: rel.clone(),
                         source,
                     })
-                    .and_then(|(mut src, size)| out.write_new(&rel, &mut src, size));
+                    .and_then(|src| out.copy_new(&rel, &src));
                 match copied {
                     Ok(size) => report.copied.push(FileEntry {
                         path: entry.path.clone(),
@@ -1506,7 +1722,12 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().metadata().unwrap().blocks() * 512)
             .sum();
-        assert!(allocated <= (3 << 20) + (64 << 10), "{allocated}");
+        // Written with their holes: the three copies of 1 MiB take no disk.
+        assert!(allocated <= 64 << 10, "{allocated}");
+        for f in &report.copied {
+            let copy = std::fs::metadata(dest.path().join(&f.path)).unwrap();
+            assert_eq!(copy.len(), f.size, "{f:?}");
+        }
 
         // The entry cap counts directories created too.
         let src = tempfile::tempdir().unwrap();
@@ -1524,6 +1745,58 @@ mod tests {
             .iter()
             .all(|e| matches!(e, CopyError::TooManyEntries { max: 3, .. })));
         assert_eq!(report.skipped.len(), 2);
+    }
+
+    /// A grant of the host's disk holds what the copy takes of it (blocks, directories): a
+    /// file it cannot grow for is left out, whole; past the deadline nothing more is written.
+    #[test]
+    fn copy_out_charges_the_disk_it_takes_and_stops_at_its_deadline() {
+        use std::os::unix::fs::MetadataExt;
+        let src = tempfile::tempdir().unwrap();
+        let ws = workspace(src.path());
+        ws.write_file(Path::new("dir/a"), &mut &[1u8; 100 << 10][..])
+            .unwrap();
+        ws.write_file(Path::new("b"), &mut &[2u8; 200 << 10][..])
+            .unwrap();
+        ws.write_file(Path::new("c"), &mut &b"c"[..]).unwrap();
+        let pool = corral_share::Pool::new(
+            "test disk",
+            "bytes",
+            corral_share::Limits::new(160 << 10, 160 << 10, 0, 0),
+        );
+        let dest = tempfile::tempdir().unwrap();
+        let mut out = OutDir::create(dest.path(), limits(1 << 30, 100)).unwrap();
+        out.charge_to(pool.take("key", 0).unwrap());
+        let report = ws.copy_out(&mut out).unwrap();
+        let mut copied: Vec<&str> = report.copied.iter().map(|f| f.path.as_str()).collect();
+        copied.sort();
+        assert_eq!(copied, ["c", "dir/a"], "{report:?}");
+        assert!(
+            matches!(report.skipped.as_slice(), [CopyError::OverBudget { path, .. }] if path == Path::new("b")),
+            "{report:?}"
+        );
+        let held = out.into_grant().unwrap();
+        let on_disk: u64 = ["c", "dir/a", "dir"]
+            .iter()
+            .map(|p| std::fs::metadata(dest.path().join(p)).unwrap().blocks() * 512)
+            .sum();
+        assert!(!dest.path().join("b").exists());
+        assert_eq!(held.amount(), on_disk);
+        assert_eq!(pool.held(), on_disk);
+
+        let dest = tempfile::tempdir().unwrap();
+        let mut out = OutDir::create(dest.path(), limits(1 << 30, 100)).unwrap();
+        out.stop_at(Instant::now());
+        let report = ws.copy_out(&mut out).unwrap();
+        assert!(report.copied.is_empty());
+        assert!(
+            matches!(
+                report.skipped.as_slice(),
+                [CopyError::NotReached { files: 3 }]
+            ),
+            "{report:?}"
+        );
+        assert_eq!(std::fs::read_dir(dest.path()).unwrap().count(), 0);
     }
 
     #[test]

@@ -85,6 +85,15 @@ pub struct Config {
     pub max_paused_s: u64,
     /// On SIGTERM, running executions get this long to finish before they are interrupted.
     pub shutdown_grace_s: u64,
+    /// On SIGTERM, saving paused sandboxes (crate::persist) takes at most this long in all:
+    /// each gets an even share of what is left, and the files not saved by then are named in
+    /// its warnings.
+    pub shutdown_save_s: u64,
+    /// The host's disk that saved sandboxes' files may take in all; default a quarter of what
+    /// the database's filesystem has free at start plus what they take already.
+    pub saved_disk_bytes: Option<u64>,
+    /// What one key's saved sandboxes may take of it; default half of it.
+    pub saved_disk_bytes_per_key: Option<u64>,
     /// Run even where Landlock is missing (reported as a warning in results).
     pub allow_degraded: bool,
     /// Refuse to run where cgroups are unavailable, instead of falling back to rlimits.
@@ -191,6 +200,9 @@ impl Default for Config {
             max_paused_s: 24 * 3600,
             cpu_weight: None,
             shutdown_grace_s: 10,
+            shutdown_save_s: 10,
+            saved_disk_bytes: None,
+            saved_disk_bytes_per_key: None,
             allow_degraded: false,
             strict: false,
             default_limits: Default::default(),
@@ -220,6 +232,18 @@ impl Config {
 
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(self.shutdown_grace_s)
+    }
+
+    pub fn shutdown_save(&self) -> Duration {
+        Duration::from_secs(self.shutdown_save_s)
+    }
+
+    /// The share of the host's disk for saved sandboxes, as set.
+    pub fn saved_disk(&self) -> crate::persist::DiskBudget {
+        crate::persist::DiskBudget {
+            total: self.saved_disk_bytes,
+            per_key: self.saved_disk_bytes_per_key,
+        }
     }
 
     /// `max_runs_per_key`, or its default: half of `max_runs`, at least 1.
@@ -312,6 +336,12 @@ impl Config {
         if !(self.watch_scan_share > 0.0 && self.watch_scan_share <= 1.0) {
             anyhow::bail!(
                 "watch_scan_share must be more than 0 and at most 1 (0.1: a tenth of a core)"
+            );
+        }
+        if self.saved_disk_bytes == Some(0) || self.saved_disk_bytes_per_key == Some(0) {
+            anyhow::bail!(
+                "saved_disk_bytes and saved_disk_bytes_per_key must be more than 0 (paused \
+                 sandboxes could not be saved)"
             );
         }
         if self.memory_budget_bytes == Some(0) {

@@ -2,28 +2,35 @@
 //!
 //! A paused sandbox keeps its memory only as long as its processes live, that is as long as
 //! the server. When the server shuts down gracefully, every paused sandbox's workspace is
-//! copied to `<database dir>/saved-sandboxes/<id>/` (through the same [`OutDir`] that copies
-//! files out of any sandbox: new files only, no link followed, at most the sandbox's disk
-//! limit) and its settings — owner, image, language, limits, environment, code policy, network
-//! policy, metadata, idle timeout, since when it is paused — are recorded in the server's
-//! database (`saved_sandboxes`). They are saved at shutdown rather than at every pause, so
-//! that a pause stays a freeze of milliseconds; a server that is killed (or crashes) loses its
-//! paused sandboxes, as it loses its running ones.
+//! copied to `<database file>.saved/<id>/` (`corral.db.saved/` beside `corral.db`: each
+//! database has a directory of its own, so that servers on several databases in one
+//! directory never touch each other's) through the same [`OutDir`] that copies files out of
+//! any sandbox: new files only, no link followed, holes kept as holes, at most the sandbox's
+//! disk limit (by apparent size), within the key's share of the host's disk for saved sandboxes
+//! ([`DiskBudget`]) and before the time to save runs out. A file that does not fit is left
+//! out whole. Its settings — owner, image, language, limits, environment, code policy,
+//! network policy, metadata, idle timeout, since when it is paused — and the files left out
+//! are recorded in the server's database (`saved_sandboxes`). They are saved at shutdown
+//! rather than at every pause, so that a pause stays a freeze of milliseconds; a server that
+//! is killed (or crashes) loses its paused sandboxes, as it loses its running ones.
 //!
-//! After the restart they are listed as paused, under their own ids and to their owners only.
-//! A resume starts a fresh kernel with the same settings, under the same id, on the saved
-//! files, and its info says `"memory": "not kept"`: variables, imports and processes are gone.
-//! A saved sandbox still expires once it has been paused `max_paused_s` (counted from its
-//! pause, across restarts); one that is deleted or expires has its files removed at once.
+//! After the restart they are listed as paused, under their own ids and to their owners only,
+//! with warnings naming what was not saved, or saying that their files are lost (their
+//! directory is gone). A resume starts a fresh kernel with the same settings, under the same
+//! id, on the saved files (none when they are lost), and its info says `"memory": "not
+//! kept"`: variables, imports and processes are gone. A saved sandbox still expires once it
+//! has been paused `max_paused_s` (counted from its pause, across restarts); one that is
+//! deleted or expires has its files removed at once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use corral_sandbox::workspace::{CopyLimits, OutDir};
+use corral_sandbox::workspace::{CopyError, CopyLimits, OutDir};
 use corral_sandbox::Workspace;
+use corral_share::{Grant, Limits, Pool};
 use serde::{Deserialize, Serialize};
 
 use crate::db::Db;
@@ -36,6 +43,10 @@ pub const MEMORY_KEPT: &str = "kept";
 
 /// The most directory levels a restore descends (as deep as a copy out goes).
 const MAX_DEPTH: usize = corral_sandbox::workspace::MAX_DEPTH + 1;
+/// The most files a saved sandbox's record names as not saved; the rest are counted.
+const MAX_NAMED_NOT_SAVED: usize = 20;
+/// Where servers before issue 31 kept the saved sandboxes of every database of a directory.
+const LEGACY_DIR: &str = "saved-sandboxes";
 
 /// Why saving or restoring a sandbox failed.
 #[derive(Debug, thiserror::Error)]
@@ -74,9 +85,15 @@ pub enum PersistError {
     },
     #[error("{0:?} is not the id of a sandbox")]
     BadId(String),
+    #[error("the database {} has no file name to name its saved sandboxes' directory after", .0.display())]
+    NoFileName(PathBuf),
+    #[error(
+        "saved_disk_bytes ({total}) and saved_disk_bytes_per_key ({per_key}) must be more than 0"
+    )]
+    NoDisk { total: u64, per_key: u64 },
 }
 
-/// The settings a saved sandbox is created again with.
+/// What the database keeps of a saved sandbox.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SavedSpec {
     /// The request it was created with, every field resolved (image, language, limits, code
@@ -84,6 +101,10 @@ pub struct SavedSpec {
     pub request: CreateSandboxRequest,
     /// Unix seconds.
     pub created_at: u64,
+    /// Why files of its workspace were not saved (at most [`MAX_NAMED_NOT_SAVED`], then how
+    /// many more): a cap, the disk budget, the time to save. Empty: all of them were.
+    #[serde(default)]
+    pub not_saved: Vec<String>,
 }
 
 /// A paused sandbox saved by a previous server process.
@@ -93,11 +114,60 @@ pub struct SavedSandbox {
     pub tenant: Tenant,
     pub paused_at: SystemTime,
     pub spec: SavedSpec,
+    /// Its saved directory was not found: it resumes on an empty workspace.
+    pub files_lost: bool,
 }
 
 impl SavedSandbox {
     pub fn created_at(&self) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(self.spec.created_at)
+    }
+
+    /// What its info's `warnings` say of its files.
+    pub fn warnings(&self) -> Vec<String> {
+        if self.files_lost {
+            return vec![FILES_LOST.to_string()];
+        }
+        self.spec
+            .not_saved
+            .iter()
+            .map(|why| format!("not saved at the restart: {why}"))
+            .collect()
+    }
+}
+
+/// The warning of a saved sandbox whose files are gone.
+const FILES_LOST: &str = "its saved files are lost (their directory beside the server's \
+    database is gone): it resumes on an empty workspace, with its settings";
+
+/// The share of the host's disk that saved sandboxes' files take (docs/api.md).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DiskBudget {
+    /// In all; default a quarter of what the database's filesystem has free at start plus
+    /// what saved sandboxes take already.
+    pub total: Option<u64>,
+    /// Per key; default half of `total`.
+    pub per_key: Option<u64>,
+}
+
+impl DiskBudget {
+    /// The pool's limits, with `free` bytes free on the disk and `saved` taken by saved
+    /// sandboxes: a key may hold `per_key` of the total; an eighth of it is the reserve out
+    /// of which every key may save up to a thirty-second of it (its floor) when the others
+    /// have filled the rest.
+    fn limits(&self, free: u64, saved: u64) -> Result<Limits, PersistError> {
+        let total = self.total.unwrap_or(free.saturating_add(saved) / 4);
+        let per_key = self.per_key.unwrap_or(total / 2).min(total);
+        if total == 0 || per_key == 0 {
+            return Err(PersistError::NoDisk { total, per_key });
+        }
+        let reserve = total / 8;
+        Ok(Limits::new(
+            total - reserve,
+            per_key,
+            (total / 32).min(per_key),
+            reserve,
+        ))
     }
 }
 
@@ -106,6 +176,10 @@ pub struct Saved {
     dir: PathBuf,
     max_paused: Duration,
     sandboxes: Mutex<BTreeMap<String, SavedSandbox>>,
+    /// The host's disk that saved sandboxes' files take.
+    disk: Arc<Pool>,
+    /// What each saved sandbox's files hold of `disk`.
+    held: Mutex<HashMap<String, Grant>>,
 }
 
 fn unix_secs(t: SystemTime) -> u64 {
@@ -123,10 +197,54 @@ fn checked_id(id: &str) -> Result<&str, PersistError> {
         .ok_or_else(|| PersistError::BadId(id.to_string()))
 }
 
+/// The directory of the saved sandboxes of the database `db`: `<its file name>.saved` beside
+/// it.
+pub fn saved_dir(db: &Path) -> Result<PathBuf, PersistError> {
+    let name = db
+        .file_name()
+        .ok_or_else(|| PersistError::NoFileName(db.to_path_buf()))?;
+    let mut name = name.to_os_string();
+    name.push(".saved");
+    Ok(db.with_file_name(name))
+}
+
+/// Bytes of the disk that the files and directories below `dir` take (`st_blocks`), not
+/// following links, as deep as a restore goes.
+fn allocated(dir: &Path, depth: usize) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut total = 0;
+    for entry in entries.flatten() {
+        let Ok(meta) = fs::symlink_metadata(entry.path()) else {
+            continue;
+        };
+        total += meta.blocks() * 512;
+        if meta.is_dir() && depth < MAX_DEPTH {
+            total += allocated(&entry.path(), depth + 1);
+        }
+    }
+    total
+}
+
+/// A real directory at `path` (not a link to one).
+fn is_real_dir(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
+}
+
 impl Saved {
-    /// The sandboxes saved under `dir` and in `db`; those paused longer than `max_paused` are
-    /// deleted now, and so are files of sandboxes the database does not know.
-    pub fn load(db: &Db, dir: PathBuf, max_paused: Duration) -> Result<Saved, PersistError> {
+    /// The sandboxes saved for the database `db` at `db_path`; those paused longer than
+    /// `max_paused` are deleted now, and so are files in its directory that no saved sandbox
+    /// of it owns. Files saved under `saved-sandboxes/` by a server before issue 31 are moved
+    /// over, those of this database's sandboxes only.
+    pub fn load(
+        db: &Db,
+        db_path: &Path,
+        max_paused: Duration,
+        budget: DiskBudget,
+    ) -> Result<Saved, PersistError> {
+        let dir = saved_dir(db_path)?;
         let mut sandboxes = BTreeMap::new();
         for (id, key, paused_at, spec) in db.saved_sandboxes()? {
             let spec = serde_json::from_str(&spec).map_err(|source| PersistError::Spec {
@@ -140,6 +258,7 @@ impl Saved {
                         tenant: Tenant(key),
                         paused_at: UNIX_EPOCH + Duration::from_secs(paused_at.max(0) as u64),
                         spec,
+                        files_lost: false,
                     };
                     sandboxes.insert(id, sandbox);
                 }
@@ -149,48 +268,83 @@ impl Saved {
                 }
             }
         }
+        make_private(&dir)?;
+        let legacy = db_path.with_file_name(LEGACY_DIR);
+        if is_real_dir(&legacy) {
+            move_legacy(&legacy, &dir, sandboxes.keys());
+        }
+        let mut saved_bytes = 0;
+        let mut sizes = Vec::new();
+        for sandbox in sandboxes.values_mut() {
+            let path = dir.join(&sandbox.id);
+            if is_real_dir(&path) {
+                let bytes = allocated(&path, 0) + allocated_self(&path);
+                saved_bytes += bytes;
+                sizes.push((sandbox.id.clone(), sandbox.tenant.0.clone(), bytes));
+            } else {
+                sandbox.files_lost = true;
+            }
+        }
+        let free = nix::sys::statvfs::statvfs(&dir)
+            .map(|s| s.blocks_available().saturating_mul(s.fragment_size()))
+            .map_err(|e| PersistError::Io {
+                path: dir.clone(),
+                source: e.into(),
+            })?;
+        let disk = Pool::new(
+            "the host's disk for saved sandboxes",
+            "bytes",
+            budget.limits(free, saved_bytes)?,
+        );
+        // On the disk already: counted whatever the budget is now.
+        let held = sizes
+            .into_iter()
+            .map(|(id, key, bytes)| (id, disk.take_held(&key, bytes)))
+            .collect();
         let saved = Saved {
             dir,
             max_paused,
             sandboxes: Mutex::new(sandboxes),
+            disk,
+            held: Mutex::new(held),
         };
-        saved.make_private()?;
         saved.remove_strays();
         saved.expire(db);
         Ok(saved)
     }
 
-    /// Makes the directory of saved workspaces, or makes it the server's own: mode 0700, so
-    /// that no other local user reads the tenants' files through it (the database's directory
-    /// is usually world-readable, as `/var/lib/corral` is; the files inside keep the copy's
-    /// 0644). A directory made with a wider mode (by an older server) is narrowed; anything
-    /// else at its path is refused.
-    fn make_private(&self) -> Result<(), PersistError> {
-        use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
-        let io = |source| PersistError::Io {
-            path: self.dir.clone(),
-            source,
-        };
-        match fs::DirBuilder::new().mode(0o700).create(&self.dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(io(e)),
-            _ => {}
-        }
-        if !fs::symlink_metadata(&self.dir).map_err(io)?.is_dir() {
-            return Err(io(std::io::Error::from(std::io::ErrorKind::NotADirectory)));
-        }
-        fs::set_permissions(&self.dir, fs::Permissions::from_mode(0o700)).map_err(io)
+    fn sandboxes(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, SavedSandbox>> {
+        // Every change is one insert or remove: a poisoned map is consistent.
+        self.sandboxes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Removes saved files no saved sandbox owns (a shutdown that stopped half-way).
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Grant>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The pool of the host's disk that saved sandboxes take.
+    pub fn disk(&self) -> &Arc<Pool> {
+        &self.disk
+    }
+
+    /// Removes what no saved sandbox of this database owns in its own directory (a shutdown
+    /// that stopped half-way). Nothing outside it is judged.
     fn remove_strays(&self) {
         let Ok(entries) = fs::read_dir(&self.dir) else {
             return;
         };
-        let known = self.sandboxes.lock().expect("lock");
+        let known = self.sandboxes();
         for entry in entries.flatten() {
             let name = entry.file_name();
             if !known.contains_key(name.to_string_lossy().as_ref()) {
-                let _ = fs::remove_dir_all(entry.path());
+                let path = entry.path();
+                let _ = if is_real_dir(&path) {
+                    fs::remove_dir_all(path)
+                } else {
+                    fs::remove_file(path)
+                };
             }
         }
     }
@@ -203,9 +357,7 @@ impl Saved {
     pub fn expire(&self, db: &Db) -> usize {
         let now = SystemTime::now();
         let expired: Vec<String> = self
-            .sandboxes
-            .lock()
-            .expect("lock")
+            .sandboxes()
             .values()
             .filter(|s| {
                 now.duration_since(s.paused_at)
@@ -214,17 +366,18 @@ impl Saved {
             .map(|s| s.id.clone())
             .collect();
         for id in &expired {
-            self.sandboxes.lock().expect("lock").remove(id);
+            self.sandboxes().remove(id);
             self.delete(db, id);
         }
         expired.len()
     }
 
-    /// Removes a saved sandbox's files and its row.
+    /// Removes a saved sandbox's files and its row, and gives back the disk they held.
     fn delete(&self, db: &Db, id: &str) {
         if let Ok(path) = self.path(id) {
             let _ = fs::remove_dir_all(path);
         }
+        self.held().remove(id);
         if let Err(e) = db.forget_saved_sandbox(id) {
             eprintln!("corral: {e}");
         }
@@ -233,9 +386,7 @@ impl Saved {
     /// `tenant`'s saved sandbox `id`, if there is one (and it has not expired).
     pub fn get(&self, db: &Db, tenant: &Tenant, id: &str) -> Option<SavedSandbox> {
         self.expire(db);
-        self.sandboxes
-            .lock()
-            .expect("lock")
+        self.sandboxes()
             .get(id)
             .filter(|s| &s.tenant == tenant)
             .cloned()
@@ -244,9 +395,7 @@ impl Saved {
     /// `tenant`'s saved sandboxes (every key's with `None`).
     pub fn of(&self, db: &Db, tenant: Option<&Tenant>) -> Vec<SavedSandbox> {
         self.expire(db);
-        self.sandboxes
-            .lock()
-            .expect("lock")
+        self.sandboxes()
             .values()
             .filter(|s| tenant.is_none_or(|t| s.tenant == *t))
             .cloned()
@@ -254,10 +403,9 @@ impl Saved {
     }
 
     /// How many sandboxes are saved, and how many of them are `tenant`'s: they count against
-    /// the server's and the key's sandbox limits as live ones do, so that restarts cannot
-    /// pile up saved workspaces on the host's disk beyond what the limits allow.
+    /// the server's and the key's sandbox limits as live ones do.
     pub fn count(&self, tenant: &Tenant) -> (usize, usize) {
-        let sandboxes = self.sandboxes.lock().expect("lock");
+        let sandboxes = self.sandboxes();
         let mine = sandboxes.values().filter(|s| &s.tenant == tenant).count();
         (sandboxes.len(), mine)
     }
@@ -266,7 +414,7 @@ impl Saved {
     /// until it is [`Saved::put_back`] or [`Saved::finish`]ed.
     pub fn take(&self, db: &Db, tenant: &Tenant, id: &str) -> Option<SavedSandbox> {
         self.expire(db);
-        let mut sandboxes = self.sandboxes.lock().expect("lock");
+        let mut sandboxes = self.sandboxes();
         match sandboxes.get(id) {
             Some(s) if &s.tenant == tenant => sandboxes.remove(id),
             _ => None,
@@ -275,10 +423,7 @@ impl Saved {
 
     /// A resume that failed: the sandbox stays saved.
     pub fn put_back(&self, sandbox: SavedSandbox) {
-        self.sandboxes
-            .lock()
-            .expect("lock")
-            .insert(sandbox.id.clone(), sandbox);
+        self.sandboxes().insert(sandbox.id.clone(), sandbox);
     }
 
     /// A resume that succeeded: the saved files and row are gone.
@@ -297,18 +442,22 @@ impl Saved {
         }
     }
 
-    /// Saves a paused sandbox: its workspace's files (at most `disk_bytes`), then its row.
+    /// Saves a paused sandbox: its workspace's files (at most `disk_bytes` of data, within
+    /// its key's share of the disk, before `deadline`), then its row, naming the files left
+    /// out.
     pub fn save(
         &self,
         db: &Db,
-        sandbox: SavedSandbox,
+        mut sandbox: SavedSandbox,
         workspace: &Workspace,
         disk_bytes: u64,
+        deadline: Instant,
     ) -> Result<(), PersistError> {
         let path = self.path(&sandbox.id)?;
-        self.make_private()?;
+        make_private(&self.dir)?;
         // What a previous save of this id left (a server killed during its shutdown).
         let _ = fs::remove_dir_all(&path);
+        self.held().remove(&sandbox.id);
         let id = sandbox.id.clone();
         let mut out =
             OutDir::create(&path, CopyLimits::for_workspace(disk_bytes)).map_err(|source| {
@@ -317,14 +466,25 @@ impl Saved {
                     source,
                 }
             })?;
-        let report = workspace
-            .copy_out(&mut out)
-            .map_err(|source| PersistError::Workspace {
+        // The directory itself is made already.
+        out.charge_to(
+            self.disk
+                .take_held(&sandbox.tenant.0, allocated_self(&path)),
+        );
+        out.stop_at(deadline);
+        let report = workspace.copy_out(&mut out);
+        let grant = out.into_grant();
+        let report = report.map_err(|source| {
+            let _ = fs::remove_dir_all(&path);
+            PersistError::Workspace {
                 id: id.clone(),
                 source,
-            })?;
-        for skipped in &report.skipped {
-            eprintln!("corral: saving {id}: a file was not saved: {skipped}");
+            }
+        })?;
+        sandbox.spec.not_saved = not_saved(&report.skipped);
+        sandbox.files_lost = false;
+        for why in &sandbox.spec.not_saved {
+            eprintln!("corral: saving {id}: {why}");
         }
         let spec = serde_json::to_string(&sandbox.spec).map_err(|source| PersistError::Spec {
             id: id.clone(),
@@ -336,17 +496,93 @@ impl Saved {
             unix_secs(sandbox.paused_at) as i64,
             &spec,
         )?;
+        if let Some(grant) = grant {
+            self.held().insert(id, grant);
+        }
         self.put_back(sandbox);
         Ok(())
     }
 
-    /// Writes the saved files of `id` into `workspace` (a fresh sandbox's); how many.
-    pub fn restore(&self, id: &str, workspace: &Workspace) -> Result<usize, PersistError> {
+    /// Writes the saved files of `id` into `workspace` (a fresh sandbox's), holes kept; how
+    /// many, or `None` when its directory is gone (its files are lost).
+    pub fn restore(&self, id: &str, workspace: &Workspace) -> Result<Option<usize>, PersistError> {
         let root = self.path(id)?;
+        if !is_real_dir(&root) {
+            return Ok(None);
+        }
         let mut restored = 0;
         restore_dir(&root, Path::new(""), 0, workspace, &mut restored)?;
-        Ok(restored)
+        Ok(Some(restored))
     }
+}
+
+/// The disk that the directory `path` itself takes.
+fn allocated_self(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    fs::symlink_metadata(path).map_or(0, |m| m.blocks() * 512)
+}
+
+/// What a saved sandbox's record says of the files a copy left out: the first
+/// [`MAX_NAMED_NOT_SAVED`], then how many more.
+fn not_saved(skipped: &[CopyError]) -> Vec<String> {
+    let mut named: Vec<String> = skipped
+        .iter()
+        .take(MAX_NAMED_NOT_SAVED)
+        .map(ToString::to_string)
+        .collect();
+    if skipped.len() > MAX_NAMED_NOT_SAVED {
+        named.push(format!(
+            "and {} more file(s) or reasons",
+            skipped.len() - MAX_NAMED_NOT_SAVED
+        ));
+    }
+    named
+}
+
+/// Makes the directory of saved workspaces, or makes it the server's own: mode 0700, so that
+/// no other local user reads the tenants' files through it (the database's directory is
+/// usually world-readable, as `/var/lib/corral` is; the files inside keep the copy's 0644). A
+/// directory made with a wider mode (by an older server) is narrowed; anything else at its
+/// path is refused.
+fn make_private(dir: &Path) -> Result<(), PersistError> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    let io = |source| PersistError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(io(e)),
+        _ => {}
+    }
+    if !is_real_dir(dir) {
+        return Err(io(std::io::Error::from(std::io::ErrorKind::NotADirectory)));
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(io)
+}
+
+/// Moves the saved files of the sandboxes `ids` (this database's) from `legacy` (the
+/// `saved-sandboxes/` that servers before issue 31 shared between the databases of a
+/// directory) into `dir`, where they are not there already; removes `legacy` once it is
+/// empty. Nothing else in it is touched: it may hold another database's.
+fn move_legacy<'a>(legacy: &Path, dir: &Path, ids: impl Iterator<Item = &'a String>) {
+    for id in ids {
+        let (from, to) = (legacy.join(id), dir.join(id));
+        if is_real_dir(&from) && fs::symlink_metadata(&to).is_err() {
+            match fs::rename(&from, &to) {
+                Ok(()) => eprintln!(
+                    "corral: saved sandbox {id} moved from {} to {}",
+                    legacy.display(),
+                    dir.display()
+                ),
+                Err(e) => eprintln!(
+                    "corral: saved sandbox {id} could not be moved from {}: {e}",
+                    legacy.display()
+                ),
+            }
+        }
+    }
+    // Fails unless it is empty.
+    let _ = fs::remove_dir(legacy);
 }
 
 /// Copies the regular files below `root/rel` into `workspace` at `rel`. The saved tree is the
@@ -374,9 +610,14 @@ fn restore_dir(
         if kind.is_dir() {
             restore_dir(root, &rel, depth + 1, workspace, restored)?;
         } else if kind.is_file() {
-            let mut file = fs::File::open(entry.path()).map_err(io(&entry.path()))?;
+            use std::os::unix::fs::OpenOptionsExt as _;
+            let file = fs::File::options()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(entry.path())
+                .map_err(io(&entry.path()))?;
             workspace
-                .write_file(&rel, &mut file)
+                .write_file_from(&rel, &file)
                 .map_err(|source| PersistError::Restore {
                     path: rel.clone(),
                     source,
@@ -395,9 +636,15 @@ mod tests {
         serde_json::to_string(&SavedSpec {
             request: CreateSandboxRequest::default(),
             created_at: 1,
+            not_saved: Vec::new(),
         })
         .unwrap()
     }
+
+    const BUDGET: DiskBudget = DiskBudget {
+        total: Some(1 << 30),
+        per_key: None,
+    };
 
     /// At start: the directory becomes mode 0700, a row whose id is no sandbox id is dropped
     /// (never used as a path), a sandbox paused too long is deleted with its files, files
@@ -405,8 +652,9 @@ mod tests {
     #[test]
     fn loading_drops_bad_ids_expired_sandboxes_and_stray_files() {
         let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("corral.db")).unwrap();
-        let saved_dir = dir.path().join("saved-sandboxes");
+        let db_path = dir.path().join("corral.db");
+        let db = Db::open(&db_path).unwrap();
+        let saved_dir = dir.path().join("corral.db.saved");
         let now = unix_secs(SystemTime::now()) as i64;
         for id in ["sbx-kept", "sbx-old", "stray"] {
             fs::create_dir_all(saved_dir.join(id)).unwrap();
@@ -424,7 +672,7 @@ mod tests {
         use std::os::unix::fs::PermissionsExt as _;
         fs::set_permissions(&saved_dir, fs::Permissions::from_mode(0o755)).unwrap();
 
-        let saved = Saved::load(&db, saved_dir.clone(), Duration::from_secs(3600)).unwrap();
+        let saved = Saved::load(&db, &db_path, Duration::from_secs(3600), BUDGET).unwrap();
         // Narrowed to the server's own: other local users read no tenant's files.
         let mode = fs::metadata(&saved_dir).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700, "{mode:o}");
@@ -445,26 +693,88 @@ mod tests {
             .map(|r| r.0)
             .collect();
         assert_eq!(rows, ["sbx-kept"]);
+        // Its files hold their disk.
+        assert!(saved.disk().held_by("key-a") >= 4096);
 
-        // Another key cannot delete it; its owner can, files and row.
+        // Another key cannot delete it; its owner can, files and row, and the disk is free.
         assert!(!saved.remove(&db, &Tenant("key-b".into()), "sbx-kept"));
         assert!(saved.remove(&db, &a, "sbx-kept"));
         assert!(!saved_dir.join("sbx-kept").exists());
         assert!(db.saved_sandboxes().unwrap().is_empty());
+        assert_eq!(saved.disk().held(), 0);
+    }
+
+    /// Two databases in one directory: each has its saved sandboxes in a directory of its
+    /// own, and neither's start removes the other's. What an older server saved in the
+    /// shared `saved-sandboxes/` is moved over for the database that owns it, nothing else
+    /// there is touched, and a sandbox whose files are nowhere is loaded as lost.
+    #[test]
+    fn each_database_keeps_its_own_and_takes_its_own_from_the_shared_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = unix_secs(SystemTime::now()) as i64;
+        let legacy = dir.path().join("saved-sandboxes");
+        let (p1, p2) = (dir.path().join("n1.db"), dir.path().join("n2.db"));
+        let (db1, db2) = (Db::open(&p1).unwrap(), Db::open(&p2).unwrap());
+        for (db, id) in [(&db1, "sbx-one"), (&db2, "sbx-two"), (&db1, "sbx-lost")] {
+            db.save_sandbox(id, "key-a", now, &spec()).unwrap();
+        }
+        for id in ["sbx-one", "sbx-two"] {
+            fs::create_dir_all(legacy.join(id)).unwrap();
+            fs::write(legacy.join(id).join("f"), id).unwrap();
+        }
+        let one = Saved::load(&db1, &p1, Duration::from_secs(3600), BUDGET).unwrap();
+        assert_eq!(
+            fs::read_to_string(dir.path().join("n1.db.saved/sbx-one/f")).unwrap(),
+            "sbx-one"
+        );
+        assert!(legacy.join("sbx-two/f").is_file(), "not n1's");
+        let lost = one.get(&db1, &Tenant("key-a".into()), "sbx-lost").unwrap();
+        assert!(lost.files_lost);
+        assert!(lost.warnings()[0].contains("files are lost"));
+        assert!(
+            !one.get(&db1, &Tenant("key-a".into()), "sbx-one")
+                .unwrap()
+                .files_lost
+        );
+
+        let two = Saved::load(&db2, &p2, Duration::from_secs(3600), BUDGET).unwrap();
+        assert!(dir.path().join("n2.db.saved/sbx-two/f").is_file());
+        assert!(!legacy.exists(), "removed once empty");
+        // n2's start left n1's files alone, and n1's next start n2's.
+        drop((one, two));
+        Saved::load(&db1, &p1, Duration::from_secs(3600), BUDGET).unwrap();
+        assert!(dir.path().join("n1.db.saved/sbx-one/f").is_file());
+        assert!(dir.path().join("n2.db.saved/sbx-two/f").is_file());
+    }
+
+    /// The default budget is a quarter of what the disk has free plus what is saved; a key
+    /// may hold half of it; a budget of nothing is refused.
+    #[test]
+    fn the_disk_budget_defaults_to_a_quarter_of_the_free_disk() {
+        let limits = DiskBudget::default().limits(300 << 20, 100 << 20).unwrap();
+        assert_eq!(limits.ceiling(), 100 << 20);
+        assert_eq!(limits.per_key, 50 << 20);
+        assert!(limits.floor <= limits.per_key && limits.floor > 0);
+        let set = DiskBudget {
+            total: Some(1 << 20),
+            per_key: Some(4 << 20),
+        };
+        assert_eq!(set.limits(0, 0).unwrap().per_key, 1 << 20);
+        assert!(DiskBudget::default().limits(0, 0).is_err());
     }
 
     /// A link (or any non-directory) where the saved workspaces go is refused, not followed.
     #[test]
     fn loading_refuses_a_link_in_place_of_the_directory() {
         let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("corral.db")).unwrap();
+        let db_path = dir.path().join("corral.db");
+        let db = Db::open(&db_path).unwrap();
         let elsewhere = dir.path().join("elsewhere");
         fs::create_dir(&elsewhere).unwrap();
         use std::os::unix::fs::PermissionsExt as _;
         fs::set_permissions(&elsewhere, fs::Permissions::from_mode(0o755)).unwrap();
-        let saved_dir = dir.path().join("saved-sandboxes");
-        std::os::unix::fs::symlink(&elsewhere, &saved_dir).unwrap();
-        assert!(Saved::load(&db, saved_dir, Duration::from_secs(3600)).is_err());
+        std::os::unix::fs::symlink(&elsewhere, dir.path().join("corral.db.saved")).unwrap();
+        assert!(Saved::load(&db, &db_path, Duration::from_secs(3600), BUDGET).is_err());
         let mode = fs::metadata(&elsewhere).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o755, "{mode:o}");
     }

@@ -778,11 +778,9 @@ impl Service {
         let orphans = db.end_orphaned_sessions()?;
         let saved = crate::persist::Saved::load(
             &db,
-            db_path
-                .parent()
-                .unwrap_or(Path::new("."))
-                .join("saved-sandboxes"),
+            &db_path,
             Duration::from_secs(config.max_paused_s),
+            config.saved_disk(),
         )?;
         if !orphans.is_empty() {
             eprintln!(
@@ -1369,7 +1367,7 @@ impl Service {
             idle_timeout: idle,
             executions: 0,
             death: None,
-            warnings: Vec::new(),
+            warnings: saved.warnings(),
             paused_at: Some(saved.paused_at),
             network: None,
         };
@@ -1411,14 +1409,23 @@ impl Service {
                     .restore(&id, &workspace)
                     .map_err(|e| ServiceError::Sandbox(e.to_string()))
             });
-        if let Err(e) = restored {
-            // The saved files stay for another try; the fresh session goes.
-            let owned = self.sessions.lock().expect("lock").remove(&id);
-            let _ = self.manager.close(&id);
-            self.released(owned);
-            self.saved.put_back(saved);
-            return Err(e);
+        let lost = match restored {
+            Ok(restored) => restored.is_none(),
+            Err(e) => {
+                // The saved files stay for another try; the fresh session goes.
+                let owned = self.sessions.lock().expect("lock").remove(&id);
+                let _ = self.manager.close(&id);
+                self.released(owned);
+                self.saved.put_back(saved);
+                return Err(e);
+            }
+        };
+        // What the answer says of its files: what was not saved, or that they are lost.
+        let warnings = crate::persist::SavedSandbox {
+            files_lost: saved.files_lost || lost,
+            ..saved
         }
+        .warnings();
         self.saved.finish(&self.db, &id);
         if let Err(e) = self.db.session_restored(&id) {
             eprintln!("corral: {e}");
@@ -1428,10 +1435,12 @@ impl Service {
             return Ok(info);
         };
         owned.restored = true;
-        Ok(SandboxInfo {
+        let mut info = SandboxInfo {
             memory: crate::persist::MEMORY_NOT_KEPT.to_string(),
             ..info
-        })
+        };
+        info.warnings.extend(warnings);
+        Ok(info)
     }
 
     pub fn get(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ServiceError> {
@@ -2033,12 +2042,9 @@ impl Service {
             .clone()
     }
 
-    /// Refuses new work from now on.
-    /// Saves session `id` across the restart if it is paused (crate::persist).
-    fn save_if_paused(&self, id: &str, owned: &Owned) {
-        let Some(paused_at) = self.manager.get(id).ok().and_then(|info| info.paused_at) else {
-            return;
-        };
+    /// Saves the paused session `id`, paused since `paused_at`, across the restart, writing
+    /// nothing after `deadline` (crate::persist).
+    fn save_paused(&self, id: &str, owned: &Owned, paused_at: SystemTime, deadline: Instant) {
         let Ok(workspace) = self.manager.workspace_to_save(id) else {
             return;
         };
@@ -2055,17 +2061,23 @@ impl Service {
             spec: crate::persist::SavedSpec {
                 request: owned.request.clone(),
                 created_at,
+                not_saved: Vec::new(),
             },
+            files_lost: false,
         };
-        match self
-            .saved
-            .save(&self.db, saved, &workspace, owned.limits.disk_bytes)
-        {
+        match self.saved.save(
+            &self.db,
+            saved,
+            &workspace,
+            owned.limits.disk_bytes,
+            deadline,
+        ) {
             Ok(()) => eprintln!("corral: paused sandbox {id} saved: resume it after the restart"),
             Err(e) => eprintln!("corral: paused sandbox {id} could not be saved: {e}"),
         }
     }
 
+    /// Refuses new work from now on.
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::Relaxed);
     }
@@ -2077,11 +2089,28 @@ impl Service {
         }
     }
 
-    /// Tears every session down; nothing of them remains.
+    /// Tears every session down; nothing of them remains but the paused ones' saved files.
+    /// Saving them takes at most `shutdown_save_s` in all: each gets an even share of the
+    /// time left, so that one large workspace cannot take the others' time.
     pub fn close_all(&self) {
         let sessions: Vec<(String, Owned)> = self.sessions.lock().expect("lock").drain().collect();
+        let paused: HashMap<&str, SystemTime> = sessions
+            .iter()
+            .filter_map(|(id, _)| {
+                let since = self.manager.get(id).ok()?.paused_at?;
+                Some((id.as_str(), since))
+            })
+            .collect();
+        let end = Instant::now() + self.config.shutdown_save();
+        let mut left = paused.len() as u32;
+        for (id, owned) in &sessions {
+            if let Some(&since) = paused.get(id.as_str()) {
+                let share = end.saturating_duration_since(Instant::now()) / left.max(1);
+                self.save_paused(id, owned, since, Instant::now() + share);
+                left -= 1;
+            }
+        }
         for (id, owned) in sessions {
-            self.save_if_paused(&id, &owned);
             let _ = self.manager.close(&id);
             self.released(Some(owned));
             let _ = self.db.session_ended(&id, "server shut down");

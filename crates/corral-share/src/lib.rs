@@ -155,6 +155,21 @@ impl Pool {
         })
     }
 
+    /// `amount` units that `key` holds already, whatever the bounds (what an earlier process
+    /// left behind, such as files on a disk, which exist whether admitted or not): counted,
+    /// never refused, so that the pool refuses what would go past its bounds with them.
+    pub fn take_held(self: &Arc<Self>, key: &str, amount: u64) -> Grant {
+        let key: Arc<str> = Arc::from(key);
+        let mut state = self.state();
+        state.held = state.held.saturating_add(amount);
+        *state.by_key.entry(key.clone()).or_insert(0) += amount;
+        Grant {
+            pool: self.clone(),
+            key,
+            amount,
+        }
+    }
+
     /// A key's handle on this pool, to take from later without naming the key again.
     pub fn share(self: &Arc<Self>, key: &str) -> Share {
         Share {
@@ -399,6 +414,23 @@ mod tests {
         );
         drop(b);
         assert_eq!(p.held(), 4);
+    }
+
+    #[test]
+    fn units_held_already_are_counted_past_the_bounds_and_block_the_rest() {
+        let p = pool(10, 6, 2, 2);
+        let held = p.take_held("a", 9);
+        assert_eq!((p.held(), p.held_by("a")), (9, 9));
+        assert!(
+            p.take("a", 1).unwrap_err().is_key(),
+            "past its share already"
+        );
+        // Another key still has its floor, then no more.
+        let _b = p.take("b", 2).unwrap();
+        assert!(p.take("b", 1).is_err());
+        drop(held);
+        assert_eq!(p.held(), 2);
+        p.take("a", 6).unwrap();
     }
 
     #[test]

@@ -41,9 +41,18 @@ impl Server {
 
     /// As [`Server::start`], listening on `host` (requests still go to loopback).
     fn start_on(host: &str, dir: tempfile::TempDir, config: &str) -> Server {
-        let port = free_port();
         let db = dir.path().join("corral.db");
-        let config_path = dir.path().join("corral.toml");
+        Self::start_with(host, dir, db, config)
+    }
+
+    /// As [`Server::start_in`], on the database `db` (anywhere), its config file beside it.
+    fn start_on_db(dir: tempfile::TempDir, db: PathBuf, config: &str) -> Server {
+        Self::start_with("127.0.0.1", dir, db, config)
+    }
+
+    fn start_with(host: &str, dir: tempfile::TempDir, db: PathBuf, config: &str) -> Server {
+        let port = free_port();
+        let config_path = db.with_extension("toml");
         let pool = if config.contains("pool_size") {
             ""
         } else {
@@ -58,7 +67,7 @@ impl Server {
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
-        let server = Server {
+        let mut server = Server {
             child,
             url: format!("http://127.0.0.1:{port}"),
             db,
@@ -70,6 +79,9 @@ impl Server {
             .is_err()
         {
             assert!(Instant::now() < deadline, "the server did not come up");
+            if let Some(status) = server.child.try_wait().unwrap() {
+                panic!("the server exited: {status}");
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
         server
@@ -77,6 +89,30 @@ impl Server {
 
     fn pid(&self) -> i32 {
         self.child.id() as i32
+    }
+
+    /// SIGTERM, and the server exits 0 (paused sandboxes saved).
+    fn stop_gracefully(&mut self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid()),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        assert!(self.child.wait().unwrap().success());
+    }
+
+    /// The server stopped gracefully and started again on its database with `config`.
+    fn restarted(mut self, config: &str) -> Server {
+        self.stop_gracefully();
+        self.started_again(config)
+    }
+
+    /// A server stopped, started again on its database with `config`.
+    fn started_again(mut self, config: &str) -> Server {
+        let dir = std::mem::replace(&mut self._dir, tempfile::tempdir().unwrap());
+        let db = self.db.clone();
+        drop(self);
+        Self::start_on_db(dir, db, config)
     }
 
     fn key(&self, name: &str) -> String {
@@ -3773,7 +3809,7 @@ fn a_paused_sandbox_survives_a_restart_with_its_files() {
     let dir = tempfile::tempdir().unwrap();
     // World-readable, as `/var/lib/corral` is.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let saved_dir = dir.path().join("saved-sandboxes");
+    let saved_dir = dir.path().join("corral.db.saved");
     let mut s = Server::start_in(dir, "shutdown_grace_s = 2");
     let (key_a, key_b) = (s.key("A"), s.key("B"));
     let body = r#"{"image":"host","env":{"KEPT_ENV":"yes"},"metadata":{"team":"x"},"limits":{"disk_mb":64}}"#;
@@ -3930,7 +3966,7 @@ fn a_paused_sandbox_survives_a_restart_with_its_files() {
 #[test]
 fn a_saved_sandbox_expires_across_the_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let saved_dir = dir.path().join("saved-sandboxes");
+    let saved_dir = dir.path().join("corral.db.saved");
     let mut s = Server::start_in(dir, "shutdown_grace_s = 2\nmax_paused_s = 1");
     let id = s.create(None);
     s.execute(&id, None, "open('f', 'w').write('x')");
@@ -3950,6 +3986,251 @@ fn a_saved_sandbox_expires_across_the_restart() {
     let (status, _) = s.call("GET", &format!("/v1/sandboxes/{id}"), None, None);
     assert_eq!(status, 404);
     assert!(!saved_dir.join(&id).exists());
+}
+
+/// A session of `s` on the host image (with the request's other `fields`, JSON), which ran
+/// `code`, paused.
+fn paused_session(s: &Server, key: Option<&str>, fields: &str, code: &str) -> String {
+    let body = format!(r#"{{"image":"host"{fields}}}"#);
+    let (status, info) = s.call("POST", "/v1/sandboxes", key, Some(&body));
+    assert_eq!(status, 201, "{info}");
+    let id = info["id"].as_str().unwrap().to_string();
+    let (status, out) = s.execute(&id, key, code);
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["error"], Value::Null, "{out}");
+    let (status, info) = s.call("POST", &format!("/v1/sandboxes/{id}/pause"), key, None);
+    assert_eq!(status, 200, "{info}");
+    id
+}
+
+/// Resumes `id` (200) and answers what `code` prints in it, with the resume's answer.
+fn resume_and_print(s: &Server, key: Option<&str>, id: &str, code: &str) -> (Value, String) {
+    let (status, info) = s.call("POST", &format!("/v1/sandboxes/{id}/resume"), key, None);
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["state"], "running", "{info}");
+    let (status, out) = s.execute(id, key, code);
+    assert_eq!(status, 200, "{out}");
+    (info, out["stdout"].as_str().unwrap_or_default().to_string())
+}
+
+/// The warnings of a sandbox's info, joined.
+fn warnings_of(info: &Value) -> String {
+    info["warnings"]
+        .as_array()
+        .map(|w| {
+            w.iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+/// Where sandbox `id`'s files were saved beside the database in `root`: `corral.db.saved/`
+/// (`saved-sandboxes/` before issue 31).
+fn saved_files(root: &Path, id: &str) -> PathBuf {
+    ["corral.db.saved", "saved-sandboxes"]
+        .iter()
+        .map(|d| root.join(d).join(id))
+        .find(|p| p.is_dir())
+        .unwrap_or_else(|| panic!("no saved files of {id}"))
+}
+
+/// Bytes the host's disk holds for the files and directories below `dir` (st_blocks).
+fn allocated_below(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let meta = std::fs::symlink_metadata(entry.path()).unwrap();
+        total += meta.blocks() * 512;
+        if meta.is_dir() {
+            total += allocated_below(&entry.path());
+        }
+    }
+    total
+}
+
+/// Issue 31: two servers in one directory (`--db n1.db`, `--db n2.db`, as docs/scale-out.md's
+/// nodes may be) each keep their own paused sandboxes across a restart: the start of one
+/// never removes what the other saved, and both resume with their files.
+#[test]
+fn two_servers_in_one_directory_keep_their_own_saved_sandboxes() {
+    let shared = tempfile::tempdir().unwrap();
+    let start = |name: &str| {
+        Server::start_on_db(
+            tempfile::tempdir().unwrap(),
+            shared.path().join(name),
+            "shutdown_grace_s = 2",
+        )
+    };
+    let (n1, n2) = (start("n1.db"), start("n2.db"));
+    let write = |who: &str| format!("open('mine.txt', 'w').write('of {who}')");
+    let id1 = paused_session(&n1, None, "", &write("n1"));
+    let id2 = paused_session(&n2, None, "", &write("n2"));
+    // Both stop, then both start again: the second start must not take the first's files
+    // for strays.
+    let mut n1 = n1;
+    let mut n2 = n2;
+    n1.stop_gracefully();
+    n2.stop_gracefully();
+    let (db1, db2) = (n1.db.clone(), n2.db.clone());
+    drop((n1, n2));
+    let n1 = Server::start_on_db(tempfile::tempdir().unwrap(), db1, "");
+    let n2 = Server::start_on_db(tempfile::tempdir().unwrap(), db2, "");
+    let read = "print(open('mine.txt').read())";
+    for (s, id, who) in [(&n1, &id1, "n1"), (&n2, &id2, "n2")] {
+        let (status, info) = s.call("GET", &format!("/v1/sandboxes/{id}"), None, None);
+        assert_eq!(status, 200, "{who}: {info}");
+        assert_eq!(warnings_of(&info), "", "{who}: {info}");
+        let (_, out) = resume_and_print(s, None, id, read);
+        assert_eq!(out, format!("of {who}\n"), "{who}");
+    }
+    // Neither lists the other's.
+    let (status, _) = n1.call("GET", &format!("/v1/sandboxes/{id2}"), None, None);
+    assert_eq!(status, 404);
+}
+
+/// Issue 31: a saved sandbox whose files are gone (removed while the server was down, or
+/// while it runs) is listed as paused with a warning that its files are lost, and resumes
+/// on an empty workspace with that warning: never a 500, never stuck.
+#[test]
+fn a_saved_sandbox_whose_files_are_gone_resumes_empty_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let s = Server::start_in(dir, "shutdown_grace_s = 2");
+    let code = "open('f.txt', 'w').write('x')";
+    let before = paused_session(&s, None, "", code);
+    let after = paused_session(&s, None, "", code);
+    let remove = |id: &str| std::fs::remove_dir_all(saved_files(&root, id)).unwrap();
+    let mut s = s;
+    s.stop_gracefully();
+    remove(&before);
+    let s = s.started_again("");
+    remove(&after);
+    let (_, list) = s.call("GET", "/v1/sandboxes", None, None);
+    let listed: Vec<&Value> = list["sandboxes"].as_array().unwrap().iter().collect();
+    assert_eq!(listed.len(), 2, "{list}");
+    let (status, info) = s.call("GET", &format!("/v1/sandboxes/{before}"), None, None);
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["state"], "paused", "{info}");
+    assert!(warnings_of(&info).contains("files are lost"), "{info}");
+    for id in [&before, &after] {
+        let (info, out) = resume_and_print(&s, None, id, "import os\nprint(os.listdir('.'))");
+        assert!(
+            warnings_of(&info).contains("files are lost"),
+            "{id}: {info}"
+        );
+        assert_eq!(info["memory"], "not kept", "{info}");
+        assert_eq!(out, "[]\n", "{id}");
+    }
+}
+
+/// Issue 31: a paused sandbox's sparse file is saved sparse (a 2 GiB file of a few bytes
+/// takes a few blocks of the host's disk, not 2 GiB, and no time) and comes back with its
+/// size and data, in a sandbox of 64 MiB of memory.
+#[test]
+fn a_sparse_file_is_saved_and_restored_sparse() {
+    use std::os::unix::fs::MetadataExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let s = Server::start_in(dir, "shutdown_grace_s = 2");
+    let id = paused_session(
+        &s,
+        None,
+        r#","language":"bash","limits":{"memory_mb":64,"disk_mb":4096}"#,
+        "printf head > big\nprintf middle | dd of=big bs=1 seek=1073741824 conv=notrunc 2>/dev/null\n\
+         truncate -s 2G big",
+    );
+    let s = s.restarted("");
+    let saved = saved_files(&root, &id).join("big");
+    let meta = std::fs::symlink_metadata(&saved).unwrap();
+    assert_eq!(meta.len(), 2 << 30);
+    assert!(
+        meta.blocks() * 512 <= 1 << 20,
+        "{} bytes",
+        meta.blocks() * 512
+    );
+    let (info, out) = resume_and_print(
+        &s,
+        None,
+        &id,
+        "stat -c %s big; head -c 4 big; echo\n\
+         dd if=big bs=1 skip=1073741824 count=6 2>/dev/null; echo\n\
+         echo $(( $(stat -c '%b*%B' big) < 1048576 ))",
+    );
+    assert_eq!(warnings_of(&info), "", "{info}");
+    assert_eq!(out, "2147483648\nhead\nmiddle\n1\n");
+}
+
+/// Issue 31: saved sandboxes share a budget of the host's disk (`saved_disk_bytes`; a key at
+/// most `saved_disk_bytes_per_key` of it). A file beyond it is left out whole, named in the
+/// sandbox's warnings before and after the resume; the rest is saved, and the host's disk
+/// holds no more than the budget.
+#[test]
+fn saved_sandboxes_stay_within_their_disk_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let config =
+        "shutdown_grace_s = 2\nsaved_disk_bytes = 4194304\nsaved_disk_bytes_per_key = 2097152";
+    let s = Server::start_in(dir, config);
+    let (key_a, key_b) = (s.key("A"), s.key("B"));
+    let write = |name: &str, bytes: usize| {
+        format!("import os\nopen('{name}', 'wb').write(os.urandom({bytes}))")
+    };
+    let a = paused_session(
+        &s,
+        Some(&key_a),
+        "",
+        &format!(
+            "{}\n{}",
+            write("over.bin", 3 << 20),
+            write("fits.bin", 1536 << 10)
+        ),
+    );
+    let b = paused_session(&s, Some(&key_b), "", &write("b.bin", 1536 << 10));
+    let s = s.restarted(config);
+    let saved = root.join("corral.db.saved");
+    let used = allocated_below(&saved);
+    assert!(used <= 4 << 20, "{used} bytes on the host's disk");
+    assert!(used >= 3 << 20, "{used}: what fits was saved");
+
+    let (status, info) = s.call("GET", &format!("/v1/sandboxes/{a}"), Some(&key_a), None);
+    assert_eq!(status, 200, "{info}");
+    let warned = warnings_of(&info);
+    assert!(
+        warned.contains("over.bin") && warned.contains("not saved"),
+        "{info}"
+    );
+    assert!(!warned.contains("fits.bin"), "{info}");
+    let ls = "import os\nprint(sorted((n, os.path.getsize(n)) for n in os.listdir('.')))";
+    let (info, out) = resume_and_print(&s, Some(&key_a), &a, ls);
+    assert!(warnings_of(&info).contains("over.bin"), "{info}");
+    assert_eq!(out, "[('fits.bin', 1572864)]\n");
+    let (info, out) = resume_and_print(&s, Some(&key_b), &b, ls);
+    assert_eq!(warnings_of(&info), "", "{info}");
+    assert_eq!(out, "[('b.bin', 1572864)]\n");
+}
+
+/// Issue 31: a graceful stop spends at most `shutdown_save_s` saving paused sandboxes; with
+/// none, the sandbox is saved without its files, and its warnings say so.
+#[test]
+fn saving_stops_when_its_time_is_up() {
+    let s = Server::start("shutdown_grace_s = 2\nshutdown_save_s = 0");
+    let id = paused_session(&s, None, "", "open('late.txt', 'w').write('x')");
+    let s = s.restarted("");
+    let (status, info) = s.call("GET", &format!("/v1/sandboxes/{id}"), None, None);
+    assert_eq!(status, 200, "{info}");
+    assert!(
+        warnings_of(&info).contains("time for the copy ran out"),
+        "{info}"
+    );
+    let (info, out) = resume_and_print(&s, None, &id, "import os\nprint(os.listdir('.'))");
+    assert!(
+        warnings_of(&info).contains("time for the copy ran out"),
+        "{info}"
+    );
+    assert_eq!(out, "[]\n");
 }
 
 /// Runs `cmd args` through session `id`'s process agent (`POST …/processes`): its exit code
