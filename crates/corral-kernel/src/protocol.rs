@@ -392,11 +392,11 @@ impl Decoder {
         match budget.try_reserve(len.saturating_mul(HELD_COPIES)) {
             Ok(reservation) => Some(Room::Reserved(reservation)),
             Err(full) if len > SMALL_FRAME => {
-                self.short_of = Some(full.name().to_string());
+                self.short_of = Some(full.to_string());
                 self.short.count(len);
                 None
             }
-            Err(full) => Some(Room::Short(full.name().to_string())),
+            Err(full) => Some(Room::Short(full.to_string())),
         }
     }
 
@@ -426,7 +426,7 @@ impl Decoder {
                     self.results_left -= 1;
                     return Some(reservation);
                 }
-                Err(full) => full.name().to_string(),
+                Err(full) => full.to_string(),
             },
         };
         self.short_of = Some(short_of);

@@ -1,85 +1,59 @@
 //! The bytes of results a host holds at once, across every execution: a server makes one
-//! [`ResultBudget`] (`max_result_bytes_in_flight`) and a share of it per key, and a decoder
-//! takes the room of each result frame it keeps from the budget before it buffers the frame
-//! (docs/threat-model.md §11). The [`Reservation`] it gets travels with the result it covers,
-//! into the answer made of it, and gives its bytes back when that is dropped.
+//! [`corral_share::Pool`] of them (`max_result_bytes_in_flight`, a share per key and a floor)
+//! and a [`ResultBudget`] per key, and a decoder takes the room of each result frame it keeps
+//! from that budget before it buffers the frame (docs/threat-model.md §11). The
+//! [`Reservation`] it gets travels with the result it covers, into the answer made of it, and
+//! gives its bytes back when that is dropped.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// At most `limit` bytes reserved at once; a share's reservations take from the budget it is
-/// a share of as well.
+use corral_share::{Grant, Limits, Pool, Share};
+
+/// One key's room for results in a pool of result bytes.
 #[derive(Debug)]
 pub struct ResultBudget {
-    limit: usize,
-    used: AtomicUsize,
-    parent: Option<Arc<ResultBudget>>,
-    /// What the budget is, for the warning of a result it had no room for.
-    name: String,
+    share: Share,
+    /// What the key's share is and what the pool is, for the warning of a result neither had
+    /// room for.
+    share_name: String,
+    pool_name: String,
 }
 
 impl ResultBudget {
+    /// A budget of `limit` bytes of its own (a host with one tenant).
     pub fn new(limit: usize, name: impl Into<String>) -> Arc<ResultBudget> {
+        let limit = limit as u64;
+        let pool = Pool::new("result bytes", "bytes", Limits::new(limit, limit, 0, 0));
+        let name = name.into();
+        ResultBudget::of(&pool, "", name.clone(), name)
+    }
+
+    /// `key`'s budget in `pool`, whose refusals name `share_name` (the key's share was full)
+    /// or `pool_name` (the pool was).
+    pub fn of(
+        pool: &Arc<Pool>,
+        key: &str,
+        share_name: impl Into<String>,
+        pool_name: impl Into<String>,
+    ) -> Arc<ResultBudget> {
         Arc::new(ResultBudget {
-            limit,
-            used: AtomicUsize::new(0),
-            parent: None,
-            name: name.into(),
+            share: pool.share(key),
+            share_name: share_name.into(),
+            pool_name: pool_name.into(),
         })
     }
 
-    /// A share of this budget: at most `limit` of it, and only what it has room for.
-    pub fn share(self: &Arc<Self>, limit: usize, name: impl Into<String>) -> Arc<ResultBudget> {
-        Arc::new(ResultBudget {
-            limit,
-            used: AtomicUsize::new(0),
-            parent: Some(self.clone()),
-            name: name.into(),
-        })
-    }
-
-    pub fn limit(&self) -> usize {
-        self.limit
-    }
-
-    /// The bytes reserved now.
+    /// The bytes this key holds now.
     pub fn used(&self) -> usize {
-        self.used.load(Ordering::SeqCst)
+        self.share.pool().held_by(self.share.key()) as usize
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Reserves `bytes` in this budget and in every budget it is a share of, or in none: the
-    /// error is the budget that had no room.
-    pub fn try_reserve(self: &Arc<Self>, bytes: usize) -> Result<Reservation, &ResultBudget> {
-        self.take(bytes)?;
-        Ok(Reservation {
-            budget: Some(self.clone()),
-            bytes,
-        })
-    }
-
-    fn take(&self, bytes: usize) -> Result<(), &ResultBudget> {
-        self.used
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
-                used.checked_add(bytes).filter(|&total| total <= self.limit)
-            })
-            .map_err(|_| self)?;
-        if let Some(parent) = &self.parent {
-            if let Err(full) = parent.take(bytes) {
-                self.used.fetch_sub(bytes, Ordering::SeqCst);
-                return Err(full);
-            }
-        }
-        Ok(())
-    }
-
-    fn give_back(&self, bytes: usize) {
-        self.used.fetch_sub(bytes, Ordering::SeqCst);
-        if let Some(parent) = &self.parent {
-            parent.give_back(bytes);
+    /// Reserves `bytes` for this key, or says which bound had no room (the error names it).
+    pub fn try_reserve(&self, bytes: usize) -> Result<Reservation, &str> {
+        match self.share.take(bytes as u64) {
+            Ok(grant) => Ok(Reservation(Some(grant))),
+            Err(refusal) if refusal.is_key() => Err(&self.share_name),
+            Err(_) => Err(&self.pool_name),
         }
     }
 }
@@ -87,40 +61,19 @@ impl ResultBudget {
 /// Bytes reserved in a [`ResultBudget`], given back when this is dropped. The default one
 /// holds nothing (a host without a budget).
 #[derive(Debug, Default)]
-pub struct Reservation {
-    budget: Option<Arc<ResultBudget>>,
-    bytes: usize,
-}
+pub struct Reservation(Option<Grant>);
 
 impl Reservation {
     pub fn bytes(&self) -> usize {
-        self.bytes
+        self.0.as_ref().map_or(0, |g| g.amount() as usize)
     }
 
     /// Takes over `other`'s bytes, which must be of the same budget as any this one holds.
-    pub fn absorb(&mut self, mut other: Reservation) {
-        if other.bytes == 0 {
-            return;
-        }
-        if self.bytes == 0 {
-            *self = other;
-            return;
-        }
-        let same = match (&self.budget, &other.budget) {
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        };
-        assert!(same, "reservations of different budgets are not merged");
-        self.bytes += std::mem::take(&mut other.bytes);
-    }
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        if let Some(budget) = &self.budget {
-            if self.bytes > 0 {
-                budget.give_back(self.bytes);
-            }
+    pub fn absorb(&mut self, other: Reservation) {
+        match (&mut self.0, other.0) {
+            (_, None) => {}
+            (Some(mine), Some(theirs)) => mine.merge(theirs),
+            (mine, theirs) => *mine = theirs,
         }
     }
 }
@@ -141,8 +94,7 @@ mod tests {
         let budget = ResultBudget::new(100, "the budget");
         let a = budget.try_reserve(60).unwrap();
         assert_eq!((a.bytes(), budget.used()), (60, 60));
-        let refused = budget.try_reserve(41).unwrap_err();
-        assert_eq!(refused.name(), "the budget");
+        assert_eq!(budget.try_reserve(41).unwrap_err(), "the budget");
         assert_eq!(budget.used(), 60, "a refusal takes nothing");
         let mut b = budget.try_reserve(40).unwrap();
         assert_eq!(budget.used(), 100);
@@ -163,55 +115,22 @@ mod tests {
     }
 
     #[test]
-    fn a_share_takes_from_its_budget_and_is_held_to_its_own_limit() {
-        let server = ResultBudget::new(100, "the server's");
-        let key_a = server.share(60, "a's share");
-        let key_b = server.share(60, "b's share");
-        let a = key_a.try_reserve(50).unwrap();
-        assert_eq!((key_a.used(), server.used()), (50, 50));
-        // Within the server's room but over a's share: a's share is named, nothing is taken.
-        assert_eq!(key_a.try_reserve(20).unwrap_err().name(), "a's share");
-        assert_eq!((key_a.used(), server.used()), (50, 50));
-        // Within b's share but over what the server has left: the server is named, and b's
-        // share is given back what it took.
-        assert_eq!(key_b.try_reserve(51).unwrap_err().name(), "the server's");
-        assert_eq!((key_b.used(), server.used()), (0, 50));
-        let b = key_b.try_reserve(50).unwrap();
-        assert_eq!(server.used(), 100);
-        drop(a);
-        assert_eq!((key_a.used(), key_b.used(), server.used()), (0, 50, 50));
-        drop(b);
-        assert_eq!(server.used(), 0);
-    }
-
-    #[test]
-    fn concurrent_reservations_never_overrun_the_limit() {
-        let server = ResultBudget::new(1000, "the server's");
-        let threads: Vec<_> = (0..8)
-            .map(|i| {
-                let share = server.share(600, format!("share {i}"));
-                let server = server.clone();
-                std::thread::spawn(move || {
-                    for _ in 0..2000 {
-                        if let Ok(r) = share.try_reserve(7) {
-                            assert!(server.used() <= 1000 && share.used() <= 600);
-                            drop(r);
-                        }
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        assert_eq!(server.used(), 0);
-    }
-
-    #[test]
-    #[should_panic(expected = "different budgets")]
-    fn reservations_of_different_budgets_are_not_merged() {
-        let (x, y) = (ResultBudget::new(10, "x"), ResultBudget::new(10, "y"));
-        let mut a = x.try_reserve(1).unwrap();
-        a.absorb(y.try_reserve(1).unwrap());
+    fn keys_are_held_to_their_share_and_a_third_keeps_its_floor() {
+        let pool = Pool::new("result bytes", "bytes", Limits::new(100, 60, 10, 20));
+        let key = |k: &str| ResultBudget::of(&pool, k, format!("{k}'s share"), "the server's");
+        let (a, b, c) = (key("a"), key("b"), key("c"));
+        let held_a = a.try_reserve(50).unwrap();
+        // Over a's share: a's share is named, nothing is taken.
+        assert_eq!(a.try_reserve(20).unwrap_err(), "a's share");
+        assert_eq!(pool.held(), 50);
+        // Within b's share but past what the pool has left: the pool is named.
+        assert_eq!(b.try_reserve(51).unwrap_err(), "the server's");
+        let held_b = b.try_reserve(50).unwrap();
+        // The pool is full; c still has its floor.
+        let held_c = c.try_reserve(10).unwrap();
+        assert_eq!(c.try_reserve(1).unwrap_err(), "the server's");
+        assert_eq!(pool.held(), 110);
+        drop((held_a, held_b, held_c));
+        assert_eq!(pool.held(), 0);
     }
 }

@@ -269,6 +269,15 @@ impl Config {
             .min(self.max_result_bytes_in_flight)
     }
 
+    /// How the bytes of rich results held at once are shared: `max_result_bytes_in_flight`, a
+    /// key's share ([`Config::result_bytes_per_key`]), its floor (an eighth of the share) and
+    /// the floors' reserve (an eighth of the total).
+    pub fn result_limits(&self) -> corral_share::Limits {
+        let total = self.max_result_bytes_in_flight as u64;
+        let per_key = self.result_bytes_per_key() as u64;
+        corral_share::Limits::new(total, per_key, per_key / 8, total / 8)
+    }
+
     /// How the output bytes held for clients are shared: `max_output_bytes`, a key's share
     /// (`max_output_bytes_per_key`, or a quarter), its floor (an eighth of the share) and the
     /// floors' reserve (an eighth of `max_output_bytes`).

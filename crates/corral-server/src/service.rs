@@ -602,8 +602,8 @@ pub struct Service {
     /// Images resolved by name, each reused for [`RESOLVED_FOR`].
     resolved: Mutex<HashMap<String, (Instant, Arc<ResolvedImage>)>>,
     /// The rich results held at once (`max_result_bytes_in_flight`), and each key's share.
-    result_budget: Arc<ResultBudget>,
-    result_shares: Mutex<HashMap<String, Arc<ResultBudget>>>,
+    /// Bytes of rich results held at once, shared by keys.
+    result_bytes: Arc<corral_share::Pool>,
     /// The limits a request leaves out (`default_limits` in the config).
     default_limits: Limits,
     /// The code policies of keys, which requests narrow (`code_policy`, `key_code_policy`).
@@ -837,14 +837,8 @@ impl Service {
                 None
             }
         };
-        let result_budget = ResultBudget::new(
-            config.max_result_bytes_in_flight,
-            format!(
-                "the server's budget of {} for rich results held at once \
-                 (max_result_bytes_in_flight)",
-                show_bytes(config.max_result_bytes_in_flight as u64)
-            ),
-        );
+        let result_bytes =
+            corral_share::Pool::new("rich results held", "bytes", config.result_limits());
         let output = corral_share::Pool::new("program output", "bytes", config.output_limits());
         let watch_scans = crate::watch::Scans::new(&config);
         let service = Arc::new(Service {
@@ -864,8 +858,7 @@ impl Service {
             shutting_down: AtomicBool::new(false),
             bytecode: Mutex::new(HashMap::new()),
             resolved: Mutex::new(HashMap::new()),
-            result_budget,
-            result_shares: Mutex::new(HashMap::new()),
+            result_bytes,
             default_limits,
             code_policies,
             saved,
@@ -908,27 +901,26 @@ impl Service {
 
     /// Bytes of rich results the server holds now, against `max_result_bytes_in_flight`.
     pub fn result_bytes_held(&self) -> usize {
-        self.result_budget.used()
+        self.result_bytes.held() as usize
     }
 
-    /// `tenant`'s share of the budget of rich results held at once.
+    /// `tenant`'s room in the budget of rich results held at once.
     fn result_share(&self, tenant: &Tenant) -> Arc<ResultBudget> {
-        self.result_shares
-            .lock()
-            .expect("lock")
-            .entry(tenant.0.clone())
-            .or_insert_with(|| {
-                let limit = self.config.result_bytes_per_key();
-                self.result_budget.share(
-                    limit,
-                    format!(
-                        "this key's share of {} of the server's budget for rich results held \
-                         at once (max_result_bytes_in_flight_per_key)",
-                        show_bytes(limit as u64)
-                    ),
-                )
-            })
-            .clone()
+        let limits = self.result_bytes.limits();
+        ResultBudget::of(
+            &self.result_bytes,
+            &tenant.0,
+            format!(
+                "this key's share of {} of the server's budget for rich results held at once \
+                 (max_result_bytes_in_flight_per_key)",
+                show_bytes(limits.per_key)
+            ),
+            format!(
+                "the server's budget of {} for rich results held at once \
+                 (max_result_bytes_in_flight)",
+                show_bytes(limits.total)
+            ),
+        )
     }
 
     pub fn sessions_live(&self) -> usize {

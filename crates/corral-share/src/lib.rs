@@ -334,6 +334,16 @@ impl Grant {
         }
     }
 
+    /// Takes over `other`'s units, without asking the pool again (the units are held
+    /// already): `other` must be a grant of the same pool for the same key.
+    pub fn merge(&mut self, mut other: Grant) {
+        assert!(
+            Arc::ptr_eq(&self.pool, &other.pool) && self.key == other.key,
+            "grants of different pools or keys are not merged"
+        );
+        self.amount += std::mem::take(&mut other.amount);
+    }
+
     /// A handle on the same pool for the same key.
     pub fn share(&self) -> Share {
         Share {
@@ -482,6 +492,24 @@ mod tests {
         assert!(g.share().take(1).unwrap_err().is_key());
         drop(more);
         assert_eq!(g.share().key(), "k");
+    }
+
+    #[test]
+    fn merged_grants_hold_both_and_give_back_once() {
+        let p = pool(10, 10, 0, 0);
+        let mut a = p.take("k", 3).unwrap();
+        a.merge(p.take("k", 4).unwrap());
+        assert_eq!((a.amount(), p.held()), (7, 7));
+        drop(a);
+        assert_eq!(p.held(), 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "not merged")]
+    fn grants_of_other_keys_are_not_merged() {
+        let p = pool(10, 10, 0, 0);
+        let mut a = p.take("a", 1).unwrap();
+        a.merge(p.take("b", 1).unwrap());
     }
 
     #[test]
