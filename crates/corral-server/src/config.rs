@@ -269,6 +269,16 @@ impl Config {
             .min(self.max_result_bytes_in_flight)
     }
 
+    /// How sandboxes (live, and paused ones saved across a restart) are shared: `max_sessions`
+    /// in all, `max_sessions_per_key` for one key, and every key one sandbox whatever the
+    /// others hold, out of a reserve of a sixteenth of `max_sessions` (at least 1).
+    pub fn session_limits(&self) -> corral_share::Limits {
+        let total = self.max_sessions as u64;
+        let reserve = (total / 16).max(1);
+        let per_key = (self.max_sessions_per_key as u64).min(total + reserve);
+        corral_share::Limits::new(total, per_key, 1.min(per_key), reserve)
+    }
+
     /// How the bytes of rich results held at once are shared: `max_result_bytes_in_flight`, a
     /// key's share ([`Config::result_bytes_per_key`]), its floor (an eighth of the share) and
     /// the floors' reserve (an eighth of the total).

@@ -1162,23 +1162,30 @@ impl Service {
         let mine = sessions.values().filter(|o| &o.tenant == tenant).count()
             + reserved.get(&tenant.0).copied().unwrap_or(0)
             + saved_mine;
-        if total >= self.config.max_sessions {
-            return Err(ServiceError::TooManySandboxes {
-                message: format!(
-                    "the server runs its maximum of {} sandboxes: delete one or retry later",
-                    self.config.max_sessions
-                ),
-                retry_after_s: 5,
-            });
-        }
-        if mine >= self.config.max_sessions_per_key {
-            return Err(ServiceError::TooManySandboxes {
-                message: format!(
-                    "this key has its maximum of {} sandboxes: delete one or retry later",
-                    self.config.max_sessions_per_key
-                ),
-                retry_after_s: 5,
-            });
+        match self
+            .config
+            .session_limits()
+            .admits(total as u64, mine as u64, 1)
+        {
+            Ok(()) => {}
+            Err(corral_share::Bound::Pool) => {
+                return Err(ServiceError::TooManySandboxes {
+                    message: format!(
+                        "the server runs its maximum of {} sandboxes: delete one or retry later",
+                        self.config.max_sessions
+                    ),
+                    retry_after_s: 5,
+                })
+            }
+            Err(corral_share::Bound::Key) => {
+                return Err(ServiceError::TooManySandboxes {
+                    message: format!(
+                        "this key has its maximum of {} sandboxes: delete one or retry later",
+                        self.config.max_sessions_per_key
+                    ),
+                    retry_after_s: 5,
+                })
+            }
         }
         *reserved.entry(tenant.0.clone()).or_default() += 1;
         Ok(())

@@ -55,6 +55,34 @@ impl Limits {
     pub const fn ceiling(&self) -> u64 {
         self.total + self.reserve
     }
+
+    /// The rule itself: whether a key that holds `held_by_key` may take `more`, when all keys
+    /// hold `held`. A [`Pool`] counts for itself; a caller whose units are counted elsewhere
+    /// (live sessions in a table) asks this with its own counts.
+    pub fn admits(&self, held: u64, held_by_key: u64, more: u64) -> Result<(), Bound> {
+        if more == 0 {
+            return Ok(());
+        }
+        let after_key = held_by_key.saturating_add(more);
+        let after = held.saturating_add(more);
+        if after_key > self.per_key {
+            return Err(Bound::Key);
+        }
+        let within_floor = after_key <= self.floor && after <= self.ceiling();
+        if after > self.total && !within_floor {
+            return Err(Bound::Pool);
+        }
+        Ok(())
+    }
+}
+
+/// Which bound refuses a request ([`Limits::admits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    /// The key's share.
+    Key,
+    /// The pool's total (and the key is past its floor, or the reserve is gone).
+    Pool,
 }
 
 /// Why a pool refused a key's request.
@@ -181,40 +209,33 @@ impl Pool {
     /// Admits `more` units for `key` (on top of what it holds, through any grant) and counts
     /// them.
     fn admit(&self, state: &mut State, key: &Arc<str>, more: u64) -> Result<(), Refusal> {
-        let Limits {
-            total,
-            per_key,
-            floor,
-            reserve,
-        } = self.limits;
-        if more == 0 {
-            return Ok(());
-        }
         let held_by_key = state.by_key.get(key).copied().unwrap_or(0);
-        let after_key = held_by_key.saturating_add(more);
-        let after = state.held.saturating_add(more);
-        if after_key > per_key {
-            self.refused_key.fetch_add(1, Ordering::Relaxed);
-            return Err(Refusal::Key {
-                what: self.what,
-                unit: self.unit,
-                held: held_by_key,
-                limit: per_key,
-            });
+        match self.limits.admits(state.held, held_by_key, more) {
+            Ok(()) if more == 0 => Ok(()),
+            Ok(()) => {
+                state.held += more;
+                *state.by_key.entry(key.clone()).or_insert(0) += more;
+                Ok(())
+            }
+            Err(Bound::Key) => {
+                self.refused_key.fetch_add(1, Ordering::Relaxed);
+                Err(Refusal::Key {
+                    what: self.what,
+                    unit: self.unit,
+                    held: held_by_key,
+                    limit: self.limits.per_key,
+                })
+            }
+            Err(Bound::Pool) => {
+                self.refused_pool.fetch_add(1, Ordering::Relaxed);
+                Err(Refusal::Pool {
+                    what: self.what,
+                    unit: self.unit,
+                    held: state.held,
+                    limit: self.limits.total,
+                })
+            }
         }
-        let within_floor = after_key <= floor && after <= total.saturating_add(reserve);
-        if after > total && !within_floor {
-            self.refused_pool.fetch_add(1, Ordering::Relaxed);
-            return Err(Refusal::Pool {
-                what: self.what,
-                unit: self.unit,
-                held: state.held,
-                limit: total,
-            });
-        }
-        state.held = after;
-        *state.by_key.entry(key.clone()).or_insert(0) += more;
-        Ok(())
     }
 
     fn give_back(&self, key: &Arc<str>, amount: u64) {
@@ -492,6 +513,21 @@ mod tests {
         assert!(g.share().take(1).unwrap_err().is_key());
         drop(more);
         assert_eq!(g.share().key(), "k");
+    }
+
+    #[test]
+    fn the_rule_alone_answers_for_counts_kept_elsewhere() {
+        let limits = Limits::new(10, 4, 1, 2);
+        assert_eq!(limits.admits(0, 0, 4), Ok(()));
+        assert_eq!(limits.admits(4, 4, 1), Err(Bound::Key));
+        assert_eq!(limits.admits(10, 0, 1), Ok(()), "the floor");
+        assert_eq!(limits.admits(10, 1, 1), Err(Bound::Pool), "past the floor");
+        assert_eq!(
+            limits.admits(12, 0, 1),
+            Err(Bound::Pool),
+            "the reserve is gone"
+        );
+        assert_eq!(limits.admits(12, 4, 0), Ok(()), "nothing always fits");
     }
 
     #[test]

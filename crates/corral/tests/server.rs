@@ -496,6 +496,45 @@ fn files_api_never_leaves_the_workspace() {
     assert_eq!((status, error_code(&body)), (404, "file_not_found"));
 }
 
+/// Sandboxes are a pool keys share: a key's share (`max_sessions_per_key`), the server's
+/// (`max_sessions`), and one sandbox every key gets whatever the others hold, out of a reserve
+/// above `max_sessions` (a sixteenth, at least one), so that two keys filling the server leave
+/// a third one sandbox, and the reserve bounds what those floors take.
+#[test]
+fn keys_that_fill_the_server_leave_every_other_key_a_sandbox() {
+    let s = Server::start("max_sessions = 4\nmax_sessions_per_key = 2");
+    let (a, b, c, d) = (s.key("a"), s.key("b"), s.key("c"), s.key("d"));
+    for key in [&a, &a, &b, &b] {
+        s.create(Some(key));
+    }
+    let refused = |key: &str| {
+        let (status, body) = s.call(
+            "POST",
+            "/v1/sandboxes",
+            Some(key),
+            Some(r#"{"image":"host"}"#),
+        );
+        assert_eq!(
+            (status, error_code(&body)),
+            (429, "too_many_sandboxes"),
+            "{body}"
+        );
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(refused(&a).contains("this key has its maximum of 2"));
+    // The server holds its 4: c gets its floor of one out of the reserve, and no more.
+    let floor = s.create(Some(&c));
+    assert!(refused(&c).contains("the server runs its maximum of 4"));
+    // The reserve (one sandbox) is taken: d must wait for a sandbox to go.
+    refused(&d);
+    let (status, _) = s.call("DELETE", &format!("/v1/sandboxes/{floor}"), Some(&c), None);
+    assert_eq!(status, 204);
+    s.create(Some(&d));
+}
+
 #[test]
 fn one_key_never_sees_another_keys_sandboxes() {
     // Listening on loopback, keys are optional but checked when given.
