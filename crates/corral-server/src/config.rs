@@ -138,7 +138,10 @@ pub struct NetworkConfig {
     /// Host names (`NAME[:PORT]`, `*.SUFFIX[:PORT]`) a request may allow; a request's names
     /// must lie within them (403 `network_not_allowed` otherwise).
     pub allow: Vec<String>,
-    /// Address ranges (`CIDR[:PORT]`) a request may allow.
+    /// Address ranges (`CIDR[:PORT]`) a request may allow. A range that lies within one
+    /// internal block (`10.0.0.0/8`, `127.0.0.1/32`, `169.254.169.254/32`), or names one
+    /// address alone, opts its internal addresses in; `0.0.0.0/0` and `::/0` hold none of them,
+    /// whatever a request's narrower range says.
     pub cidrs: Vec<String>,
     /// Names of `allow` that may resolve to internal addresses (loopback, private,
     /// link-local, the host's own): a mirror on a private network, say.
@@ -150,20 +153,21 @@ pub struct NetworkConfig {
 }
 
 impl NetworkConfig {
-    /// The operator's bound (its names marked as `allow_private` says) and the default policy,
-    /// checked.
+    /// The operator's bound (its names marked as `allow_private` says, its ranges that name
+    /// internal addresses opted in) and the default policy, checked.
     pub fn policies(
         &self,
     ) -> anyhow::Result<(corral_sandbox::NetworkPolicy, corral_sandbox::NetworkPolicy)> {
         use corral_sandbox::NetworkPolicy;
         let bound = NetworkPolicy::from_lists(&self.allow, &self.cidrs, &self.allow_private)
-            .map_err(|e| anyhow::anyhow!("[network]: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("[network]: {e}"))?
+            .with_own_opt_ins();
         let default = NetworkPolicy::from_items(&self.default, &[])
             .map_err(|e| anyhow::anyhow!("[network] default: {e}"))?;
         default.within(&bound).map_err(|item| {
             anyhow::anyhow!("[network] default: {item} is not within [network] allow and cidrs")
         })?;
-        Ok((bound.clone(), default.with_private_hosts_of(&bound)))
+        Ok((bound.clone(), default.with_opt_ins_of(&bound)))
     }
 }
 

@@ -73,8 +73,8 @@ impl NetworkBounds {
             by_key_name.insert(
                 name.clone(),
                 Bound {
-                    allow: allow.with_private_hosts_of(&bound),
-                    default: key_default.with_private_hosts_of(&bound),
+                    allow: allow.with_opt_ins_of(&bound),
+                    default: key_default.with_opt_ins_of(&bound),
                     source: table,
                 },
             );
@@ -102,7 +102,8 @@ impl NetworkBounds {
 
     /// The policy `req` asks for, from a key named `key_name`: its key's default, or its own
     /// items, each within its key's bound (403 `network_not_allowed` naming the first item
-    /// outside it). The operator's `allow_private` names stay opted in.
+    /// outside it). It gets its opt-ins to internal addresses from `[network]` alone: the names of
+    /// `allow_private` and the ranges of `cidrs` that lie within an internal block.
     pub fn policy(
         &self,
         key_name: Option<&str>,
@@ -126,7 +127,7 @@ impl NetworkBounds {
                 bound.source
             ))
         })?;
-        Ok(asked.with_private_hosts_of(&self.server.allow))
+        Ok(asked.with_opt_ins_of(&self.server.allow))
     }
 }
 

@@ -265,11 +265,13 @@ struct PolicyFile {
     allow_private: Vec<String>,
 }
 
-/// The network policy `--net`, `--net-policy` and `--net-allow-private` ask for.
+/// The network policy `--net`, `--net-policy` and `--net-allow-private` ask for. Its user is
+/// the operator of their own run: its ranges that name internal addresses are opted in.
 fn network_policy(args: &RunArgs) -> Result<NetworkPolicy> {
     let Some(path) = &args.net_policy else {
         let flag = args.net.as_deref().unwrap_or("none");
         return NetworkPolicy::parse_flag(flag, &args.net_allow_private)
+            .map(NetworkPolicy::with_own_opt_ins)
             .map_err(|e| anyhow::anyhow!("--net: {e}"));
     };
     let text = std::fs::read_to_string(path)
@@ -286,6 +288,7 @@ fn network_policy(args: &RunArgs) -> Result<NetworkPolicy> {
         .chain(args.net_allow_private.iter().cloned())
         .collect();
     NetworkPolicy::from_lists(&file.allow, &file.cidrs, &private)
+        .map(NetworkPolicy::with_own_opt_ins)
         .map_err(|e| anyhow::anyhow!("--net-policy {}: {e}", path.display()))
 }
 

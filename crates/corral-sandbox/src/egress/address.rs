@@ -1,7 +1,7 @@
 //! Which addresses the proxy connects to: public unicast ones; internal ones (loopback,
 //! private, link-local, shared, documentation, the host's own, ...) only for a name an operator
-//! opted in or through a CIDR rule that lies within their block; multicast, broadcast and
-//! unspecified ones never.
+//! opted in, or through a range an operator named that lies within their block; multicast,
+//! broadcast and unspecified ones never.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -208,13 +208,30 @@ pub fn vet_resolved(ip: IpAddr, allow_internal: bool, own: &[IpAddr]) -> Result<
     admit(classify(ip, own).class, allow_internal)
 }
 
-/// Whether the proxy connects to the address literal `ip` that the CIDR rule `rule` holds:
-/// a public address; an internal one only when the rule lies within its block (a rule that
-/// names private space on purpose, not `0.0.0.0/0`); one of the host's own only when the rule
-/// names that address alone.
-pub fn vet_literal(ip: IpAddr, rule: &IpNet, own: &[IpAddr]) -> Result<(), Refused> {
+/// Whether the range `net` names internal addresses on purpose: it lies within one internal
+/// block (`127.0.0.1/32`, `10.0.0.0/8`, `[fd00::/8]`; not `0.0.0.0/0`, nor `::/0`), or it is one
+/// address alone (which may be one of the host's own, a set that changes while a sandbox runs).
+pub fn names_internal_addresses(net: &IpNet) -> bool {
+    let c = classify(net.network(), &[]);
+    net.prefix_len() == net.max_prefix_len()
+        || matches!(c.class, Class::Internal(_)) && c.block.contains(net)
+}
+
+/// Whether the proxy connects to the address literal `ip` that the CIDR rule `rule` holds,
+/// given the ranges its operator opted in to (`opted_in`): a public address; an internal one
+/// only when the rule lies within its block AND an opted-in range that lies within its block
+/// holds it (the operator named that range; a client's rule never widens that, and
+/// `0.0.0.0/0` holds no internal address); one of the host's own only when both name that
+/// address alone; the others never.
+pub fn vet_literal(
+    ip: IpAddr,
+    rule: &IpNet,
+    opted_in: &[IpNet],
+    own: &[IpAddr],
+) -> Result<(), Refused> {
     let c = classify(ip, own);
-    admit(c.class, c.block.contains(rule))
+    let named = |net: &IpNet| c.block.contains(net) && net.contains(&ip);
+    admit(c.class, named(rule) && opted_in.iter().any(named))
 }
 
 #[cfg(test)]
@@ -279,25 +296,85 @@ mod tests {
         );
     }
 
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    /// `vet_literal` with these opted-in ranges.
+    fn vet(addr: &str, rule: &str, opted_in: &[&str], own: &[IpAddr]) -> Result<(), Refused> {
+        let opted_in: Vec<IpNet> = opted_in.iter().map(|o| net(o)).collect();
+        vet_literal(ip(addr), &net(rule), &opted_in, own)
+    }
+
     #[test]
-    fn literals_pass_only_rules_that_name_their_block() {
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        let net = |s: &str| s.parse::<IpNet>().unwrap();
-        assert!(vet_literal(ip("10.1.2.3"), &net("10.1.0.0/16"), &[]).is_ok());
-        assert!(vet_literal(ip("10.1.2.3"), &net("0.0.0.0/0"), &[]).is_err());
-        assert!(vet_literal(ip("127.0.0.1"), &net("0.0.0.0/0"), &[]).is_err());
-        assert!(vet_literal(ip("127.0.0.1"), &net("127.0.0.1/32"), &[]).is_ok());
-        assert!(vet_literal(ip("8.8.8.8"), &net("0.0.0.0/0"), &[]).is_ok());
-        assert!(vet_literal(ip("224.0.0.1"), &net("224.0.0.0/4"), &[]).is_err());
-        assert!(vet_literal(ip("::ffff:10.0.0.1"), &net("::ffff:10.0.0.0/104"), &[]).is_ok());
-        assert!(vet_literal(ip("::ffff:10.0.0.1"), &net("::/0"), &[]).is_err());
+    fn literals_pass_only_rules_that_name_their_block_within_an_operators_opt_in() {
+        // The rule and an opt-in of the operator must both lie within the block.
+        assert!(vet("10.1.2.3", "10.1.0.0/16", &["10.0.0.0/8"], &[]).is_ok());
+        assert!(vet("10.1.2.3", "10.1.0.0/16", &["10.1.2.0/24"], &[]).is_ok());
+        assert!(vet("10.1.2.3", "10.1.0.0/16", &["10.2.0.0/16"], &[]).is_err());
+        assert!(vet("10.1.2.3", "10.1.0.0/16", &["0.0.0.0/0"], &[]).is_err());
+        assert!(vet("10.1.2.3", "10.1.0.0/16", &[], &[]).is_err());
+        assert!(vet("10.1.2.3", "0.0.0.0/0", &["10.0.0.0/8"], &[]).is_err());
+        assert!(vet("127.0.0.1", "0.0.0.0/0", &["0.0.0.0/0"], &[]).is_err());
+        assert!(vet("127.0.0.1", "127.0.0.1/32", &["127.0.0.1/32"], &[]).is_ok());
+        assert!(vet("127.0.0.1", "127.0.0.1/32", &[], &[]).is_err());
+        assert!(vet("169.254.169.254", "169.254.169.254/32", &["0.0.0.0/0"], &[]).is_err());
+        assert!(vet("8.8.8.8", "0.0.0.0/0", &[], &[]).is_ok());
+        assert!(vet("224.0.0.1", "224.0.0.0/4", &["224.0.0.0/4"], &[]).is_err());
+        // IPv6, and the forms that embed an IPv4 address.
+        assert!(vet("::1", "::1/128", &["::/0"], &[]).is_err());
+        assert!(vet("::1", "::1/128", &["::1/128"], &[]).is_ok());
+        assert!(vet("fd00::1", "fd00::/16", &["fc00::/7"], &[]).is_ok());
+        assert!(vet("::ffff:10.0.0.1", "::ffff:10.0.0.0/104", &["::/0"], &[]).is_err());
+        assert!(vet(
+            "::ffff:10.0.0.1",
+            "::ffff:10.0.0.0/104",
+            &["::ffff:10.0.0.0/104"],
+            &[]
+        )
+        .is_ok());
+        assert!(vet("::ffff:10.0.0.1", "::/0", &["::ffff:10.0.0.0/104"], &[]).is_err());
+        assert!(vet("64:ff9b::7f00:1", "64:ff9b::7f00:0/104", &["::/0"], &[]).is_err());
+        // The host's own address only when both name it alone.
         let own = [ip("8.8.4.4")];
-        assert!(vet_literal(ip("8.8.4.4"), &net("8.8.0.0/16"), &own).is_err());
-        assert!(vet_literal(ip("8.8.4.4"), &net("8.8.4.4/32"), &own).is_ok());
+        assert!(vet("8.8.4.4", "8.8.0.0/16", &["8.8.0.0/16"], &own).is_err());
+        assert!(vet("8.8.4.4", "8.8.4.4/32", &["8.8.0.0/16"], &own).is_err());
+        assert!(vet("8.8.4.4", "8.8.4.4/32", &["8.8.4.4/32"], &own).is_ok());
         assert!(vet_resolved(ip("10.0.0.1"), false, &[]).is_err());
         assert!(vet_resolved(ip("10.0.0.1"), true, &[]).is_ok());
         assert!(vet_resolved(ip("0.0.0.0"), true, &[]).is_err());
         assert!(vet_resolved(ip("8.8.8.8"), false, &[]).is_ok());
+    }
+
+    #[test]
+    fn ranges_name_internal_addresses_within_one_block_or_alone() {
+        for named in [
+            "10.0.0.0/8",
+            "10.1.0.0/16",
+            "127.0.0.1/32",
+            "169.254.169.254/32",
+            "100.64.0.0/10",
+            "::1/128",
+            "fd00::/8",
+            "::ffff:127.0.0.0/104",
+            "8.8.4.4/32",
+        ] {
+            assert!(names_internal_addresses(&net(named)), "{named}");
+        }
+        for not in [
+            "0.0.0.0/0",
+            "::/0",
+            "8.0.0.0/8",
+            "0.0.0.0/1",
+            "2000::/3",
+            "::/1",
+        ] {
+            assert!(!names_internal_addresses(&net(not)), "{not}");
+        }
     }
 
     #[test]

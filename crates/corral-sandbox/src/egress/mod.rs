@@ -177,7 +177,8 @@ pub enum Reason {
     /// An address literal no CIDR rule allows (or a name that is an address in disguise).
     IpLiteral,
     /// The name resolves only to internal addresses (loopback, private, link-local, the
-    /// host's own, ...), or a literal lies in internal space no rule names.
+    /// host's own, ...), or a literal is an internal address no range its operator named
+    /// holds.
     InternalAddress,
     /// A malformed, oversized or unsupported request.
     InvalidRequest,

@@ -12,6 +12,8 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use super::address::names_internal_addresses;
+
 /// The ports an item allows when it names none.
 pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
 /// Most host rules and CIDR rules in one policy (the proxy matches them one by one).
@@ -35,6 +37,12 @@ pub enum NetworkPolicy {
         /// Names whose addresses may be internal ones (loopback, private, link-local, the
         /// host's own, ...): an operator's opt-in, never a client's.
         private_hosts: Vec<HostPattern>,
+        /// Address ranges whose internal addresses may be reached: those of its operator's
+        /// ranges that lie within one internal block, or name one address alone (which may be
+        /// the host's own). An operator's opt-in, never a client's: a client's rule reaches an
+        /// internal address only when one of these holds it too
+        /// ([`super::address::vet_literal`]).
+        private_ranges: Vec<IpNet>,
     },
 }
 
@@ -380,6 +388,7 @@ impl NetworkPolicy {
             hosts,
             cidrs,
             private_hosts: private,
+            private_ranges: Vec::new(),
         })
     }
 
@@ -519,30 +528,72 @@ impl NetworkPolicy {
         Ok(())
     }
 
-    /// This policy with the names `bound` lets resolve to internal addresses marked so: a
-    /// client's request, given the operator's opt-ins (a requested name is opted in when an
-    /// opted-in pattern of the operator covers it).
-    pub fn with_private_hosts_of(mut self, bound: &NetworkPolicy) -> NetworkPolicy {
-        let NetworkPolicy::Allow {
-            private_hosts: operator,
+    /// This policy as its operator's: those of its ranges that name internal addresses on
+    /// purpose (they lie within one internal block, or name one address alone) are opted in
+    /// to them. The server's `[network]` bound and `corral run`'s policy (its user is the
+    /// operator of their own run) are made so where they are built; a client's request never
+    /// is, and gets its opt-ins only from its bound ([`Self::with_opt_ins_of`]).
+    pub fn with_own_opt_ins(mut self) -> NetworkPolicy {
+        if let NetworkPolicy::Allow {
+            cidrs,
+            private_ranges,
             ..
-        } = bound
-        else {
-            return self;
+        } = &mut self
+        {
+            *private_ranges = cidrs
+                .iter()
+                .map(|rule| rule.net)
+                .filter(names_internal_addresses)
+                .collect();
+        }
+        self
+    }
+
+    /// This policy with the opt-ins of `bound`, the operator's policy, in place of its own: a
+    /// client's request. A requested name is opted in when an opted-in pattern of the
+    /// operator covers it; the operator's opted-in ranges that overlap a requested range are
+    /// carried, so that the requested range reaches the internal addresses they hold and no
+    /// others.
+    pub fn with_opt_ins_of(mut self, bound: &NetworkPolicy) -> NetworkPolicy {
+        let (operator_hosts, operator_ranges): (&[HostPattern], &[IpNet]) = match bound {
+            NetworkPolicy::None => (&[], &[]),
+            NetworkPolicy::Allow {
+                private_hosts,
+                private_ranges,
+                ..
+            } => (private_hosts, private_ranges),
         };
         if let NetworkPolicy::Allow {
             hosts,
+            cidrs,
             private_hosts,
-            ..
+            private_ranges,
         } = &mut self
         {
             *private_hosts = hosts
                 .iter()
-                .filter(|rule| operator.iter().any(|p| p.covers(&rule.pattern)))
+                .filter(|rule| operator_hosts.iter().any(|p| p.covers(&rule.pattern)))
                 .map(|rule| rule.pattern.clone())
+                .collect();
+            *private_ranges = operator_ranges
+                .iter()
+                .filter(|o| {
+                    cidrs
+                        .iter()
+                        .any(|r| r.net.contains(*o) || o.contains(&r.net))
+                })
+                .copied()
                 .collect();
         }
         self
+    }
+
+    /// The ranges whose internal addresses its operator opted in to.
+    pub fn private_ranges(&self) -> &[IpNet] {
+        match self {
+            NetworkPolicy::None => &[],
+            NetworkPolicy::Allow { private_ranges, .. } => private_ranges,
+        }
     }
 }
 
@@ -558,7 +609,46 @@ pub enum NameRefusal {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::egress::address::{canonical, classify, vet_literal, Class};
     use proptest::prelude::*;
+
+    /// Addresses of every internal kind, in every form.
+    const INTERNAL: [&str; 14] = [
+        "127.0.0.1",
+        "10.1.1.1",
+        "169.254.169.254",
+        "100.64.0.1",
+        "192.168.1.1",
+        "172.16.0.1",
+        "::1",
+        "fe80::1",
+        "fd00::1",
+        "::ffff:127.0.0.1",
+        "64:ff9b::a00:1",
+        "2002:7f00:1::",
+        "8.8.4.4",
+        "2606:4700::1",
+    ];
+
+    /// Any range, with internal blocks and their neighbours likely.
+    fn any_range() -> impl Strategy<Value = IpNet> {
+        let base = prop_oneof![
+            (0..INTERNAL.len()).prop_map(|i| INTERNAL[i].parse::<IpAddr>().unwrap()),
+            any::<u32>().prop_map(|a| IpAddr::V4(a.into())),
+            any::<u128>().prop_map(|a| IpAddr::V6(a.into())),
+        ];
+        (base, 0u8..=128).prop_map(|(addr, len)| {
+            let max = if addr.is_ipv4() { 32 } else { 128 };
+            IpNet::new(addr, len.min(max)).unwrap().trunc()
+        })
+    }
+
+    fn request_nets(p: &NetworkPolicy) -> Vec<IpNet> {
+        match p {
+            NetworkPolicy::None => Vec::new(),
+            NetworkPolicy::Allow { cidrs, .. } => cidrs.iter().map(|r| r.net).collect(),
+        }
+    }
 
     fn policy(items: &[&str]) -> NetworkPolicy {
         NetworkPolicy::from_items(items, &[]).unwrap()
@@ -712,9 +802,143 @@ mod tests {
         );
         assert!(policy(&["a.com"]).within(&NetworkPolicy::None).is_err());
         assert_eq!(NetworkPolicy::None.within(&NetworkPolicy::None), Ok(()));
-        let marked = ok.with_private_hosts_of(&operator);
+        let marked = ok.with_opt_ins_of(&operator);
         assert_eq!(marked.check_name("index.example.org", 80), Ok(true));
         assert_eq!(marked.check_name("files.example.net", 443), Ok(false));
+    }
+
+    /// Whether the proxy connects to the literal `ip` on `port` under `p`, as its `vet` decides
+    /// (a rule of `p` holds it, and [`vet_literal`] admits it through one such rule).
+    fn reaches(p: &NetworkPolicy, ip: IpAddr, port: u16, own: &[IpAddr]) -> bool {
+        let ip = canonical(ip);
+        p.cidr_rules_for(ip, port)
+            .iter()
+            .any(|r| vet_literal(ip, &r.net, p.private_ranges(), own).is_ok())
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// A server's `[network]` bound of these ranges, as it is built.
+    fn operator(cidrs: &[&str]) -> NetworkPolicy {
+        NetworkPolicy::from_lists(&[], cidrs, &[])
+            .unwrap()
+            .with_own_opt_ins()
+    }
+
+    /// A client's request for these ranges within `bound`, as the server makes it.
+    fn client(cidrs: &[&str], bound: &NetworkPolicy) -> NetworkPolicy {
+        let asked = NetworkPolicy::from_lists(&[], cidrs, &[]).unwrap();
+        assert_eq!(asked.within(bound), Ok(()), "{cidrs:?}");
+        asked.with_opt_ins_of(bound)
+    }
+
+    #[test]
+    fn a_clients_narrower_range_within_everything_reaches_no_internal_address() {
+        let bound = operator(&["0.0.0.0/0", "::/0"]);
+        assert_eq!(bound.private_ranges(), &[] as &[IpNet]);
+        for (range, addr) in [
+            ("127.0.0.0/8", "127.0.0.1"),
+            ("::1/128", "::1"),
+            ("169.254.169.254/32", "169.254.169.254"),
+            ("10.0.0.0/8", "10.1.1.1"),
+            ("100.64.0.0/10", "100.64.0.1"),
+            ("[fe80::/10]", "fe80::1"),
+            ("[::ffff:127.0.0.0/104]", "::ffff:127.0.0.1"),
+            ("[64:ff9b::7f00:0/104]", "64:ff9b::7f00:1"),
+            ("[2002:7f00::/24]", "2002:7f00:1::"),
+        ] {
+            let asked = client(&[range], &bound);
+            assert_eq!(asked.private_ranges(), &[] as &[IpNet], "{range}");
+            assert!(
+                !reaches(&asked, ip(addr), 80, &[]),
+                "{range} reached {addr}"
+            );
+        }
+        // Public addresses stay reachable, and so does the operator's own 0.0.0.0/0 for them.
+        assert!(reaches(
+            &client(&["8.8.8.0/24"], &bound),
+            ip("8.8.8.8"),
+            443,
+            &[]
+        ));
+        assert!(!reaches(&bound, ip("127.0.0.1"), 80, &[]));
+        assert!(!reaches(&bound, ip("::1"), 80, &[]));
+    }
+
+    #[test]
+    fn an_operators_named_range_lets_a_clients_range_within_it_reach_its_addresses() {
+        let bound = operator(&["0.0.0.0/0", "10.0.0.0/8", "[::1]:8080"]);
+        let asked = client(&["10.1.0.0/16"], &bound);
+        assert!(reaches(&asked, ip("10.1.1.1"), 443, &[]));
+        assert!(!reaches(&asked, ip("10.2.1.1"), 443, &[]));
+        // A client's 0.0.0.0/0 holds no internal address, whatever the operator opted in.
+        assert!(!reaches(
+            &client(&["0.0.0.0/0"], &bound),
+            ip("10.1.1.1"),
+            443,
+            &[]
+        ));
+        // Another internal block than the operator's stays out of reach.
+        assert!(!reaches(
+            &client(&["127.0.0.0/8"], &bound),
+            ip("127.0.0.1"),
+            80,
+            &[]
+        ));
+        let v6 = client(&["[::1]:8080"], &bound);
+        assert!(reaches(&v6, ip("::1"), 8080, &[]));
+        assert!(!reaches(&v6, ip("::1"), 80, &[]));
+        // An opted-in range without its own rule of the client's gives nothing either.
+        assert!(!reaches(
+            &NetworkPolicy::from_items(&["8.8.8.8/32"], &[])
+                .unwrap()
+                .with_opt_ins_of(&bound),
+            ip("10.1.1.1"),
+            443,
+            &[]
+        ));
+        // The CLI user names their own ranges.
+        let run = NetworkPolicy::parse_flag("allow:127.0.0.1/32:8080", &[])
+            .unwrap()
+            .with_own_opt_ins();
+        assert!(reaches(&run, ip("127.0.0.1"), 8080, &[]));
+        let run = NetworkPolicy::parse_flag("allow:0.0.0.0/0", &[])
+            .unwrap()
+            .with_own_opt_ins();
+        assert!(!reaches(&run, ip("127.0.0.1"), 80, &[]));
+        assert!(reaches(&run, ip("1.1.1.1"), 80, &[]));
+    }
+
+    #[test]
+    fn the_hosts_own_address_only_when_the_operator_named_it_alone() {
+        let own = [ip("8.8.4.4"), ip("2606:4700::1")];
+        let wide = operator(&["8.8.0.0/16", "[2606:4700::/32]"]);
+        assert!(!reaches(&client(&["8.8.4.4/32"], &wide), own[0], 80, &own));
+        assert!(!reaches(
+            &client(&["[2606:4700::1]"], &wide),
+            own[1],
+            80,
+            &own
+        ));
+        assert!(!reaches(&wide, own[0], 80, &own));
+        let alone = operator(&["8.8.0.0/16", "8.8.4.4/32", "[2606:4700::1]"]);
+        assert!(reaches(&client(&["8.8.4.4/32"], &alone), own[0], 80, &own));
+        assert!(reaches(
+            &client(&["[2606:4700::1]"], &alone),
+            own[1],
+            80,
+            &own
+        ));
+        assert!(reaches(
+            &client(&["8.8.4.4/32"], &alone),
+            ip("::ffff:8.8.4.4"),
+            80,
+            &own
+        ));
+        // The client's wider range does not reach it, even so.
+        assert!(!reaches(&client(&["8.8.0.0/16"], &alone), own[0], 80, &own));
     }
 
     proptest! {
@@ -741,6 +965,40 @@ mod tests {
             prop_assert!(p.matches(&below));
             prop_assert!(!p.matches(&suffix));
             prop_assert!(!p.matches(&glued));
+        }
+
+        /// A client's request within a bound that opts no range in never reaches an internal
+        /// address (nor an unspecified, multicast or broadcast one), whatever it names.
+        #[test]
+        fn no_request_within_a_bound_without_opt_ins_reaches_an_internal_address(
+            bound in proptest::collection::vec(any_range(), 0..4),
+            asked in proptest::collection::vec(any_range(), 1..4),
+            picks in proptest::collection::vec((any::<u128>(), any::<bool>()), 1..8),
+        ) {
+            let mut items: Vec<String> = bound
+                .iter()
+                .filter(|n| !names_internal_addresses(n))
+                .map(|n| format!("[{n}]:80"))
+                .collect();
+            items.extend(["0.0.0.0/0:80".to_string(), "[::/0]:80".to_string()]);
+            let bound = NetworkPolicy::from_items(&items, &[]).unwrap().with_own_opt_ins();
+            prop_assert_eq!(bound.private_ranges(), &[] as &[IpNet]);
+            let asked: Vec<String> = asked.iter().map(|n| format!("[{n}]:80")).collect();
+            let request = NetworkPolicy::from_items(&asked, &[]).unwrap();
+            prop_assert_eq!(request.within(&bound), Ok(()));
+            let request = request.with_opt_ins_of(&bound);
+            let own = [ip("8.8.4.4"), ip("2606:4700::1")];
+            for (rule, (raw, sample)) in request_nets(&request).iter().cycle().zip(&picks) {
+                // An address in the rule, or one of the well-known internal ones.
+                let addr = match (sample, rule) {
+                    (true, _) => INTERNAL[(*raw % INTERNAL.len() as u128) as usize].parse().unwrap(),
+                    (false, IpNet::V4(n)) => IpAddr::V4((u32::from(n.network()) | (*raw as u32 & u32::from(n.hostmask()))).into()),
+                    (false, IpNet::V6(n)) => IpAddr::V6((u128::from(n.network()) | (raw & u128::from(n.hostmask()))).into()),
+                };
+                if classify(canonical(addr), &own).class != Class::Public {
+                    prop_assert!(!reaches(&request, addr, 80, &own), "{:?} reached {}", asked, addr);
+                }
+            }
         }
 
         /// Whatever a parsed item allows, its own policy allows, and `within` agrees.

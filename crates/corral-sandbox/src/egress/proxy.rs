@@ -642,12 +642,15 @@ fn vet(shared: &Shared, host: &Host, port: u16) -> Result<Vec<IpAddr>, (Verdict,
             // rule's reason when none does.
             let refusals: Option<Vec<_>> = rules
                 .iter()
-                .map(|r| vet_literal(ip, &r.net, &own).err())
+                .map(|r| vet_literal(ip, &r.net, policy.private_ranges(), &own).err())
                 .collect();
             match refusals.as_deref() {
                 Some([refused, ..]) => Err((
                     Verdict::Denied(Reason::InternalAddress),
-                    format!("{host} is a {} address, which no rule names", refused.0),
+                    format!(
+                        "{host} is a {} address, which no range its operator named holds",
+                        refused.0
+                    ),
                 )),
                 _ => Ok(vec![ip]),
             }
