@@ -32,6 +32,7 @@ mod control;
 mod healing;
 mod listings;
 mod lockdown;
+mod network_egress;
 mod output_budget;
 mod port_floods;
 mod ports;
@@ -45,12 +46,12 @@ mod watch_scans;
 
 /// A `corral serve` of this test. Dropping it kills it; [`Server::stop`] stops it and checks
 /// what it leaves.
-struct Server {
+pub(crate) struct Server {
     child: Option<Child>,
-    url: String,
+    pub(crate) url: String,
     db: PathBuf,
     log: PathBuf,
-    agent: ureq::Agent,
+    pub(crate) agent: ureq::Agent,
     _dir: tempfile::TempDir,
 }
 
@@ -69,7 +70,7 @@ impl Server {
     }
 
     /// As [`Server::start`], with more lines of configuration.
-    fn start_with(pool_size: usize, extra_config: &str) -> Server {
+    pub(crate) fn start_with(pool_size: usize, extra_config: &str) -> Server {
         let dir = tempfile::Builder::new()
             .prefix("hx-mt-")
             .tempdir()
@@ -135,13 +136,13 @@ impl Server {
         self.child.as_ref().expect("running").id() as i32
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         let text = fs::read_to_string(&self.log).unwrap_or_default();
         format!("--- corral serve stderr ---\n{}", tail(&text, 4000))
     }
 
     /// `corral key create --name NAME` on this server's database.
-    fn key(&self, name: &str) -> String {
+    pub(crate) fn key(&self, name: &str) -> String {
         let out = Command::new(corral_bin())
             .args(["key", "create", "--name", name, "--db"])
             .arg(&self.db)
@@ -155,7 +156,13 @@ impl Server {
     }
 
     /// (status, JSON body) of a request made with `key`.
-    fn call(&self, method: &str, path: &str, key: &str, body: Option<&Value>) -> (u16, Value) {
+    pub(crate) fn call(
+        &self,
+        method: &str,
+        path: &str,
+        key: &str,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
         let request = self
             .agent
             .request(method, &format!("{}{path}", self.url))
@@ -181,7 +188,7 @@ impl Server {
     }
 
     /// Creates a session of `key` from `body`: its id, or the error answer.
-    fn try_session(&self, key: &str, body: &Value) -> Result<String, (u16, Value)> {
+    pub(crate) fn try_session(&self, key: &str, body: &Value) -> Result<String, (u16, Value)> {
         let (status, info) = self.call("POST", "/v1/sandboxes", key, Some(body));
         match (status, info["id"].as_str()) {
             (201, Some(id)) => Ok(id.to_string()),
@@ -189,7 +196,7 @@ impl Server {
         }
     }
 
-    fn session(&self, key: &str, body: &Value) -> String {
+    pub(crate) fn session(&self, key: &str, body: &Value) -> String {
         self.try_session(key, body)
             .unwrap_or_else(|(status, answer)| {
                 panic!(
@@ -211,7 +218,7 @@ impl Server {
     }
 
     /// Executes `code` in session `id` of `key`; the folded result.
-    fn exec(&self, key: &str, id: &str, code: &str) -> Outcome {
+    pub(crate) fn exec(&self, key: &str, id: &str, code: &str) -> Outcome {
         let started = Instant::now();
         let body = json!({"code": code, "timeout_s": 60});
         let (status, result) = self.call(
@@ -268,7 +275,7 @@ impl Server {
 
     /// Waits until the warm pool holds `n` sessions; fails at once when the server says it
     /// cannot fork them.
-    fn wait_pool(&self, n: usize) {
+    pub(crate) fn wait_pool(&self, n: usize) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if self.metric("corral_pool_ready").unwrap_or(0.0) >= n as f64 {
@@ -298,7 +305,7 @@ impl Server {
 
     /// SIGTERM, then: the server exits cleanly, every process it had started is gone and so is
     /// every cgroup named after it. Returns what is not so.
-    fn stop(mut self) -> Vec<String> {
+    pub(crate) fn stop(mut self) -> Vec<String> {
         let pid = self.pid();
         let procs = descendants(pid);
         nix::sys::signal::kill(

@@ -567,3 +567,32 @@ fn egress_one_shares_connections_leave_another_shares_sandboxes_served() {
     assert!(o.has_line("HELD 4"), "{}", o.dump());
     assert_eq!(share.open(), 0, "the holder's places came back");
 }
+
+/// The user of `corral run` is the operator of their own run: `--net allow:0.0.0.0/0` holds no
+/// internal address (issue 31: it reached the host's loopback), and naming the loopback address
+/// alone reaches it.
+#[test]
+fn network_egress_corral_run_reaches_loopback_only_where_its_user_named_it() {
+    let _g = shared();
+    let l = HostListener::new();
+    let everything = format!("0.0.0.0/0:{0},[::/0]:{0}", l.port);
+    let o = contained(attack_net("internal-ranges", l.port, &everything));
+    for what in ["loopback", "loopback-v6", "metadata", "private"] {
+        o.assert_blocked(&format!("connect-{what}"), &["HTTP403"]);
+    }
+    assert_denials(&o, Some(4), &["internal_address"]);
+    l.assert_nothing();
+    let o = attack_net(
+        "internal-ranges",
+        l.port,
+        &format!("127.0.0.1/32:{}", l.port),
+    )
+    .run();
+    assert_eq!(o.status(), "success", "{}", o.dump());
+    assert!(
+        o.has_line("ALLOWED connect-loopback tunnel opened"),
+        "{}",
+        o.dump()
+    );
+    assert_eq!(l.accepted().len(), 1, "{}", o.dump());
+}

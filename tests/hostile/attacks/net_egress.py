@@ -153,6 +153,15 @@ elif attack == 'range':
     tunnel('raw-to-rule', '127.0.0.1:%d' % port, b'SSH-2.0-OpenSSH_9.2\r\n', expect_through=True)
     tunnel('raw-next-door', '127.0.0.2:%d' % port, b'SSH-2.0-OpenSSH_9.2\r\n')
     tunnel('raw-other-port', '127.0.0.1:%d' % (port + 1), b'SSH-2.0-OpenSSH_9.2\r\n')
+elif attack == 'internal-ranges':
+    # Literals in internal ranges a request named: reached only if the operator named them.
+    for name, target in [
+        ('loopback', '127.0.0.1:%d' % port),
+        ('loopback-v6', '[::1]:%d' % port),
+        ('metadata', '169.254.169.254:%d' % port),
+        ('private', '10.1.1.1:%d' % port),
+    ]:
+        tunnel('connect-' + name, target)
 elif attack == 'udp':
     u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     u.settimeout(1)
