@@ -37,12 +37,12 @@ pub enum NetworkPolicy {
         /// Names whose addresses may be internal ones (loopback, private, link-local, the
         /// host's own, ...): an operator's opt-in, never a client's.
         private_hosts: Vec<HostPattern>,
-        /// Address ranges whose internal addresses may be reached: those of its operator's
-        /// ranges that lie within one internal block, or name one address alone (which may be
-        /// the host's own). An operator's opt-in, never a client's: a client's rule reaches an
-        /// internal address only when one of these holds it too
+        /// Address ranges whose internal addresses may be reached, on their ports: those of its
+        /// operator's range rules that lie within one internal block, or name one address alone
+        /// (which may be the host's own). An operator's opt-in, never a client's: a client's
+        /// rule reaches an internal address only when one of these holds it, on that port, too
         /// ([`super::address::vet_literal`]).
-        private_ranges: Vec<IpNet>,
+        private_ranges: Vec<CidrRule>,
     },
 }
 
@@ -542,8 +542,8 @@ impl NetworkPolicy {
         {
             *private_ranges = cidrs
                 .iter()
-                .map(|rule| rule.net)
-                .filter(names_internal_addresses)
+                .filter(|rule| names_internal_addresses(&rule.net))
+                .cloned()
                 .collect();
         }
         self
@@ -555,7 +555,7 @@ impl NetworkPolicy {
     /// carried, so that the requested range reaches the internal addresses they hold and no
     /// others.
     pub fn with_opt_ins_of(mut self, bound: &NetworkPolicy) -> NetworkPolicy {
-        let (operator_hosts, operator_ranges): (&[HostPattern], &[IpNet]) = match bound {
+        let (operator_hosts, operator_ranges): (&[HostPattern], &[CidrRule]) = match bound {
             NetworkPolicy::None => (&[], &[]),
             NetworkPolicy::Allow {
                 private_hosts,
@@ -580,19 +580,24 @@ impl NetworkPolicy {
                 .filter(|o| {
                     cidrs
                         .iter()
-                        .any(|r| r.net.contains(*o) || o.contains(&r.net))
+                        .any(|r| r.net.contains(&o.net) || o.net.contains(&r.net))
                 })
-                .copied()
+                .cloned()
                 .collect();
         }
         self
     }
 
-    /// The ranges whose internal addresses its operator opted in to.
-    pub fn private_ranges(&self) -> &[IpNet] {
+    /// The ranges whose internal addresses its operator opted in to on `port` (an operator who
+    /// named `10.0.0.0/8:5432` opted 10.0.0.0/8 in on 5432 alone).
+    pub fn private_ranges(&self, port: u16) -> Vec<IpNet> {
         match self {
-            NetworkPolicy::None => &[],
-            NetworkPolicy::Allow { private_ranges, .. } => private_ranges,
+            NetworkPolicy::None => Vec::new(),
+            NetworkPolicy::Allow { private_ranges, .. } => private_ranges
+                .iter()
+                .filter(|rule| rule.ports.contains(&port))
+                .map(|rule| rule.net)
+                .collect(),
         }
     }
 }
@@ -813,7 +818,7 @@ mod tests {
         let ip = canonical(ip);
         p.cidr_rules_for(ip, port)
             .iter()
-            .any(|r| vet_literal(ip, &r.net, p.private_ranges(), own).is_ok())
+            .any(|r| vet_literal(ip, &r.net, &p.private_ranges(port), own).is_ok())
     }
 
     fn ip(s: &str) -> IpAddr {
@@ -837,7 +842,7 @@ mod tests {
     #[test]
     fn a_clients_narrower_range_within_everything_reaches_no_internal_address() {
         let bound = operator(&["0.0.0.0/0", "::/0"]);
-        assert_eq!(bound.private_ranges(), &[] as &[IpNet]);
+        assert_eq!(bound.private_ranges(80), []);
         for (range, addr) in [
             ("127.0.0.0/8", "127.0.0.1"),
             ("::1/128", "::1"),
@@ -850,7 +855,7 @@ mod tests {
             ("[2002:7f00::/24]", "2002:7f00:1::"),
         ] {
             let asked = client(&[range], &bound);
-            assert_eq!(asked.private_ranges(), &[] as &[IpNet], "{range}");
+            assert_eq!(asked.private_ranges(80), [], "{range}");
             assert!(
                 !reaches(&asked, ip(addr), 80, &[]),
                 "{range} reached {addr}"
@@ -909,6 +914,19 @@ mod tests {
             .with_own_opt_ins();
         assert!(!reaches(&run, ip("127.0.0.1"), 80, &[]));
         assert!(reaches(&run, ip("1.1.1.1"), 80, &[]));
+    }
+
+    #[test]
+    fn an_operators_range_is_opted_in_on_its_own_ports_alone() {
+        // 10.0.0.0/8 and fd00::/8 on 5432, everything on 80 and 443: a client's 10.0.0.0/8 on 80 lies
+        // within 0.0.0.0/0, but the operator never named 10.0.0.0/8 on 80.
+        let bound = operator(&["0.0.0.0/0", "::/0", "10.0.0.0/8:5432", "[fd00::/8]:5432"]);
+        let asked = client(&["10.0.0.0/8", "10.0.0.0/8:5432", "[fd00::/8]"], &bound);
+        assert!(reaches(&asked, ip("10.1.1.1"), 5432, &[]));
+        assert!(!reaches(&asked, ip("10.1.1.1"), 80, &[]));
+        assert!(!reaches(&asked, ip("10.1.1.1"), 443, &[]));
+        assert!(!reaches(&asked, ip("fd00::1"), 443, &[]));
+        assert_eq!(asked.private_ranges(443), []);
     }
 
     #[test]
@@ -982,7 +1000,7 @@ mod tests {
                 .collect();
             items.extend(["0.0.0.0/0:80".to_string(), "[::/0]:80".to_string()]);
             let bound = NetworkPolicy::from_items(&items, &[]).unwrap().with_own_opt_ins();
-            prop_assert_eq!(bound.private_ranges(), &[] as &[IpNet]);
+            prop_assert_eq!(bound.private_ranges(80), Vec::<IpNet>::new());
             let asked: Vec<String> = asked.iter().map(|n| format!("[{n}]:80")).collect();
             let request = NetworkPolicy::from_items(&asked, &[]).unwrap();
             prop_assert_eq!(request.within(&bound), Ok(()));

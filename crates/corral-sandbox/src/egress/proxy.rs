@@ -640,9 +640,10 @@ fn vet(shared: &Shared, host: &Host, port: u16) -> Result<Vec<IpAddr>, (Verdict,
             }
             // Allowed when one of the rules that hold it admits it; refused with the first
             // rule's reason when none does.
+            let opted_in = policy.private_ranges(port);
             let refusals: Option<Vec<_>> = rules
                 .iter()
-                .map(|r| vet_literal(ip, &r.net, policy.private_ranges(), &own).err())
+                .map(|r| vet_literal(ip, &r.net, &opted_in, &own).err())
                 .collect();
             match refusals.as_deref() {
                 Some([refused, ..]) => Err((
