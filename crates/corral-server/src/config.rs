@@ -140,8 +140,8 @@ pub struct NetworkConfig {
     pub allow: Vec<String>,
     /// Address ranges (`CIDR[:PORT]`) a request may allow. A range that lies within one
     /// internal block (`10.0.0.0/8`, `127.0.0.1/32`, `169.254.169.254/32`), or names one
-    /// address alone, opts its internal addresses in; `0.0.0.0/0` and `::/0` hold none of them,
-    /// whatever a request's narrower range says.
+    /// address alone, opts its internal addresses in, on the ports it names alone;
+    /// `0.0.0.0/0` and `::/0` hold none of them, whatever a request's narrower range says.
     pub cidrs: Vec<String>,
     /// Names of `allow` that may resolve to internal addresses (loopback, private,
     /// link-local, the host's own): a mirror on a private network, say.

@@ -155,13 +155,27 @@ elif attack == 'range':
     tunnel('raw-other-port', '127.0.0.1:%d' % (port + 1), b'SSH-2.0-OpenSSH_9.2\r\n')
 elif attack == 'internal-ranges':
     # Literals in internal ranges a request named: reached only if the operator named them.
-    for name, target in [
-        ('loopback', '127.0.0.1:%d' % port),
-        ('loopback-v6', '[::1]:%d' % port),
-        ('metadata', '169.254.169.254:%d' % port),
-        ('private', '10.1.1.1:%d' % port),
-    ]:
-        tunnel('connect-' + name, target)
+    # The addresses off this host are tried only once the loopback ones were refused: should
+    # the rule ever break, the attack stops at the loopback listener (which the test watches)
+    # and sends nothing to the metadata address or the private network.
+    def refused_at_proxy(what, target):
+        s = socket.create_connection(PROXY, timeout=10)
+        s.sendall(('CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n' % (target, target)).encode())
+        code, line, _ = status_line(s)
+        s.close()
+        if code == '200':
+            allowed(what, 'tunnel opened')
+            return False
+        print('ANSWER %s %s' % (what, line), flush=True)
+        blocked(what, 'HTTP' + code)
+        return True
+    local = [refused_at_proxy('connect-loopback', '127.0.0.1:%d' % port),
+             refused_at_proxy('connect-loopback-v6', '[::1]:%d' % port)]
+    if all(local):
+        refused_at_proxy('connect-metadata', '169.254.169.254:%d' % port)
+        refused_at_proxy('connect-private', '10.1.1.1:%d' % port)
+    else:
+        print('STOPPED before the addresses off this host: loopback was reached', flush=True)
 elif attack == 'udp':
     u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     u.settimeout(1)
