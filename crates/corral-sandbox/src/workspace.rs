@@ -15,11 +15,11 @@
 //! (`O_CREAT|O_EXCL|O_NOFOLLOW`, beneath a descriptor of the directory, never through a name
 //! that exists there), and caps the bytes and entries it writes.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
