@@ -15,6 +15,7 @@
 //! (`O_CREAT|O_EXCL|O_NOFOLLOW`, beneath a descriptor of the directory, never through a name
 //! that exists there), and caps the bytes and entries it writes.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
@@ -251,6 +252,9 @@ pub struct OutDir {
     entries: usize,
     /// The block of the directory's filesystem: what a directory made takes of the disk.
     block: u64,
+    /// What each directory written into (by inode) takes of the disk as counted so far: when
+    /// first entered, or made, then as it grows to hold the names written into it.
+    dirs: HashMap<u64, u64>,
     grant: Option<Grant>,
     deadline: Option<Instant>,
 }
@@ -313,6 +317,7 @@ impl OutDir {
             bytes: 0,
             entries: 0,
             block,
+            dirs: HashMap::new(),
             grant: None,
             deadline: None,
         })
@@ -409,7 +414,7 @@ impl OutDir {
             !matches!(data.read(&mut probe), Ok(0))
         });
         let failed = match copied {
-            Ok(n) if !more => match self.settle(rel, size, &file, &mut disk) {
+            Ok(n) if !more => match self.settle(rel, size, &dir, &file, &mut disk) {
                 Ok(()) => return Ok(n),
                 Err(e) => e,
             },
@@ -458,7 +463,7 @@ impl OutDir {
         let failed = match copied {
             Ok(_) => {
                 let unchanged = source.metadata().is_ok_and(|m| m.len() == size);
-                match self.settle(rel, size, &file, &mut disk) {
+                match self.settle(rel, size, &dir, &file, &mut disk) {
                     Ok(()) if unchanged => return Ok(size),
                     Ok(()) => CopyError::Changed(rel.to_path_buf()),
                     Err(e) => e,
@@ -519,12 +524,13 @@ impl OutDir {
     }
 
     /// Charges the grant with what the written `file` takes of the disk beyond the `disk` it
-    /// holds for it already (whole blocks; every hole where the filesystem keeps none), or
-    /// refuses it.
+    /// holds for it already (whole blocks; every hole where the filesystem keeps none), and
+    /// with what its directory `dir` grew by to hold its name, or refuses them.
     fn settle(
         &mut self,
         rel: &Path,
         size: u64,
+        dir: &OwnedFd,
         file: &File,
         disk: &mut u64,
     ) -> Result<(), CopyError> {
@@ -540,6 +546,23 @@ impl OutDir {
         let extra = allocated.saturating_sub(*disk);
         self.admit(rel, size, 0, extra)?;
         *disk += extra;
+        self.charge_dir(rel, size, dir)
+    }
+
+    /// Charges the grant with what `dir` takes of the disk beyond what was counted of it
+    /// (a directory grows with the names in it and does not shrink when they go), or
+    /// refuses it. The first time, what it takes is only noted: what it held before.
+    fn charge_dir(&mut self, rel: &Path, size: u64, dir: &OwnedFd) -> Result<(), CopyError> {
+        let stat = fstat(dir.as_raw_fd()).map_err(|e| CopyError::Write {
+            path: rel.to_path_buf(),
+            source: e.into(),
+        })?;
+        let now = stat.st_blocks as u64 * 512;
+        let counted = *self.dirs.entry(stat.st_ino).or_insert(now);
+        if now > counted {
+            self.admit(rel, size, 0, now - counted)?;
+            self.dirs.insert(stat.st_ino, now);
+        }
         Ok(())
     }
 
@@ -586,6 +609,7 @@ impl OutDir {
         let mut shown = PathBuf::new();
         for part in parents {
             shown.push(part);
+            self.note_dir(&dir);
             let enter = |dir: &OwnedFd| {
                 open_beneath(
                     dir.as_raw_fd(),
@@ -603,7 +627,11 @@ impl OutDir {
                         *part,
                         Mode::from_bits_truncate(0o755),
                     ) {
-                        Ok(()) => self.entries += 1,
+                        Ok(()) => {
+                            self.entries += 1;
+                            // Its name may have grown the directory it was made in.
+                            self.charge_dir(rel, size, &dir)?;
+                        }
                         Err(e) => {
                             // Not made by this OutDir.
                             self.refund(self.block);
@@ -632,7 +660,18 @@ impl OutDir {
                 Err(e) => return Err(write_error(e)),
             };
         }
+        self.note_dir(&dir);
         Ok(dir)
+    }
+
+    /// Notes what `dir` takes of the disk before anything is written into it, the first
+    /// time it is entered (a directory made here: the block counted for it).
+    fn note_dir(&mut self, dir: &OwnedFd) {
+        if let Ok(stat) = fstat(dir.as_raw_fd()) {
+            self.dirs
+                .entry(stat.st_ino)
+                .or_insert(stat.st_blocks as u64 * 512);
+        }
     }
 }
 
@@ -1745,6 +1784,37 @@ mod tests {
             .iter()
             .all(|e| matches!(e, CopyError::TooManyEntries { max: 3, .. })));
         assert_eq!(report.skipped.len(), 2);
+    }
+
+    /// The blocks a directory grows by to hold the names copied into it are disk the copy
+    /// takes: thousands of empty files with long names take megabytes of directory and no
+    /// byte of data, and the grant holds them too.
+    #[test]
+    fn copy_out_charges_what_directories_grow_by() {
+        use std::os::unix::fs::MetadataExt;
+        let src = tempfile::tempdir().unwrap();
+        for i in 0..3000 {
+            File::create(src.path().join(format!("{i:04}{}", "x".repeat(240)))).unwrap();
+        }
+        let pool = corral_share::Pool::new(
+            "disk",
+            "bytes",
+            corral_share::Limits::new(1 << 30, 1 << 30, 0, 0),
+        );
+        let dst = tempfile::tempdir().unwrap();
+        let root = dst.path().join("out");
+        let mut out = OutDir::create(&root, CopyLimits::for_workspace(1 << 20)).unwrap();
+        let dir_self = std::fs::symlink_metadata(&root).unwrap().blocks() * 512;
+        out.charge_to(pool.take("k", dir_self).unwrap());
+        let report = workspace(src.path()).copy_out(&mut out).unwrap();
+        assert_eq!(report.copied.len(), 3000, "{:?}", report.skipped.first());
+        let taken = std::fs::symlink_metadata(&root).unwrap().blocks() * 512;
+        assert!(taken > 100 << 10, "the directory grew: {taken}");
+        assert!(
+            pool.held() >= taken,
+            "the grant holds {} of the {taken} bytes the directory takes",
+            pool.held()
+        );
     }
 
     /// A grant of the host's disk holds what the copy takes of it (blocks, directories): a

@@ -233,6 +233,14 @@ fn is_real_dir(path: &Path) -> bool {
     fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
 }
 
+/// A real directory at `path` that the server's user owns (what another user made in a
+/// shared directory is not taken for the server's own).
+fn is_own_dir(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    fs::symlink_metadata(path)
+        .is_ok_and(|m| m.is_dir() && m.uid() == nix::unistd::geteuid().as_raw())
+}
+
 impl Saved {
     /// The sandboxes saved for the database `db` at `db_path`; those paused longer than
     /// `max_paused` are deleted now, and so are files in its directory that no saved sandbox
@@ -270,7 +278,7 @@ impl Saved {
         }
         make_private(&dir)?;
         let legacy = db_path.with_file_name(LEGACY_DIR);
-        if is_real_dir(&legacy) {
+        if is_own_dir(&legacy) {
             move_legacy(&legacy, &dir, sandboxes.keys());
         }
         let mut saved_bytes = 0;
@@ -542,10 +550,12 @@ fn not_saved(skipped: &[CopyError]) -> Vec<String> {
 /// Makes the directory of saved workspaces, or makes it the server's own: mode 0700, so that
 /// no other local user reads the tenants' files through it (the database's directory is
 /// usually world-readable, as `/var/lib/corral` is; the files inside keep the copy's 0644). A
-/// directory made with a wider mode (by an older server) is narrowed; anything else at its
-/// path is refused.
+/// directory of the server's user made with a wider mode (by an older server) is narrowed;
+/// anything else at its path is refused: a link, and a directory another user made (one who
+/// may write in the database's directory, as anyone may in `/tmp`), whose owner could read
+/// the tenants' files in it or plant what a resume would copy into a sandbox.
 fn make_private(dir: &Path) -> Result<(), PersistError> {
-    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
     let io = |source| PersistError::Io {
         path: dir.to_path_buf(),
         source,
@@ -554,10 +564,29 @@ fn make_private(dir: &Path) -> Result<(), PersistError> {
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(io(e)),
         _ => {}
     }
-    if !is_real_dir(dir) {
-        return Err(io(std::io::Error::from(std::io::ErrorKind::NotADirectory)));
+    // Judged and narrowed through one descriptor, so that no link swapped in meanwhile is
+    // followed.
+    let opened = fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(dir)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP | libc::ENOTDIR) => {
+                io(std::io::Error::from(std::io::ErrorKind::NotADirectory))
+            }
+            _ => io(e),
+        })?;
+    let meta = opened.metadata().map_err(io)?;
+    if std::os::unix::fs::MetadataExt::uid(&meta) != nix::unistd::geteuid().as_raw() {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "the directory of saved sandboxes belongs to another user: remove it, or use a \
+             database in a directory that only the server's user may write to",
+        )));
     }
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(io)
+    opened
+        .set_permissions(fs::Permissions::from_mode(0o700))
+        .map_err(io)
 }
 
 /// Moves the saved files of the sandboxes `ids` (this database's) from `legacy` (the
@@ -567,7 +596,7 @@ fn make_private(dir: &Path) -> Result<(), PersistError> {
 fn move_legacy<'a>(legacy: &Path, dir: &Path, ids: impl Iterator<Item = &'a String>) {
     for id in ids {
         let (from, to) = (legacy.join(id), dir.join(id));
-        if is_real_dir(&from) && fs::symlink_metadata(&to).is_err() {
+        if is_own_dir(&from) && fs::symlink_metadata(&to).is_err() {
             match fs::rename(&from, &to) {
                 Ok(()) => eprintln!(
                     "corral: saved sandbox {id} moved from {} to {}",
@@ -761,6 +790,30 @@ mod tests {
         };
         assert_eq!(set.limits(0, 0).unwrap().per_key, 1 << 20);
         assert!(DiskBudget::default().limits(0, 0).is_err());
+    }
+
+    /// A directory where the saved workspaces go that another user made (another local user
+    /// who can write in the database's directory, as in `/tmp`, made it first) is refused and
+    /// left as it is: it is not the server's own, so its owner could read the tenants' files
+    /// in it or plant files and links there that a resume would copy into a sandbox.
+    #[test]
+    fn loading_refuses_a_directory_another_user_owns() {
+        let dir = tempfile::tempdir().unwrap();
+        let db_path = dir.path().join("corral.db");
+        let db = Db::open(&db_path).unwrap();
+        let planted = dir.path().join("corral.db.saved");
+        fs::create_dir(&planted).unwrap();
+        use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+        fs::set_permissions(&planted, fs::Permissions::from_mode(0o777)).unwrap();
+        let other = nix::unistd::geteuid().as_raw() + 1;
+        if std::os::unix::fs::chown(&planted, Some(other), None).is_err() {
+            // Not root: the server could not chmod it either, and fails on that.
+            return;
+        }
+        assert!(Saved::load(&db, &db_path, Duration::from_secs(3600), BUDGET).is_err());
+        let meta = fs::metadata(&planted).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o777);
+        assert_eq!(meta.uid(), other);
     }
 
     /// A link (or any non-directory) where the saved workspaces go is refused, not followed.

@@ -2089,32 +2089,51 @@ impl Service {
     }
 
     /// Tears every session down; nothing of them remains but the paused ones' saved files.
-    /// Saving them takes at most `shutdown_save_s` in all: each gets an even share of the
-    /// time left, so that one large workspace cannot take the others' time.
+    /// Saving them takes at most `shutdown_save_s` in all, shared by [`in_key_shares`], so
+    /// that neither one large workspace nor one key's many paused sandboxes can take the
+    /// others' time.
     pub fn close_all(&self) {
         let sessions: Vec<(String, Owned)> = self.sessions.lock().expect("lock").drain().collect();
-        let paused: HashMap<&str, SystemTime> = sessions
+        let paused: Vec<(String, (&str, &Owned, SystemTime))> = sessions
             .iter()
-            .filter_map(|(id, _)| {
+            .filter_map(|(id, owned)| {
                 let since = self.manager.get(id).ok()?.paused_at?;
-                Some((id.as_str(), since))
+                Some((owned.tenant.0.clone(), (id.as_str(), owned, since)))
             })
             .collect();
         let end = Instant::now() + self.config.shutdown_save();
-        let mut left = paused.len() as u32;
-        for (id, owned) in &sessions {
-            if let Some(&since) = paused.get(id.as_str()) {
-                let share = end.saturating_duration_since(Instant::now()) / left.max(1);
-                self.save_paused(id, owned, since, Instant::now() + share);
-                left -= 1;
-            }
-        }
+        in_key_shares(paused, end, |(id, owned, since), deadline| {
+            self.save_paused(id, owned, since, deadline)
+        });
         for (id, owned) in sessions {
             let _ = self.manager.close(&id);
             self.released(Some(owned));
             let _ = self.db.session_ended(&id, "server shut down");
         }
         self.manager.shutdown();
+    }
+}
+
+/// Calls `work` on every item (of a key) with a deadline before `end`: each key an even share
+/// of the time left, and each item of a key an even share of what is left of its key's, so
+/// that the time one key's items do not take goes to the others, and a key with many items
+/// takes no more time than a key with one.
+fn in_key_shares<T>(items: Vec<(String, T)>, end: Instant, mut work: impl FnMut(T, Instant)) {
+    let mut by_key: BTreeMap<String, Vec<T>> = BTreeMap::new();
+    for (key, item) in items {
+        by_key.entry(key).or_default().push(item);
+    }
+    let mut keys_left = by_key.len() as u32;
+    for items in by_key.into_values() {
+        let key_end =
+            Instant::now() + end.saturating_duration_since(Instant::now()) / keys_left.max(1);
+        let mut left = items.len() as u32;
+        for item in items {
+            let share = key_end.saturating_duration_since(Instant::now()) / left.max(1);
+            work(item, Instant::now() + share);
+            left -= 1;
+        }
+        keys_left -= 1;
     }
 }
 
@@ -2264,6 +2283,29 @@ fn reconcile(service: Weak<Service>) {
 
 #[cfg(test)]
 mod tests {
+    /// Saving paused sandboxes at shutdown: a key with nine sandboxes that each take all the
+    /// time they are given leaves a key with one its half of the time, not a tenth.
+    #[test]
+    fn each_key_gets_an_even_share_of_the_time_to_save() {
+        use std::time::{Duration, Instant};
+        let total = Duration::from_millis(1000);
+        let mut items: Vec<(String, &str)> = (0..9).map(|_| ("key-a".into(), "a")).collect();
+        items.push(("key-b".into(), "b"));
+        let mut given_b = Duration::ZERO;
+        super::in_key_shares(items, Instant::now() + total, |who, deadline| {
+            let share = deadline.saturating_duration_since(Instant::now());
+            if who == "b" {
+                given_b = share;
+            }
+            // Takes all of its time, as a large workspace does.
+            std::thread::sleep(share);
+        });
+        assert!(
+            given_b >= total * 2 / 5,
+            "key b's one sandbox had {given_b:?} of {total:?}"
+        );
+    }
+
     use super::*;
 
     #[test]
