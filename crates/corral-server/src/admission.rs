@@ -14,6 +14,7 @@
 //! 503 (no memory), an upload with 429 `key_busy` (its key's share) or 503 `uploads_busy`, its
 //! body never read. Nothing waits unboundedly.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -37,8 +38,9 @@ pub struct Admission {
     uploads: Arc<Pool>,
     wait: Duration,
     budget: u64,
-    /// Bytes promised to live sandboxes.
-    committed: Mutex<u64>,
+    /// Bytes promised to live sandboxes, in all and per key, shared by [`Self::memory`]'s rule.
+    committed: Mutex<Committed>,
+    memory: Limits,
     /// Woken whenever a slot or memory is released.
     freed: tokio::sync::Notify,
     /// `/metrics` views of the state, kept up to date with it.
@@ -47,6 +49,27 @@ pub struct Admission {
     /// The queues: runs and uploads waiting now.
     runs_waiting: Gauge,
     uploads_waiting: Gauge,
+}
+
+/// The memory promised to live sandboxes: in all, and per key (a key promised nothing is not
+/// in the map).
+#[derive(Default)]
+struct Committed {
+    all: u64,
+    by_key: HashMap<String, u64>,
+}
+
+/// How the memory budget is shared: a key may be promised `memory_budget_per_key` (three
+/// quarters of the budget unless set), and every key one default sandbox's worth whatever the
+/// others hold, out of a reserve of a sixteenth of the budget (at least that much).
+fn memory_limits(config: &Config, budget: u64) -> Limits {
+    let reserve_floor = corral_sandbox::Limits::default().host_memory_bytes();
+    let reserve = (budget / 16).max(reserve_floor);
+    let per_key = config
+        .memory_budget_per_key
+        .unwrap_or(budget / 4 * 3)
+        .min(budget + reserve);
+    Limits::new(budget, per_key, reserve_floor.min(per_key), reserve)
 }
 
 /// Limits of a slot pool of `total` with `per_key` for one key: the floor out of a reserve of
@@ -112,6 +135,7 @@ impl Refusal {
 /// A one-shot run's slot and memory; released when dropped (when the run's sandbox is gone).
 pub struct RunPermit {
     admission: Arc<Admission>,
+    tenant: String,
     slot: Option<Grant>,
     bytes: u64,
 }
@@ -120,7 +144,7 @@ impl Drop for RunPermit {
     fn drop(&mut self) {
         drop(self.slot.take());
         self.admission.runs_gauge.dec();
-        self.admission.release(self.bytes);
+        self.admission.release(&self.tenant, self.bytes);
         self.admission.freed.notify_waiters();
     }
 }
@@ -144,7 +168,8 @@ impl Admission {
             ),
             wait: Duration::from_secs(config.admission_wait_s),
             budget,
-            committed: Mutex::new(0),
+            committed: Mutex::new(Committed::default()),
+            memory: memory_limits(config, budget),
             freed: tokio::sync::Notify::new(),
             committed_gauge: metrics.memory_committed_bytes.clone(),
             runs_gauge: metrics.runs_in_flight.clone(),
@@ -153,7 +178,7 @@ impl Admission {
         }
     }
 
-    fn committed(&self) -> MutexGuard<'_, u64> {
+    fn committed(&self) -> MutexGuard<'_, Committed> {
         // A sum that every change updates whole: a poisoned lock still holds it.
         self.committed
             .lock()
@@ -226,7 +251,7 @@ impl Admission {
 
     /// Bytes promised to live sandboxes now.
     pub fn committed_bytes(&self) -> u64 {
-        *self.committed()
+        self.committed().all
     }
 
     /// One-shot runs in flight now.
@@ -247,41 +272,66 @@ impl Admission {
         Ok(())
     }
 
-    /// Promises `bytes` now, or says why the budget cannot hold them.
-    fn try_commit(&self, bytes: u64) -> Result<(), Refusal> {
+    /// Promises `bytes` to `tenant` now, or says why the budget cannot hold them.
+    fn try_commit(&self, tenant: &str, bytes: u64) -> Result<(), Refusal> {
         let mut committed = self.committed();
-        if *committed + bytes > self.budget {
-            return Err(Refusal::Memory(format!(
-                "the host's memory budget is committed: {} of {} GiB promised to live \
-                 sandboxes, and this one needs {}: retry later, or ask for less memory or disk",
-                show_gib_number(*committed),
-                show_gib_number(self.budget),
-                show_bytes(bytes)
-            )));
+        let mine = committed.by_key.get(tenant).copied().unwrap_or(0);
+        match self.memory.admits(committed.all, mine, bytes) {
+            Ok(()) => {}
+            Err(corral_share::Bound::Key) => {
+                return Err(Refusal::Memory(format!(
+                    "this key's share of the host's memory budget is committed: {} of {} GiB \
+                     promised to its live sandboxes (memory_budget_per_key), and this one needs \
+                     {}: retry later, or ask for less memory or disk",
+                    show_gib_number(mine),
+                    show_gib_number(self.memory.per_key),
+                    show_bytes(bytes)
+                )))
+            }
+            Err(corral_share::Bound::Pool) => {
+                return Err(Refusal::Memory(format!(
+                    "the host's memory budget is committed: {} of {} GiB promised to live \
+                     sandboxes, and this one needs {}: retry later, or ask for less memory or disk",
+                    show_gib_number(committed.all),
+                    show_gib_number(self.budget),
+                    show_bytes(bytes)
+                )))
+            }
         }
-        *committed += bytes;
+        if bytes == 0 {
+            return Ok(());
+        }
+        committed.all += bytes;
+        *committed.by_key.entry(tenant.to_string()).or_default() += bytes;
         self.committed_gauge
-            .set(i64::try_from(*committed).unwrap_or(i64::MAX));
+            .set(i64::try_from(committed.all).unwrap_or(i64::MAX));
         Ok(())
     }
 
-    /// Promises `bytes` to a new session now, or refuses (503 with `Retry-After`) when the
-    /// budget cannot hold them; [`Admission::release`] gives them back.
-    pub fn commit(&self, bytes: u64) -> Result<(), ServiceError> {
+    /// Promises `bytes` to a new session of `tenant` now, or refuses (503 with `Retry-After`)
+    /// when the budget, or the key's share of it, cannot hold them; [`Admission::release`]
+    /// gives them back.
+    pub fn commit(&self, tenant: &str, bytes: u64) -> Result<(), ServiceError> {
         self.check_fits(bytes)?;
-        self.try_commit(bytes).map_err(Refusal::into_error)
+        self.try_commit(tenant, bytes).map_err(Refusal::into_error)
     }
 
-    /// Gives back memory promised with [`Admission::commit`].
-    pub fn release(&self, bytes: u64) {
+    /// Gives back memory promised to `tenant` with [`Admission::commit`].
+    pub fn release(&self, tenant: &str, bytes: u64) {
         if bytes == 0 {
             return;
         }
         {
             let mut committed = self.committed();
-            *committed -= bytes;
+            committed.all -= bytes;
+            if let Some(mine) = committed.by_key.get_mut(tenant) {
+                *mine -= bytes;
+                if *mine == 0 {
+                    committed.by_key.remove(tenant);
+                }
+            }
             self.committed_gauge
-                .set(i64::try_from(*committed).unwrap_or(i64::MAX));
+                .set(i64::try_from(committed.all).unwrap_or(i64::MAX));
         }
         self.freed.notify_waiters();
     }
@@ -304,7 +354,7 @@ impl Admission {
             })
         })?;
         // Without the memory the slot is given back (dropped) at once.
-        self.try_commit(bytes)?;
+        self.try_commit(tenant, bytes)?;
         Ok(slot)
     }
 
@@ -323,6 +373,7 @@ impl Admission {
         self.runs_gauge.inc();
         Ok(RunPermit {
             admission: self.clone(),
+            tenant: tenant.to_string(),
             slot: Some(slot),
             bytes,
         })
@@ -501,13 +552,40 @@ mod tests {
         drop(second);
     }
 
+    /// Issue 31's red team: one key with ten sandboxes took the whole budget, and every other
+    /// key's creation and run was 503. A key now holds its share, and a third key still gets
+    /// one default sandbox when two keys together have promised the whole budget.
+    #[tokio::test]
+    async fn one_key_cannot_take_the_memory_budget_and_others_keep_their_floor() {
+        let gib = 1u64 << 30;
+        let config = Config {
+            memory_budget_per_key: Some(6 * gib),
+            ..Config::default()
+        };
+        let a = Admission::new(&config, 10 * gib, &Metrics::default());
+        a.commit("A", 6 * gib).unwrap();
+        let e = a.commit("A", gib).unwrap_err();
+        assert!(e.to_string().contains("memory_budget_per_key"), "{e}");
+        assert_eq!(code(e), "memory_budget_committed");
+        a.commit("B", 4 * gib).unwrap();
+        // The budget is promised whole: C gets its floor of one default sandbox, no more.
+        a.commit("C", gib).unwrap();
+        assert_eq!(
+            code(a.commit("C", gib).unwrap_err()),
+            "memory_budget_committed"
+        );
+        a.release("A", 6 * gib);
+        a.commit("C", gib).unwrap();
+        assert_eq!(a.committed_bytes(), 6 * gib);
+    }
+
     #[tokio::test]
     async fn memory_is_promised_and_given_back() {
         let gib = 1u64 << 30;
         let a = admission(8, 8, 20, 3 * gib);
-        a.commit(gib).unwrap();
-        a.commit(gib).unwrap();
-        let e = a.commit(2 * gib).unwrap_err();
+        a.commit("A", gib).unwrap();
+        a.commit("B", gib).unwrap();
+        let e = a.commit("C", 2 * gib).unwrap_err();
         assert!(
             e.to_string()
                 .contains("memory budget is committed: 2 of 3 GiB promised"),
@@ -515,15 +593,15 @@ mod tests {
         );
         assert_eq!(code(e), "memory_budget_committed");
         // A run waits for the memory too, then is refused with 503.
-        let e = a.admit_run("A", 2 * gib).await.err().unwrap();
+        let e = a.admit_run("C", 2 * gib).await.err().unwrap();
         assert_eq!(code(e), "memory_budget_committed");
-        a.release(gib);
-        let run = a.admit_run("A", 2 * gib).await.unwrap();
+        a.release("A", gib);
+        let run = a.admit_run("C", 2 * gib).await.unwrap();
         assert_eq!(a.committed_bytes(), 3 * gib);
         drop(run);
         assert_eq!(a.committed_bytes(), gib);
         // More than the whole budget can never fit: a bad request, not "retry later".
-        assert_eq!(code(a.commit(4 * gib).unwrap_err()), "bad_request");
+        assert_eq!(code(a.commit("A", 4 * gib).unwrap_err()), "bad_request");
         assert_eq!(
             code(a.admit_run("A", 4 * gib).await.err().unwrap()),
             "bad_request"

@@ -35,6 +35,10 @@ pub struct Config {
     pub memory_overcommit: f64,
     /// A fixed memory budget in bytes instead of `memory_overcommit` × `MemTotal`.
     pub memory_budget_bytes: Option<u64>,
+    /// What one key's live sandboxes may be promised of the memory budget; default three
+    /// quarters of it. Past the budget every key is still promised one default sandbox
+    /// (admission.rs).
+    pub memory_budget_per_key: Option<u64>,
     /// Largest upload: a file (`PUT .../files/...`) or an E2B multipart body. An upload is
     /// held to its sandbox's disk limit as well (JSON bodies are held to `max_json_bytes`).
     pub max_body_bytes: usize,
@@ -186,6 +190,7 @@ impl Default for Config {
             admission_wait_s: 10,
             memory_overcommit: 1.5,
             memory_budget_bytes: None,
+            memory_budget_per_key: None,
             max_body_bytes: 64 << 20,
             max_uploads_in_flight: 32,
             max_uploads_in_flight_per_key: None,
@@ -367,8 +372,8 @@ impl Config {
                  sandboxes could not be saved)"
             );
         }
-        if self.memory_budget_bytes == Some(0) {
-            anyhow::bail!("memory_budget_bytes must be more than 0");
+        if self.memory_budget_bytes == Some(0) || self.memory_budget_per_key == Some(0) {
+            anyhow::bail!("memory_budget_bytes and memory_budget_per_key must be more than 0");
         }
         if self.audit_max_rows == 0 || self.audit_max_age_s == 0 {
             anyhow::bail!(

@@ -930,7 +930,8 @@ impl Service {
     /// Gives back what a session that left `sessions` was promised.
     fn released(&self, owned: Option<Owned>) {
         if let Some(owned) = owned {
-            self.admission.release(owned.promised_bytes);
+            self.admission
+                .release(&owned.tenant.0, owned.promised_bytes);
         }
     }
 
@@ -943,12 +944,14 @@ impl Service {
                 Some(o) if o.promised_bytes > o.workspace_bytes => {
                     let freed = o.promised_bytes - o.workspace_bytes;
                     o.promised_bytes = o.workspace_bytes;
-                    freed
+                    Some((o.tenant.clone(), freed))
                 }
-                _ => 0,
+                _ => None,
             }
         };
-        self.admission.release(freed);
+        if let Some((tenant, freed)) = freed {
+            self.admission.release(&tenant.0, freed);
+        }
     }
 
     fn policy(&self) -> Policy {
@@ -1239,14 +1242,14 @@ impl Service {
         }
         self.reserve_slot(tenant)?;
         let promised = limits.host_memory_bytes();
-        if let Err(e) = self.admission.commit(promised) {
+        if let Err(e) = self.admission.commit(&tenant.0, promised) {
             self.release_slot(tenant);
             return Err(e);
         }
         let (egress, audit) = match self.egress(tenant, req.network.as_ref()) {
             Ok(egress) => egress,
             Err(e) => {
-                self.admission.release(promised);
+                self.admission.release(&tenant.0, promised);
                 self.release_slot(tenant);
                 return Err(e);
             }
@@ -1266,7 +1269,7 @@ impl Service {
         let info = match created {
             Ok(info) => info,
             Err(e) => {
-                self.admission.release(promised);
+                self.admission.release(&tenant.0, promised);
                 self.release_slot(tenant);
                 return Err(self.manager_error("(new)", e));
             }

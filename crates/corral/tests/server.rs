@@ -1860,7 +1860,11 @@ fn one_key_cannot_take_every_run_slot_and_waits_are_bounded() {
 fn the_host_memory_budget_refuses_what_it_cannot_hold_and_recovers() {
     // 2.5 GiB: two sessions of 512 MiB memory + 2 × 256 MiB disk (1 GiB each) fit, a third
     // does not.
-    let s = Server::start("memory_budget_bytes = 2684354560\nadmission_wait_s = 1");
+    // One key holds the whole budget here (its share is set to all of it): the per-key
+    // share has its own test (admission.rs).
+    let s = Server::start(
+        "memory_budget_bytes = 2684354560\nmemory_budget_per_key = 2684354560\nadmission_wait_s = 1",
+    );
     let key = s.key("a");
     let session = r#"{"image": "host", "limits": {"memory_mb": 512, "disk_mb": 256}}"#;
     let create = || s.call("POST", "/v1/sandboxes", Some(&key), Some(session));

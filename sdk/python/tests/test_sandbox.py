@@ -444,7 +444,10 @@ def test_refusals_carry_retry_after(serve_with: Any) -> None:
     # 2 x 256 MiB disk (1 GiB promised) fits, a second is refused for memory (503), a small
     # one then fits and a third session for the key is refused for the count (429). Both
     # refusals come with the server's Retry-After, in seconds.
-    config = "pool_size = 0\nmax_sessions_per_key = 2\nmemory_budget_bytes = 1610612736\n"
+    config = (
+        "pool_size = 0\nmax_sessions_per_key = 2\nmemory_budget_bytes = 1610612736\n"
+        "memory_budget_per_key = 1610612736\n"
+    )
     big = {"memory_mb": 512, "disk_mb": 256}
     small = {"memory_mb": 256, "disk_mb": 16}
     with serve_with(config) as url:
