@@ -29,6 +29,59 @@ pub const CONSOLE_CSP: &str = "default-src 'none'; script-src 'self'; style-src 
 pub const API_CSP: &str =
     "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'; sandbox";
 
+/// A sandbox's page through the path-based port route (`/v1/sandboxes/{id}/ports/{port}/…`),
+/// which shares the API's origin: its scripts may run (a preview of an app still works), but
+/// in an opaque origin of their own (no `allow-same-origin`), so they cannot read or post to
+/// the API, read the console's storage, set its cookies or register a service worker over it.
+/// It replaces any policy the sandbox sent.
+pub const PATH_PREVIEW_CSP: &str =
+    "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads; \
+     frame-ancestors 'none'";
+
+/// Headers by which an answer could act on the origin it is served from beyond its own body
+/// (cookies, site data, service workers' scope, reports, redirects, preloads, relaxed
+/// isolation or cross-origin reads). An answer of the API's origin never carries one that
+/// Corral did not set: they are removed from whatever a sandbox's server sent.
+const ORIGIN_HEADERS: &[&str] = &[
+    "set-cookie",
+    "set-cookie2",
+    "clear-site-data",
+    "service-worker-allowed",
+    "refresh",
+    "link",
+    "origin-agent-cluster",
+    "content-security-policy-report-only",
+    "report-to",
+    "reporting-endpoints",
+    "nel",
+    "access-control-allow-origin",
+    "access-control-allow-credentials",
+    "access-control-allow-methods",
+    "access-control-allow-headers",
+    "access-control-expose-headers",
+    "access-control-max-age",
+    "cross-origin-embedder-policy",
+    "cross-origin-resource-policy",
+    "timing-allow-origin",
+    "x-dns-prefetch-control",
+    "permissions-policy",
+    "feature-policy",
+    "document-policy",
+    "supports-loading-mode",
+];
+
+/// Which origin an answer belongs to, set by the route that made it (a response extension,
+/// which nothing a sandbox sends can set); an answer without one is the API's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// One of the console's own files, with [`CONSOLE_CSP`].
+    Console,
+    /// A sandbox's page through the path-based port route, in the API's origin.
+    PathPreview,
+    /// A sandbox's page on its own origin (`{port}-{id}.{domain}`): its own headers stand.
+    HostPreview,
+}
+
 /// One embedded file of the console.
 struct Asset {
     route: &'static str,
@@ -75,7 +128,7 @@ pub fn router() -> Router<AppState> {
         router.route(
             asset.route,
             get(move || async move {
-                (
+                let mut response = (
                     [
                         (header::CONTENT_TYPE, asset.content_type),
                         (header::CONTENT_SECURITY_POLICY, CONSOLE_CSP),
@@ -83,17 +136,45 @@ pub fn router() -> Router<AppState> {
                     ],
                     asset.body,
                 )
-                    .into_response()
+                    .into_response();
+                response.extensions_mut().insert(Served::Console);
+                response
             }),
         )
     })
 }
 
-/// Adds to every answer of the server: `nosniff`, no referrer, never framed, and (to those
-/// that carry no policy of their own, that is everything but the console) [`API_CSP`].
+/// Adds to every answer of the server: `nosniff`, no referrer, never framed. Every answer of
+/// the API's origin but the console's files loses the [`ORIGIN_HEADERS`] and gets Corral's
+/// policy in place of any other: [`PATH_PREVIEW_CSP`] for a sandbox's page through the path
+/// route, [`API_CSP`] for the rest. A sandbox's page on its own origin keeps its headers (and
+/// gets [`API_CSP`] when it sends no policy).
 pub async fn security_headers(req: Request, next: Next) -> Response {
     let mut response = next.run(req).await;
+    let served = response.extensions().get::<Served>().copied();
     let headers = response.headers_mut();
+    match served {
+        Some(Served::Console) => {}
+        Some(Served::HostPreview) => {
+            headers
+                .entry(header::CONTENT_SECURITY_POLICY)
+                .or_insert(HeaderValue::from_static(API_CSP));
+        }
+        Some(Served::PathPreview) | None => {
+            for name in ORIGIN_HEADERS {
+                headers.remove(*name);
+            }
+            let policy = if served == Some(Served::PathPreview) {
+                PATH_PREVIEW_CSP
+            } else {
+                API_CSP
+            };
+            headers.insert(
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(policy),
+            );
+        }
+    }
     headers.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
@@ -107,9 +188,6 @@ pub async fn security_headers(req: Request, next: Next) -> Response {
         HeaderName::from_static("cross-origin-opener-policy"),
         HeaderValue::from_static("same-origin"),
     );
-    headers
-        .entry(header::CONTENT_SECURITY_POLICY)
-        .or_insert(HeaderValue::from_static(API_CSP));
     response
 }
 

@@ -17,7 +17,7 @@ pub use processes::OutputEvent;
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -146,11 +146,15 @@ fn loopback_origin(origin: &str) -> bool {
         && loopback_authority(authority)
 }
 
-/// Whether a keyless request can only have come from a local program. It fails closed: the
-/// request must carry exactly one `Host`, which parses to a loopback name or address (a
-/// DNS-rebound name does not), and at most one `Origin`, which parses to a loopback page's
-/// origin. A missing `Host`, or a `Host` or `Origin` that cannot be parsed, is not local. A web
-/// page the user visits can neither read from nor post to a keyless server.
+/// Whether a keyless request can only have come from a local program or from the console. It
+/// fails closed: the request must carry exactly one `Host`, which parses to a loopback name or
+/// address (a DNS-rebound name does not); at most one `Origin`, which must be this server's
+/// own origin (the console's: the same loopback authority as `Host`), never another loopback
+/// page's (a dev server on another port, a sandbox's preview on its own origin, an opaque
+/// `null` origin of a sandboxed page); and a `Sec-Fetch-Site`, where a browser sends one, of
+/// `same-origin` or `none` (typed by the user). A missing `Host`, or a `Host` or `Origin`
+/// that cannot be parsed, is not local. A web page the user visits, and a page a sandbox
+/// serves, can neither read from nor post to a keyless server (docs/console.md#origins).
 pub fn from_local_program(headers: &HeaderMap) -> bool {
     /// The header's only value as text; `Err` when it appears twice or is not text.
     fn single(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<&str>, ()> {
@@ -161,13 +165,25 @@ pub fn from_local_program(headers: &HeaderMap) -> bool {
             (Some(_), Some(_)) => Err(()),
         }
     }
-    let host_ok = matches!(single(headers, header::HOST), Ok(Some(h)) if loopback_authority(h));
+    let host = match single(headers, header::HOST) {
+        Ok(Some(h)) if loopback_authority(h) => h,
+        _ => return false,
+    };
     let origin_ok = match single(headers, header::ORIGIN) {
         Ok(None) => true,
-        Ok(Some(o)) => loopback_origin(o),
+        Ok(Some(o)) => {
+            loopback_origin(o)
+                && o.split_once("://")
+                    .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host))
+        }
         Err(()) => false,
     };
-    host_ok && origin_ok
+    let fetch_site_ok = match single(headers, HeaderName::from_static("sec-fetch-site")) {
+        Ok(None) => true,
+        Ok(Some(site)) => site == "same-origin" || site == "none",
+        Err(()) => false,
+    };
+    origin_ok && fetch_site_ok
 }
 
 /// The tenant of a request: its key's, or `local` for a keyless request to a loopback server
@@ -1334,20 +1350,30 @@ mod tests {
             h
         };
         let (host, origin) = (header::HOST, header::ORIGIN);
+        let fetch_site = HeaderName::from_static("sec-fetch-site");
         for ok in [
             headers(&[(host.clone(), b"127.0.0.1:8420")]),
             headers(&[(host.clone(), b"127.0.0.1")]),
             headers(&[(host.clone(), b"127.255.0.9:1")]),
             headers(&[(host.clone(), b"LOCALHOST")]),
+            // The console: its own origin.
             headers(&[
                 (host.clone(), b"localhost:8420"),
-                (origin.clone(), b"http://localhost:3000"),
+                (origin.clone(), b"http://localhost:8420"),
             ]),
             headers(&[
                 (host.clone(), b"[::1]:8420"),
-                (origin.clone(), b"HTTPS://[::1]"),
+                (origin.clone(), b"HTTPS://[::1]:8420"),
             ]),
             headers(&[(host.clone(), b"[::1]")]),
+            headers(&[
+                (host.clone(), b"127.0.0.1:8420"),
+                (fetch_site.clone(), b"same-origin"),
+            ]),
+            headers(&[
+                (host.clone(), b"127.0.0.1:8420"),
+                (fetch_site.clone(), b"none"),
+            ]),
         ] {
             assert!(from_local_program(&ok), "{ok:?}");
         }
@@ -1382,6 +1408,33 @@ mod tests {
                 (origin.clone(), b"https://evil.example"),
             ]),
             headers(&[(host.clone(), b"127.0.0.1:8420"), (origin.clone(), b"null")]),
+            // Another page of this machine (issue 31: a dev server, a sandbox's preview on its
+            // own origin) is not the console: it may not drive a keyless server.
+            headers(&[
+                (host.clone(), b"localhost:8420"),
+                (origin.clone(), b"http://localhost:3000"),
+            ]),
+            headers(&[
+                (host.clone(), b"localhost:8420"),
+                (origin.clone(), b"http://8000-sbx-1.localhost:8420"),
+            ]),
+            headers(&[
+                (host.clone(), b"127.0.0.1:8420"),
+                (origin.clone(), b"http://localhost:8420"),
+            ]),
+            headers(&[
+                (host.clone(), b"127.0.0.1:8420"),
+                (fetch_site.clone(), b"cross-site"),
+            ]),
+            headers(&[
+                (host.clone(), b"127.0.0.1:8420"),
+                (fetch_site.clone(), b"same-site"),
+            ]),
+            headers(&[
+                (host.clone(), b"127.0.0.1:8420"),
+                (origin.clone(), b"http://127.0.0.1:8420"),
+                (fetch_site.clone(), b"cross-site"),
+            ]),
             headers(&[(host.clone(), b"127.0.0.1"), (origin.clone(), b"")]),
             headers(&[(host.clone(), b"127.0.0.1"), (origin.clone(), b"localhost")]),
             headers(&[

@@ -199,9 +199,15 @@ pub async fn by_host(State(routing): State<HostRouting>, req: Request, next: Nex
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
-    forward(&routing.app, &routing.proxy, tenant, id, port, path, req)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    match forward(&routing.app, &routing.proxy, tenant, id, port, path, req).await {
+        Ok(mut response) => {
+            response
+                .extensions_mut()
+                .insert(crate::console::Served::HostPreview);
+            response
+        }
+        Err(e) => e.into_response(),
+    }
 }
 
 /// A keyless server's host-routed request from this machine: the domain is `localhost`'s
@@ -270,7 +276,22 @@ pub(crate) async fn native(
     async {
         let tenant = authenticate(&app, req.headers()).await?;
         let (id, port, path) = native_target(req.uri())?;
-        forward(&app, &proxy, tenant, id, port, path, req).await
+        // A browser fetching a service worker's script says so: none is ever served from the
+        // API's origin (the page that asks runs in an opaque origin and could not register
+        // one anyway; docs/console.md#origins).
+        if req.headers().contains_key("service-worker") {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "service_worker_refused",
+                "the path-based port route never serves a service worker's script: serve \
+                 the app on its own origin ({port}-{id}.{domain})",
+            ));
+        }
+        let mut response = forward(&app, &proxy, tenant, id, port, path, req).await?;
+        response
+            .extensions_mut()
+            .insert(crate::console::Served::PathPreview);
+        Ok(response)
     }
     .await
     .unwrap_or_else(IntoResponse::into_response)

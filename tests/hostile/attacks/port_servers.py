@@ -1,6 +1,7 @@
 # Servers a sandbox's program runs for the port-proxy tests (tests/hostile/multitenant/ports.rs),
 # started in the background; prints READY once every one listens.
-#   8000: HTTP, echoes the method, path, headers and the body's length and SHA-256 as JSON
+#   8000: HTTP, echoes the method, path, headers and the body's length and SHA-256 as JSON;
+#         /hostile-page answers a page with headers that would take the origin it is served from
 #   8001: takes an Upgrade (101), then echoes bytes (a WebSocket server as the proxy sees one)
 #   8002: accepts and never answers (a server that hangs)
 import hashlib, json, os, socket, subprocess, sys, time
@@ -12,6 +13,26 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class Echo(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def answer(self):
+        if self.path.startswith("/hostile-page"):
+            # A page that would take the origin it is served from: its own policy letting
+            # inline script run, a service worker's scope over the whole origin, a cookie,
+            # and the origin's storage cleared.
+            body = (b"<!doctype html><script>fetch('/v1/sandboxes').then(r => r.text())"
+                    b".then(t => document.title = 'READ ' + t.length)</script>")
+            self.send_response(200)
+            for name, value in [
+                ("content-type", "text/html"),
+                ("content-security-policy", "script-src 'unsafe-inline' *"),
+                ("service-worker-allowed", "/"),
+                ("set-cookie", "stolen=1; Path=/"),
+                ("clear-site-data", '"*"'),
+                ("access-control-allow-origin", "*"),
+                ("content-length", str(len(body))),
+            ]:
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+            return
         n, h = 0, hashlib.sha256()
         if "chunked" in (self.headers.get("transfer-encoding") or "").lower():
             while True:

@@ -360,3 +360,113 @@ fn ports_of_forked_sessions() {
 fn ports_of_sessions_in_sandboxes_of_their_own() {
     ports_scenario(0);
 }
+
+/// Issue 31: a sandbox's page served through the path-based port route shares the API's
+/// origin. Whatever headers its server sends, Corral's win: a policy that runs its scripts in
+/// an opaque origin of their own, none of the headers by which it could act on the origin
+/// (service worker scope, cookies, site data, CORS), and no service worker's script at all.
+/// On its own origin (`{port}-{id}.{domain}`) the page keeps its headers. And a keyless
+/// loopback server takes requests from no page but the console: another origin, an opaque one
+/// or a browser's cross-site mark is refused, while the console's own origin and programs
+/// without an `Origin` are served.
+#[test]
+fn a_sandboxs_page_never_acts_in_the_apis_origin() {
+    let _g = shared();
+    let s = Server::start_with(1, PORTS_CONFIG);
+    s.wait_pool(1);
+    let key_a = s.key("A");
+    let a = s.session(&key_a, &json!({}));
+    start_servers(&s, &key_a, &a);
+    let local = format!("127.0.0.1:{}", server_port(&s));
+    let page = format!("/v1/sandboxes/{a}/ports/8000/hostile-page");
+    let mut found = Vec::new();
+
+    let (status, head, body) = get(&s, &local, &page, Some(&key_a));
+    assert_eq!(status, 200, "{head}");
+    assert!(
+        String::from_utf8_lossy(&body).contains("<script>"),
+        "the page itself arrives"
+    );
+    let head_lc = head.to_ascii_lowercase();
+    let policies: Vec<&str> = head_lc
+        .lines()
+        .filter_map(|l| l.strip_prefix("content-security-policy:"))
+        .map(str::trim)
+        .collect();
+    if policies.len() != 1
+        || !policies[0].starts_with("sandbox allow-scripts")
+        || policies[0].contains("allow-same-origin")
+    {
+        found.push(format!(
+            "the page's policy is not Corral's opaque-origin one: {policies:?}"
+        ));
+    }
+    for name in [
+        "service-worker-allowed:",
+        "set-cookie:",
+        "clear-site-data:",
+        "access-control-allow-origin:",
+        "unsafe-inline",
+    ] {
+        if head_lc.contains(name) {
+            found.push(format!(
+                "the sandbox's `{name}` reached the API's origin:\n{head}"
+            ));
+        }
+    }
+    // A browser fetching a service worker's script from the path route is refused.
+    let (status, head, _) = raw(
+        &s,
+        &format!(
+            "GET {page} HTTP/1.1\r\nHost: {local}\r\nAuthorization: Bearer {key_a}\r\n\
+             Service-Worker: script\r\n"
+        ),
+        b"",
+    );
+    if status != 403 {
+        found.push(format!(
+            "a service worker's script was served: {status}\n{head}"
+        ));
+    }
+    // On the page's own origin its headers stand: they act on that origin alone.
+    let routed = format!("8000-{a}.localhost:{}", server_port(&s));
+    let (status, head, _) = get(&s, &routed, "/hostile-page", Some(&key_a));
+    assert_eq!(status, 200, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("service-worker-allowed: /"),
+        "the host-routed page keeps its own headers\n{head}"
+    );
+
+    // The keyless loopback server and browsers.
+    let list = |extra: &str| {
+        raw(
+            &s,
+            &format!("GET /v1/sandboxes HTTP/1.1\r\nHost: {local}\r\n{extra}"),
+            b"",
+        )
+        .0
+    };
+    let other = format!("http://127.0.0.1:{}", server_port(&s) + 1);
+    for (extra, want) in [
+        (String::new(), 200),
+        (
+            format!("Origin: http://{local}\r\nSec-Fetch-Site: same-origin\r\n"),
+            200,
+        ),
+        (format!("Origin: {other}\r\n"), 403),
+        ("Origin: null\r\n".to_string(), 403),
+        (format!("Origin: http://{routed}\r\n"), 403),
+        ("Sec-Fetch-Site: cross-site\r\n".to_string(), 403),
+        ("Sec-Fetch-Site: same-site\r\n".to_string(), 403),
+    ] {
+        let got = list(&extra);
+        if got != want {
+            found.push(format!(
+                "keyless GET /v1/sandboxes with {extra:?}: {got}, not {want}"
+            ));
+        }
+    }
+    s.delete(&key_a, &a);
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
