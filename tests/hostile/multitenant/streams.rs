@@ -28,9 +28,21 @@ pub(super) fn open_stream(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> Result<TcpStream, String> {
+    open_stream_within(s, method, path, headers, body, Duration::from_secs(15))
+}
+
+/// [`open_stream`], waiting up to `patience` for the stream to begin.
+pub(super) fn open_stream_within(
+    s: &Server,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    patience: Duration,
+) -> Result<TcpStream, String> {
     let address = s.url.trim_start_matches("http://");
     let mut conn = TcpStream::connect(address).map_err(|e| e.to_string())?;
-    conn.set_read_timeout(Some(Duration::from_secs(15)))
+    conn.set_read_timeout(Some(patience))
         .map_err(|e| e.to_string())?;
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: {}\r\n",
@@ -57,7 +69,7 @@ pub(super) fn open_stream(
                 ))
             }
             Ok(n) => seen.extend_from_slice(&buf[..n]),
-            Err(e) => return Err(format!("no start within 15 s ({e})")),
+            Err(e) => return Err(format!("no start within {patience:?} ({e})")),
         }
         if !seen.starts_with(b"HTTP/1.1 200") && seen.len() >= 12 {
             return Err(String::from_utf8_lossy(&seen).chars().take(300).collect());

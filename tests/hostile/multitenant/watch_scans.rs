@@ -8,7 +8,7 @@
 
 use std::net::TcpStream;
 
-use super::streams::{e2b_sandbox, envelope, exec_within, open_stream};
+use super::streams::{e2b_sandbox, envelope, exec_within, open_stream_within};
 use super::*;
 
 const SANDBOXES: usize = 3;
@@ -82,7 +82,11 @@ fn one_keys_watchers_take_at_most_its_share_of_a_core() {
         ];
         let body = envelope(&json!({"path": "/workspace/big", "recursive": true}));
         for _ in 0..WATCHERS {
-            match open_stream(&s, "POST", "/filesystem.Filesystem/WatchDir", &plane, &body) {
+            // Each watcher's first listing waits for A's turn, which rests ten times as long
+            // as A's last scan took: on a slow host the 24th start comes late, by design.
+            let path = "/filesystem.Filesystem/WatchDir";
+            let patience = Duration::from_secs(120);
+            match open_stream_within(&s, "POST", path, &plane, &body, patience) {
                 Ok(conn) => watchers.push(conn),
                 Err(e) => panic!("A's watcher {}: {e}\n{}", watchers.len(), s.log_text()),
             }
