@@ -107,7 +107,7 @@ fn egress(
         policy,
         resolver: resolver.clone(),
         observer: None,
-        share: None,
+        share: Default::default(),
     };
     (egress, resolver)
 }
