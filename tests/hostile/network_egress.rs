@@ -10,7 +10,8 @@ use std::net::{IpAddr, Ipv4Addr, TcpListener, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use corral_sandbox::egress::{ConnectionShare, FixedResolver, Resolve};
+use corral_sandbox::egress::share::{RESOLVER_SLOTS, RESOLVER_THREADS};
+use corral_sandbox::egress::{EgressPools, FixedResolver, Resolve};
 use corral_sandbox::{Egress, Limits, NetworkPolicy};
 
 use crate::harness::*;
@@ -107,7 +108,7 @@ fn egress(
         policy,
         resolver: resolver.clone(),
         observer: None,
-        share: None,
+        share: Default::default(),
     };
     (egress, resolver)
 }
@@ -514,58 +515,269 @@ print("STATUS", s.recv(64).split(b" ")[1].decode(), flush=True)
 print("DONE")
 "#;
 
-/// A key's sandboxes share a bound on the connections open at once through their proxies (a
-/// server gives each key half of the process's places): a sandbox that holds every place of
-/// its share leaves its share's other sandboxes none (503 at once), and a sandbox of another
-/// share (another key) is served as ever (here: refused for its name, 403). Before the share,
-/// sixteen sandboxes of one key holding 64 idle connections each took the process's 1024
-/// places and every other key's connections were refused. When the holder ends, its places
-/// come back.
+/// Opens `COUNT` connections through the sandbox's proxy one after the other, each a plain
+/// request to `ok.test:PORT` (whose server answers and keeps the connection), and holds them
+/// all: the status of each answer, and how long the whole took.
+const OPEN: &str = r#"
+import os, socket, time
+port, count = int(os.environ["PORT"]), int(os.environ["COUNT"])
+t = time.monotonic()
+held = []
+for _ in range(count):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(f"GET http://ok.test:{port}/ HTTP/1.1\r\nHost: ok.test:{port}\r\n\r\n".encode())
+    print("STATUS", s.recv(64).split(b" ")[1].decode(), flush=True)
+    held.append(s)
+print("SECONDS", round(time.monotonic() - t, 2), flush=True)
+print("DONE")
+"#;
+
+/// A server on loopback that answers every request 200 and keeps its connections open until
+/// the test ends: its port.
+fn answering_server() -> u16 {
+    let server = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = server.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        for mut conn in server.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+            kept.push(conn);
+        }
+    });
+    port
+}
+
+/// This process's resident memory, for the record.
+fn rss() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .unwrap_or("VmRSS: ?")
+        .to_string()
+}
+
+/// The connections open at once through a process's proxies are a pool that keys share
+/// (corral-share): a key's share, a total, and a floor every key keeps out of a reserve. Here
+/// a pool of 8 with a share of 4 and a floor of 2 (the process's is 1024, 512 and 64). Keys A
+/// and B each hold their full share of silent connections, which fills the pool: A's other
+/// sandboxes are refused at once (503, its share), and key C still opens its floor's
+/// connections (and no more: 503, the pool). Before the floor, two keys holding 512 silent
+/// connections each left every other key's connections 503. When the holders end, their
+/// places come back.
 #[test]
-fn egress_one_shares_connections_leave_another_shares_sandboxes_served() {
+fn egress_two_keys_holding_their_shares_of_connections_leave_a_third_its_floor() {
     let _g = shared();
-    // The server of `ok.test`: it completes handshakes (its backlog) and never answers.
+    // The server A and B hold connections to: it completes handshakes and never answers.
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = silent.local_addr().unwrap().port();
-    let with_share = |share: &Arc<ConnectionShare>| {
+    let pools = EgressPools::new(
+        corral_share::Limits::new(8, 4, 2, 2),
+        corral_sandbox::egress::share::RESOLVER_SLOTS,
+        corral_sandbox::egress::share::RESOLVER_THREADS,
+    );
+    let of_key = |key: &str, port: u16| {
         let mut egress = ok_test(port);
-        egress.share = Some(share.clone());
+        egress.share = pools.share(key);
         egress
     };
-    let share = Arc::new(ConnectionShare::new(4, "a test key's sandboxes"));
-    let other = Arc::new(ConnectionShare::new(4, "another key's sandboxes"));
-    let holding = with_share(&share);
-    let holder = std::thread::spawn(move || {
-        Run::python(HOLD)
-            .env("PORT", port.to_string())
-            .env("COUNT", "4")
-            .env("HOLD_S", "12")
-            .timeout(30)
-            .engine_egress(holding, Limits::default())
-            .run()
-    });
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while share.open() < 4 {
+    let holders: Vec<_> = ["a", "b"]
+        .into_iter()
+        .map(|key| {
+            let holding = of_key(key, port);
+            std::thread::spawn(move || {
+                Run::python(HOLD)
+                    .env("PORT", port.to_string())
+                    .env("COUNT", "4")
+                    .env("HOLD_S", "15")
+                    .timeout(40)
+                    .engine_egress(holding, Limits::default())
+                    .run()
+            })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(25);
+    while pools.connections.held() < 8 {
         assert!(
             std::time::Instant::now() < deadline,
-            "the holder did not open its connections"
+            "the holders did not open their connections"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let probe = |egress: Egress| {
-        let o = Run::python(PROBE)
-            .engine_egress(egress, Limits::default())
-            .run();
-        o.assert_completed();
-        o.value("STATUS").to_string()
-    };
-    assert_eq!(probe(with_share(&share)), "503", "the share is full");
-    assert_eq!(probe(with_share(&other)), "403", "another share is served");
-    assert_eq!(other.open(), 0);
-    let o = holder.join().unwrap();
+    let o = Run::python(PROBE)
+        .engine_egress(of_key("a", port), Limits::default())
+        .run();
     o.assert_completed();
-    assert!(o.has_line("HELD 4"), "{}", o.dump());
-    assert_eq!(share.open(), 0, "the holder's places came back");
+    assert_eq!(o.value("STATUS"), "503", "a's share is full: {}", o.dump());
+
+    let answering = answering_server();
+    let started = std::time::Instant::now();
+    let o = Run::python(OPEN)
+        .env("PORT", answering.to_string())
+        .env("COUNT", "3")
+        .timeout(30)
+        .engine_egress(of_key("c", answering), Limits::default())
+        .run();
+    let took = started.elapsed();
+    o.assert_completed();
+    assert_eq!(
+        o.values("STATUS"),
+        ["200", "200", "503"],
+        "c opens its floor of 2, and no more: {}",
+        o.dump()
+    );
+    eprintln!(
+        "key c's 3 connections took {} s in its sandbox, {took:?} with the sandbox; {}",
+        o.value("SECONDS"),
+        rss()
+    );
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    assert_eq!(pools.connections.held_by("c"), 0, "c's places came back");
+    for holder in holders {
+        let o = holder.join().unwrap();
+        o.assert_completed();
+        assert!(o.has_line("HELD 4"), "{}", o.dump());
+    }
+    assert_eq!(pools.connections.held(), 0, "the holders' places came back");
+}
+
+/// Keeps up to `COUNT` look-ups of names under `hang.test` asked of the proxy at once for
+/// `FOR_S` seconds: each thread asks again as soon as it has an answer (a refusal, 403).
+const LOOKUPS: &str = r#"
+import os, socket, threading, time
+count, until = int(os.environ["COUNT"]), time.monotonic() + float(os.environ["FOR_S"])
+answers = []
+def ask(i):
+    n = 0
+    while time.monotonic() < until:
+        n += 1
+        try:
+            s = socket.create_connection(("127.0.0.1", 3128), timeout=15)
+            s.sendall(f"CONNECT n{i}-{n}.hang.test:443 HTTP/1.1\r\n\r\n".encode())
+            answers.append(s.recv(64).split(b" ")[1].decode())
+            s.close()
+        except OSError as e:
+            answers.append(type(e).__name__)
+threads = [threading.Thread(target=ask, args=(i,)) for i in range(count)]
+for t in threads: t.start()
+print("ASKING", count, flush=True)
+for t in threads: t.join()
+print("ANSWERS", len(answers), "BUSY", answers.count("403"), flush=True)
+print("DONE")
+"#;
+
+/// A resolver for which names under `hang.test` take as long as a name server that never
+/// answers does for the host's resolver (10.6 s, then no address), and other names are those
+/// of a table.
+#[derive(Debug)]
+struct Hanging(FixedResolver);
+
+impl Resolve for Hanging {
+    fn resolve(&self, name: &str) -> std::io::Result<Vec<IpAddr>> {
+        if name.ends_with(".hang.test") {
+            std::thread::sleep(Duration::from_millis(10_600));
+            return Err(std::io::Error::new(ErrorKind::TimedOut, "no answer"));
+        }
+        self.0.resolve(name)
+    }
+}
+
+/// Names being resolved are a pool that keys share (the process's own: 64 look-ups, 16 per
+/// key, a floor of 4): one key's sandbox that keeps 64 look-ups of names that never resolve
+/// in flight holds its share of them, and two other keys resolve an allowed name and connect
+/// to its server within seconds, again and again. Before the share, the flood took all 64
+/// slots of the process, for 10.6 s each (a slot was freed when the look-up's thread
+/// returned, not at the proxy's 5 s timeout), and every other key got `403 ... 64 names are
+/// being resolved already`.
+#[test]
+fn egress_one_keys_look_ups_that_never_answer_leave_other_keys_resolving() {
+    let _g = shared();
+    let answering = answering_server();
+    let run = marker("resolve");
+    let key = |k: &str| format!("{run}-{k}");
+    let of_key = |k: &str| {
+        let (mut egress, _) = egress(
+            &[format!("ok.test:{answering}"), "*.hang.test:443".into()],
+            &["ok.test"],
+            &[],
+        );
+        egress.resolver = Arc::new(Hanging(FixedResolver(HashMap::from([(
+            "ok.test".to_string(),
+            vec![ip("127.0.0.1")],
+        )]))));
+        egress.share = EgressPools::process().share(&key(k));
+        egress
+    };
+    let pools = EgressPools::process();
+    let flooding = of_key("a");
+    let flood = std::thread::spawn(move || {
+        Run::python(LOOKUPS)
+            .env("COUNT", "64")
+            .env("FOR_S", "14")
+            .timeout(60)
+            .engine_egress(flooding, Limits::default())
+            .run()
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(25);
+    while pools.resolver_slots.held_by(&key("a")) < RESOLVER_SLOTS.per_key {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the flood did not take its share"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let victims: Vec<_> = ["b", "c"]
+        .into_iter()
+        .map(|k| {
+            let egress = of_key(k);
+            std::thread::spawn(move || {
+                let started = std::time::Instant::now();
+                let o = Run::python(OPEN)
+                    .env("PORT", answering.to_string())
+                    .env("COUNT", "3")
+                    .timeout(30)
+                    .engine_egress(egress, Limits::default())
+                    .run();
+                (o, started.elapsed())
+            })
+        })
+        .collect();
+    for victim in victims {
+        let (o, took) = victim.join().unwrap();
+        o.assert_completed();
+        assert_eq!(o.values("STATUS"), ["200", "200", "200"], "{}", o.dump());
+        eprintln!(
+            "a victim's 3 look-ups and connections took {} s in its sandbox, {took:?} with \
+             the sandbox; {}",
+            o.value("SECONDS"),
+            rss()
+        );
+        assert!(took < Duration::from_secs(20), "{took:?}");
+    }
+    assert!(
+        pools.resolver_threads.held_by(&key("a")) <= RESOLVER_THREADS.per_key,
+        "a's stuck threads stay within its share"
+    );
+    let o = flood.join().unwrap();
+    o.assert_completed();
+    let busy: u64 = o.values("ANSWERS")[0]
+        .split(' ')
+        .nth(2)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(busy > 0, "the flood met its share: {}", o.dump());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while pools.resolver_threads.held_by(&key("a")) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a's resolver threads did not end"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(pools.resolver_slots.held_by(&key("a")), 0);
 }
 
 /// The user of `corral run` is the operator of their own run: `--net allow:0.0.0.0/0` holds no

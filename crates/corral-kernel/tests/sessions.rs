@@ -912,7 +912,7 @@ fn sessions_with_a_network_policy_reach_their_allowed_names_only() {
             [("ok.test".to_string(), vec!["127.0.0.1".parse().unwrap()])].into(),
         )),
         observer: None,
-        share: None,
+        share: Default::default(),
     };
     let fetch = format!(
         "import urllib.request\n\

@@ -42,8 +42,10 @@ pub struct RouterConfig {
     /// How long a node may take to begin its answer (a non-streamed execution answers when
     /// it ends, so this is above the longest execution a node allows).
     pub answer_timeout: Duration,
-    /// Requests in flight at once (a streamed answer counts until it ends); more are refused
-    /// with 503 `router_busy`.
+    /// Requests in flight at once (a streamed answer counts until it ends), shared between
+    /// keys (a key's share is half, and every key keeps a floor of 64 out of a reserve of a
+    /// sixteenth above it): past a key's share 429 `key_busy`, past the
+    /// router's 503 `router_busy`.
     pub max_in_flight: usize,
     /// The largest list answer read from one node when lists are gathered.
     pub max_list_bytes: usize,

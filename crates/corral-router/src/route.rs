@@ -12,8 +12,8 @@ use corral_kernel::node::node_of;
 use corral_kernel::NodeName;
 use corral_server::e2b::{E2bError, SANDBOX_ID_HEADER};
 use corral_server::error::ApiError;
+use corral_share::{Limits, Pool};
 use http_body_util::BodyExt as _;
-use tokio::sync::Semaphore;
 
 use crate::nodes::{Lookup, Nodes};
 use crate::operator::{AuditLog, OperatorRoute};
@@ -119,14 +119,39 @@ fn host_routed_sandbox(host: &str) -> Option<String> {
 #[derive(Clone)]
 pub(crate) struct AppState {
     pub nodes: Arc<Nodes>,
-    in_flight: Arc<Semaphore>,
+    in_flight: Arc<Pool>,
+}
+
+/// How requests in flight are shared between the keys that present them (a key's share is
+/// half of `max_in_flight`, and every key keeps a floor of 64 out of a reserve of a sixteenth
+/// above it, as the egress proxies' connections are shared): one key's many long streams
+/// leave every other key's requests served.
+fn in_flight_limits(max_in_flight: usize) -> Limits {
+    let total = max_in_flight.max(1) as u64;
+    let per_key = (total / 2).max(1);
+    let floor = per_key.min(64);
+    Limits::new(total, per_key, floor, (total / 16).max(floor))
+}
+
+/// The key a request counts against: a hash of the API key it presents (the nodes check it;
+/// the router only tells keys apart), or one key for all requests that present none, or one
+/// the nodes will refuse.
+fn in_flight_key(headers: &HeaderMap) -> String {
+    match corral_server::http::presented_key(headers) {
+        Ok(Some(key)) => corral_server::db::hash_key(&key),
+        Ok(None) | Err(_) => String::new(),
+    }
 }
 
 /// The router's application: every request is routed by [`target`].
 pub fn app(config: Arc<RouterConfig>, nodes: Arc<Nodes>) -> Router {
     Router::new().fallback(handle).with_state(AppState {
         nodes,
-        in_flight: Arc::new(Semaphore::new(config.max_in_flight)),
+        in_flight: Pool::new(
+            "requests in flight through this router",
+            "requests",
+            in_flight_limits(config.max_in_flight),
+        ),
     })
 }
 
@@ -215,17 +240,20 @@ fn face_of(path: &str, headers: &HeaderMap) -> Face {
 
 async fn handle(State(state): State<AppState>, request: Request) -> Response {
     let face = face_of(request.uri().path(), request.headers());
-    let Ok(permit) = state.in_flight.clone().try_acquire_owned() else {
-        let mut answer = error(
-            face,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "router_busy",
-            "this router has as many requests in flight as it takes; retry".to_string(),
-        );
-        answer
-            .headers_mut()
-            .insert(axum::http::header::RETRY_AFTER, 1.into());
-        return answer;
+    let permit = match state.in_flight.take(&in_flight_key(request.headers()), 1) {
+        Ok(permit) => permit,
+        Err(refusal) => {
+            let (status, code) = if refusal.is_key() {
+                (StatusCode::TOO_MANY_REQUESTS, "key_busy")
+            } else {
+                (StatusCode::SERVICE_UNAVAILABLE, "router_busy")
+            };
+            let mut answer = error(face, status, code, format!("{refusal}; retry"));
+            answer
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, 1.into());
+            return answer;
+        }
     };
     let answer = route(&state, request).await;
     // The permit is held until the answer's body has been sent (or dropped): a stream counts
@@ -386,6 +414,42 @@ fn health(nodes: &Nodes) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn in_flight_requests_count_against_the_key_they_present() {
+        let headers = |pairs: &[(&'static str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.append(*k, v.parse().unwrap());
+            }
+            h
+        };
+        let a = in_flight_key(&headers(&[("authorization", "Bearer crl_a")]));
+        assert_eq!(a, in_flight_key(&headers(&[("x-api-key", "crl_a")])));
+        assert_ne!(
+            a,
+            in_flight_key(&headers(&[("authorization", "Bearer crl_b")]))
+        );
+        assert!(!a.contains("crl_a"), "the key itself is not kept");
+        let keyless = in_flight_key(&headers(&[]));
+        assert_eq!(keyless, "");
+        assert_eq!(
+            in_flight_key(&headers(&[("authorization", "Basic crl_a")])),
+            keyless,
+            "a key the nodes refuse counts as none"
+        );
+    }
+
+    #[test]
+    fn a_key_may_hold_half_the_requests_and_every_key_a_floor() {
+        let limits = in_flight_limits(4096);
+        assert_eq!(limits, Limits::new(4096, 2048, 64, 256));
+        let one = in_flight_limits(1);
+        assert_eq!((one.total, one.per_key, one.floor), (1, 1, 1));
+        // Two keys holding their shares fill the router; a third still gets its floor.
+        assert!(limits.admits(4096, 0, 64).is_ok());
+        assert!(limits.admits(4096 + 64, 64, 1).is_err());
+    }
 
     fn t(method: Method, path: &str) -> Target {
         target(&method, path, &HeaderMap::new())

@@ -24,6 +24,8 @@ use support::router_for;
 struct Hold {
     entered: Notify,
     release: Notify,
+    /// Requests holding now.
+    holding: std::sync::atomic::AtomicUsize,
 }
 
 /// A fake node named `name`: its list holds `list_entries` sandboxes, `POST /v1/sandboxes`
@@ -86,7 +88,14 @@ async fn fake_node(
                 let release = release.clone();
                 async move {
                     release.entered.notify_one();
-                    release.release.notified().await;
+                    let released = release.release.notified();
+                    release
+                        .holding
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    released.await;
+                    release
+                        .holding
+                        .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                     "released"
                 }
             }),
@@ -161,32 +170,79 @@ async fn a_creation_body_beyond_the_bound_is_refused_while_uploads_stream_throug
     assert_eq!(body["size"], 16 << 20);
 }
 
+fn with_key(key: &str, request: Request<Body>) -> Request<Body> {
+    let (mut parts, body) = request.into_parts();
+    parts
+        .headers
+        .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    Request::from_parts(parts, body)
+}
+
+/// Requests in flight are shared between the keys that present them: with `--max-in-flight
+/// 8`, a key holds at most 4 (then 429 `key_busy`), and two keys holding theirs fill the
+/// router, yet a third key's lists and creations are served out of its floor; past the floor,
+/// 503 `router_busy`. When the holders end, everyone is served again. Before the share, one
+/// key holding every request in flight left every other key's requests, list and create
+/// included, 503 `router_busy`.
 #[tokio::test]
-async fn requests_beyond_max_in_flight_are_refused_until_one_ends() {
+async fn one_keys_requests_in_flight_leave_other_keys_served() {
     let release = Arc::new(Hold::default());
-    let (node, _n) = fake_node("fake-a", 0, release.clone()).await;
-    let (app, _) = router_for(&[node], |c| c.max_in_flight = 1).await;
-    let held = tokio::spawn({
+    let (node, _n) = fake_node("fake-a", 1, release.clone()).await;
+    let (app, _) = router_for(&[node], |c| c.max_in_flight = 8).await;
+    let hold = |key: &'static str| {
         let app = app.clone();
+        tokio::spawn(async move {
+            let request = Request::post("/v1/sandboxes/sbx-1-fake-a/hold")
+                .body(Body::empty())
+                .unwrap();
+            call(&app, with_key(key, request)).await.0
+        })
+    };
+    let holding = |n: usize| {
+        let release = release.clone();
         async move {
-            call(
-                &app,
-                Request::post("/v1/sandboxes/sbx-1-fake-a/hold")
-                    .body(Body::empty())
-                    .unwrap(),
-            )
-            .await
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while release.holding.load(std::sync::atomic::Ordering::SeqCst) < n {
+                assert!(Instant::now() < deadline, "the holds did not begin");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
-    });
-    release.entered.notified().await;
-    let refused = call(&app, get_req("/v1/sandboxes/sbx-1-fake-a")).await;
-    assert_eq!(refused.0, StatusCode::SERVICE_UNAVAILABLE);
-    let refused = (refused.1, refused.2);
-    assert_eq!(refused.1["error"]["code"], "router_busy");
-    assert_eq!(refused.0["retry-after"], "1");
-    release.release.notify_one();
-    assert_eq!(held.await.unwrap().0, StatusCode::OK);
-    let (status, _, _) = call(&app, get_req("/v1/sandboxes/sbx-1-fake-a")).await;
+    };
+    let mut held: Vec<_> = (0..4).map(|_| hold("crl_a")).collect();
+    holding(4).await;
+    let refused = call(&app, with_key("crl_a", get_req("/v1/sandboxes"))).await;
+    assert_eq!(refused.0, StatusCode::TOO_MANY_REQUESTS, "{}", refused.2);
+    assert_eq!(refused.2["error"]["code"], "key_busy");
+    assert_eq!(refused.1["retry-after"], "1");
+
+    held.extend((0..4).map(|_| hold("crl_b")));
+    holding(8).await;
+    let list = call(&app, with_key("crl_c", get_req("/v1/sandboxes"))).await;
+    assert_eq!(list.0, StatusCode::OK, "{}", list.2);
+    assert_eq!(list.2["sandboxes"][0]["id"], "sbx-0-fake-a");
+    let create = Request::post("/v1/sandboxes")
+        .header("content-type", "application/json")
+        .body(Body::from("{}"))
+        .unwrap();
+    let created = call(&app, with_key("crl_c", create)).await;
+    assert_eq!(created.0, StatusCode::CREATED, "{}", created.2);
+    let keyless = call(&app, get_req("/v1/sandboxes/sbx-1-fake-a")).await;
+    assert_eq!(keyless.0, StatusCode::OK, "{}", keyless.2);
+
+    // A third key past its floor, when the floors too are taken: the router is busy.
+    let mut floor: Vec<_> = (0..4).map(|_| hold("crl_c")).collect();
+    holding(12).await;
+    let refused = call(&app, with_key("crl_d", get_req("/v1/sandboxes"))).await;
+    assert_eq!(refused.0, StatusCode::SERVICE_UNAVAILABLE, "{}", refused.2);
+    assert_eq!(refused.2["error"]["code"], "router_busy");
+    assert_eq!(refused.1["retry-after"], "1");
+
+    release.release.notify_waiters();
+    held.append(&mut floor);
+    for h in held {
+        assert_eq!(h.await.unwrap(), StatusCode::OK);
+    }
+    let (status, _, _) = call(&app, with_key("crl_a", get_req("/v1/sandboxes"))).await;
     assert_eq!(status, StatusCode::OK);
 }
 

@@ -11,7 +11,6 @@ pub mod db;
 mod docs_page;
 pub mod e2b;
 mod e2b_network;
-mod egress_shares;
 pub mod error;
 pub mod files_api;
 pub mod http;

@@ -16,7 +16,7 @@ use corral_kernel::{
     CodePolicy, Event, KernelError, Language, ManagerError, PolicyError, Pool, SessionManager,
     SessionOptions, Stopper, ZygoteKind, ZygoteStatus,
 };
-use corral_sandbox::egress::{Decision, EgressObserver};
+use corral_sandbox::egress::{Decision, EgressObserver, EgressPools};
 use corral_sandbox::limits::show_bytes;
 use corral_sandbox::limits::timeout_from_secs;
 use corral_sandbox::workspace::EntryInfo;
@@ -610,8 +610,6 @@ pub struct Service {
     code_policies: CodePolicies,
     /// Paused sandboxes saved across a restart.
     saved: crate::persist::Saved,
-    /// Each key's share of the egress proxies' connections.
-    egress_shares: crate::egress_shares::EgressShares,
 }
 
 /// Hears a sandbox's egress decisions: each is a line of the audit log (`egress` table) and
@@ -862,7 +860,6 @@ impl Service {
             default_limits,
             code_policies,
             saved,
-            egress_shares: Default::default(),
         });
         let weak = Arc::downgrade(&service);
         std::thread::Builder::new()
@@ -1030,7 +1027,7 @@ impl Service {
         });
         let mut egress = Egress::new(policy);
         egress.observer = Some(audit.clone());
-        egress.share = Some(self.egress_shares.of(&tenant.0));
+        egress.share = EgressPools::process().share(&tenant.0);
         Ok((egress, Some(audit)))
     }
 

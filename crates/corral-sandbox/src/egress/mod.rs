@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 pub use policy::{CidrRule, HostPattern, HostRule, NetworkPolicy, PolicyError};
 pub use proxy::{EgressMonitor, EgressProxy};
 pub use resolve::{FixedResolver, Resolve, SystemResolver};
-pub use share::ConnectionShare;
+pub use share::{EgressPools, EgressShare};
 
 /// Where the proxy listens inside a sandbox's network namespace.
 pub const PROXY_PORT: u16 = 3128;
@@ -95,9 +95,9 @@ pub struct Egress {
     pub policy: NetworkPolicy,
     pub resolver: Arc<dyn Resolve>,
     pub observer: Option<Arc<dyn EgressObserver>>,
-    /// The places for open connections this sandbox shares with others (a server: its key's
-    /// sandboxes), on top of its own and the process's bounds; none: those alone.
-    pub share: Option<Arc<ConnectionShare>>,
+    /// The key's share of the process's egress pools (connections, resolver slots and
+    /// threads), which all its sandboxes draw from.
+    pub share: EgressShare,
 }
 
 impl Default for Egress {
@@ -107,13 +107,13 @@ impl Default for Egress {
 }
 
 impl Egress {
-    /// `policy`, resolved by the system's resolver, with no observer.
+    /// `policy`, resolved by the system's resolver, with no observer, for the process's one key.
     pub fn new(policy: NetworkPolicy) -> Egress {
         Egress {
             policy,
             resolver: Arc::new(SystemResolver),
             observer: None,
-            share: None,
+            share: EgressShare::default(),
         }
     }
 }

@@ -21,25 +21,19 @@ use super::head::{self, Host, Request, MAX_HEAD};
 use super::hello::{Hello, HelloReader};
 use super::policy::NameRefusal;
 use super::resolve::{resolve_within, ResolveError};
-use super::{
-    check_listener, ConnectionShare, Decision, Denial, Egress, NetworkReport, Reason, Verdict,
-};
+use super::{check_listener, Decision, Denial, Egress, NetworkReport, Reason, Verdict};
 use crate::limits::show_bytes;
 use crate::spec::Limits;
 
-/// Connections open at once through one sandbox's proxy, and through every proxy of this
-/// process; more are answered 503.
+/// Connections open at once through one sandbox's proxy; more are answered 503, as are those
+/// past its key's share of the process's ([`EgressShare`](super::EgressShare)).
 pub const MAX_CONCURRENT: usize = 64;
-pub const MAX_CONCURRENT_TOTAL: usize = 1024;
 /// How long a client has to send its request head, and a tunnel's ClientHello.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long connecting to a server may take, all its vetted addresses together.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection that moves no byte either way for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// Every proxy of the process shares these places.
-static ACTIVE_TOTAL: ConnectionShare = ConnectionShare::new(MAX_CONCURRENT_TOTAL, "this host");
 
 /// One sandbox's proxy. Dropping it stops it.
 pub struct EgressProxy {
@@ -285,58 +279,39 @@ fn accept_loop(shared: &Arc<Shared>) {
             shared.cut(Some(format!("{why}: the proxy closed its endpoint")));
             return;
         }
-        if state.active >= MAX_CONCURRENT || !shared.take_place() {
-            drop(state);
-            let share = match &shared.egress.share {
-                Some(share) => format!(", {} for {}", share.limit(), share.what()),
-                None => String::new(),
-            };
-            let why = format!(
-                "too many connections at once (at most {MAX_CONCURRENT} per sandbox{share}, \
-                 {MAX_CONCURRENT_TOTAL} on this host)"
-            );
-            refuse_at_once(shared, &conn, Reason::Busy, 503, &why);
-            continue;
-        }
+        let place = if state.active >= MAX_CONCURRENT {
+            Err(format!(
+                "too many connections at once: at most {MAX_CONCURRENT} per sandbox"
+            ))
+        } else {
+            shared
+                .egress
+                .share
+                .connections
+                .take(1)
+                .map_err(|refusal| format!("too many connections at once: {refusal}"))
+        };
+        let place = match place {
+            Ok(place) => place,
+            Err(why) => {
+                drop(state);
+                refuse_at_once(shared, &conn, Reason::Busy, 503, &why);
+                continue;
+            }
+        };
         state.active += 1;
         let serving = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("corral-egress-conn".into())
             .stack_size(256 << 10)
             .spawn(move || {
+                let _place = place;
                 serve(&serving, conn);
                 serving.state.lock().expect("lock").active -= 1;
-                serving.give_back_place();
             });
         match spawned {
             Ok(t) => state.threads.push(t),
-            Err(_) => {
-                state.active -= 1;
-                shared.give_back_place();
-            }
-        }
-    }
-}
-
-impl Shared {
-    /// Takes a place for a new connection in the process's count and in the sandbox's
-    /// share: false, and nothing taken, when either is full.
-    fn take_place(&self) -> bool {
-        if !ACTIVE_TOTAL.take() {
-            return false;
-        }
-        if self.egress.share.as_ref().is_some_and(|s| !s.take()) {
-            ACTIVE_TOTAL.give_back();
-            return false;
-        }
-        true
-    }
-
-    /// Gives back what [`Shared::take_place`] took.
-    fn give_back_place(&self) {
-        ACTIVE_TOTAL.give_back();
-        if let Some(share) = &self.egress.share {
-            share.give_back();
+            Err(_) => state.active -= 1,
         }
     }
 }
@@ -674,14 +649,19 @@ fn vet(shared: &Shared, host: &Host, port: u16) -> Result<Vec<IpAddr>, (Verdict,
                     ))
                 }
             };
-            let resolved =
-                resolve_within(&shared.egress.resolver, name, &shared.stopped).map_err(|e| {
-                    let reason = match e {
-                        ResolveError::Busy => Verdict::Denied(Reason::Busy),
-                        _ => Verdict::Failed(Reason::ResolveFailed),
-                    };
-                    (reason, format!("{name} did not resolve on the host: {e}"))
-                })?;
+            let resolved = resolve_within(
+                &shared.egress.resolver,
+                &shared.egress.share,
+                name,
+                &shared.stopped,
+            )
+            .map_err(|e| {
+                let reason = match e {
+                    ResolveError::Busy(_) => Verdict::Denied(Reason::Busy),
+                    _ => Verdict::Failed(Reason::ResolveFailed),
+                };
+                (reason, format!("{name} did not resolve on the host: {e}"))
+            })?;
             let mut kept = Vec::new();
             let mut refused = Vec::new();
             for ip in resolved {

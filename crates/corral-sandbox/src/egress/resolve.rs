@@ -6,17 +6,16 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+use corral_share::Refusal;
+
+use super::share::EgressShare;
+
 /// How long a name may take to resolve.
 pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Resolutions in flight at once in this process (each holds a thread until the system's
-/// resolver answers, which its own timeouts bound).
-pub const MAX_RESOLVING: usize = 64;
-
-static RESOLVING: AtomicUsize = AtomicUsize::new(0);
 
 /// Turns a host name into addresses.
 pub trait Resolve: Send + Sync + fmt::Debug {
@@ -54,8 +53,10 @@ impl Resolve for FixedResolver {
 pub enum ResolveError {
     #[error("it did not resolve within {} s", RESOLVE_TIMEOUT.as_secs())]
     Timeout,
-    #[error("{MAX_RESOLVING} names are being resolved already")]
-    Busy,
+    /// The key's share of resolver slots or threads, or the process's, is taken
+    /// ([`EgressShare`]).
+    #[error("{0}")]
+    Busy(#[source] Refusal),
     #[error("{0}")]
     Failed(#[source] io::Error),
     /// The sandbox ended meanwhile.
@@ -65,30 +66,27 @@ pub enum ResolveError {
 
 /// Resolves `name` on a thread of its own, waiting at most [`RESOLVE_TIMEOUT`] (and no longer
 /// than until `stopped` is set): a resolver that hangs costs a thread until its own timeout,
-/// never the connection's caller.
+/// never the connection's caller. The look-up holds a resolver slot of `share` while it is
+/// waited on, and a resolver thread until the thread returns (see [`super::share`]).
 pub fn resolve_within(
     resolver: &Arc<dyn Resolve>,
+    share: &EgressShare,
     name: &str,
     stopped: &AtomicBool,
 ) -> Result<Vec<IpAddr>, ResolveError> {
-    if RESOLVING.fetch_add(1, Ordering::SeqCst) >= MAX_RESOLVING {
-        RESOLVING.fetch_sub(1, Ordering::SeqCst);
-        return Err(ResolveError::Busy);
-    }
+    let _slot = share.resolver_slots.take(1).map_err(ResolveError::Busy)?;
+    let thread = share.resolver_threads.take(1).map_err(ResolveError::Busy)?;
     let (tx, rx) = mpsc::channel();
     let resolver = resolver.clone();
     let owned = name.to_string();
-    let spawned = std::thread::Builder::new()
+    std::thread::Builder::new()
         .name("corral-resolve".into())
         .stack_size(256 << 10)
         .spawn(move || {
+            let _thread = thread;
             let _ = tx.send(resolver.resolve(&owned));
-            RESOLVING.fetch_sub(1, Ordering::SeqCst);
-        });
-    if let Err(e) = spawned {
-        RESOLVING.fetch_sub(1, Ordering::SeqCst);
-        return Err(ResolveError::Failed(e));
-    }
+        })
+        .map_err(ResolveError::Failed)?;
     let deadline = Instant::now() + RESOLVE_TIMEOUT;
     loop {
         if stopped.load(Ordering::SeqCst) {
@@ -130,13 +128,18 @@ mod tests {
             vec!["127.0.0.1".parse().unwrap()],
         )])));
         let go = AtomicBool::new(false);
-        assert_eq!(resolve_within(&table, "a.test", &go).unwrap().len(), 1);
+        assert_eq!(
+            resolve_within(&table, &EgressShare::default(), "a.test", &go)
+                .unwrap()
+                .len(),
+            1
+        );
         assert!(matches!(
-            resolve_within(&table, "b.test", &go),
+            resolve_within(&table, &EgressShare::default(), "b.test", &go),
             Err(ResolveError::Failed(_))
         ));
         let system: Arc<dyn Resolve> = Arc::new(SystemResolver);
-        let local = resolve_within(&system, "localhost", &go).unwrap();
+        let local = resolve_within(&system, &EgressShare::default(), "localhost", &go).unwrap();
         assert!(
             local.iter().all(IpAddr::is_loopback) && !local.is_empty(),
             "{local:?}"
@@ -149,9 +152,112 @@ mod tests {
         let stop = AtomicBool::new(true);
         let t = Instant::now();
         assert!(matches!(
-            resolve_within(&slow, "x", &stop),
+            resolve_within(&slow, &EgressShare::default(), "x", &stop),
             Err(ResolveError::Stopped)
         ));
         assert!(t.elapsed() < Duration::from_millis(500));
+    }
+
+    /// Names under `hang.` block until the gate opens, as on a name server that never
+    /// answers; `ok.test` resolves at once.
+    #[derive(Debug, Default)]
+    struct Gate {
+        open: std::sync::Mutex<bool>,
+        opened: std::sync::Condvar,
+    }
+    impl Resolve for Gate {
+        fn resolve(&self, name: &str) -> io::Result<Vec<IpAddr>> {
+            if name.starts_with("hang.") {
+                let open = self.open.lock().unwrap();
+                drop(self.opened.wait_while(open, |open| !*open).unwrap());
+            }
+            Ok(vec!["127.0.0.1".parse().unwrap()])
+        }
+    }
+
+    fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// One key whose names never resolve holds its share of slots, and no more; other keys
+    /// resolve. A look-up that is no longer waited on gives its slot back at once and keeps
+    /// its thread until the resolver returns: the key's stuck threads stop at their own share.
+    #[test]
+    fn a_key_that_never_gets_an_answer_holds_its_share_and_others_resolve() {
+        use super::super::share::EgressPools;
+        use corral_share::Limits;
+        let pools = EgressPools::new(
+            Limits::new(8, 4, 1, 1),
+            Limits::new(4, 2, 1, 2),
+            Limits::new(6, 3, 1, 2),
+        );
+        let gate = Arc::new(Gate::default());
+        let resolver: Arc<dyn Resolve> = gate.clone();
+        let (a, b) = (pools.share("a"), pools.share("b"));
+        let stop = Arc::new(AtomicBool::new(false));
+        let waiting: Vec<_> = (0..2)
+            .map(|_| {
+                let (resolver, a, stop) = (resolver.clone(), a.clone(), stop.clone());
+                std::thread::spawn(move || resolve_within(&resolver, &a, "hang.test", &stop))
+            })
+            .collect();
+        until("a's look-ups start", || {
+            pools.resolver_slots.held_by("a") == 2
+        });
+        let go = AtomicBool::new(false);
+        match resolve_within(&resolver, &a, "hang.test", &go) {
+            Err(ResolveError::Busy(refusal)) => assert!(refusal.is_key(), "{refusal}"),
+            other => panic!("a third look-up of a's: {other:?}"),
+        }
+        assert_eq!(
+            resolve_within(&resolver, &b, "ok.test", &go).unwrap().len(),
+            1
+        );
+
+        // No longer waited on: the slots come back, the threads are still held.
+        stop.store(true, Ordering::SeqCst);
+        for w in waiting {
+            assert!(matches!(w.join().unwrap(), Err(ResolveError::Stopped)));
+        }
+        assert_eq!(pools.resolver_slots.held_by("a"), 0);
+        assert_eq!(pools.resolver_threads.held_by("a"), 2);
+        let more = {
+            let (resolver, a) = (resolver.clone(), a.clone());
+            std::thread::spawn(move || {
+                resolve_within(&resolver, &a, "hang.test", &AtomicBool::new(false))
+            })
+        };
+        until("a's third thread", || {
+            pools.resolver_threads.held_by("a") == 3
+        });
+        match resolve_within(&resolver, &a, "hang.test", &go) {
+            Err(ResolveError::Busy(refusal)) => {
+                assert!(refusal.is_key(), "{refusal}");
+                assert!(
+                    refusal.to_string().contains("resolver threads"),
+                    "{refusal}"
+                );
+            }
+            other => panic!("a fourth thread of a's: {other:?}"),
+        }
+        assert_eq!(
+            pools.resolver_slots.held_by("a"),
+            1,
+            "a refused look-up holds nothing"
+        );
+        assert_eq!(
+            resolve_within(&resolver, &b, "ok.test", &go).unwrap().len(),
+            1
+        );
+
+        *gate.open.lock().unwrap() = true;
+        gate.opened.notify_all();
+        assert_eq!(more.join().unwrap().unwrap().len(), 1);
+        until("a's threads return", || pools.resolver_threads.held() == 0);
+        assert_eq!(pools.resolver_slots.held(), 0);
     }
 }

@@ -1,55 +1,84 @@
-//! A bound on the connections open at once through a group of egress proxies: every sandbox
-//! that shares one [`ConnectionShare`] counts against it, on top of its own bound
-//! ([`MAX_CONCURRENT`](super::proxy::MAX_CONCURRENT)) and the process's
-//! ([`MAX_CONCURRENT_TOTAL`](super::proxy::MAX_CONCURRENT_TOTAL)). A server gives each key
-//! one, so that one key's many sandboxes, each holding its own bound of idle connections,
-//! cannot take every place of the process and leave other keys' sandboxes none.
+//! The pools every egress proxy of a process draws from, shared between keys through
+//! [`corral_share`] (docs/threat-model.md, "Shared pools"): connections open at once, names
+//! being resolved, and resolver threads alive. A server gives each key its own
+//! [`EgressShare`] of the process's pools; `corral run` has one key.
+//!
+//! A look-up holds two units. A **resolver slot**, from the moment it starts until it has an
+//! answer or the proxy stops waiting for one ([`RESOLVE_TIMEOUT`](super::resolve::RESOLVE_TIMEOUT)):
+//! this is what a key's sandboxes wait on, so it is what the key's share and floor are of. And
+//! a **resolver thread**, until the thread that calls the host's resolver returns, which the
+//! proxy cannot hasten (`getaddrinfo` cannot be cancelled; a name server that never answers
+//! holds it for its own timeouts, about 10 s with the defaults of resolv.conf). Were a slot
+//! held until the thread returns, a key whose names never resolve would hold its slots twice
+//! as long as it waits on them, and the threads bound the slots; were threads not counted at
+//! all, a key could start a new look-up every 5 s while the old ones still block, and pile up
+//! threads without bound. So the threads are a second, larger pool with a share and a floor of
+//! their own: a key that piles up stuck threads meets its share of them (four times its share
+//! of slots: twenty seconds of stuck look-ups at its full rate), and other keys keep theirs.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
-/// Places for connections open at once, shared by the proxies of a group of sandboxes.
-#[derive(Debug)]
-pub struct ConnectionShare {
-    open: AtomicUsize,
-    limit: usize,
-    /// Whose places they are, for a refusal: "this key's sandboxes".
-    what: &'static str,
+use corral_share::{Limits, Pool, Share};
+
+/// Connections open at once through the process's proxies: the total, one key's share (half,
+/// as a key's one-shot runs take at most half of the run slots), and the floor every key keeps
+/// (one sandbox's bound, [`MAX_CONCURRENT`](super::proxy::MAX_CONCURRENT)) out of a reserve of
+/// four floors.
+pub const CONNECTIONS: Limits = Limits::new(1024, 512, 64, 256);
+/// Names being resolved at once, waited on by a proxy.
+pub const RESOLVER_SLOTS: Limits = Limits::new(64, 16, 4, 16);
+/// Threads calling the host's resolver, including those still blocked after the proxy stopped
+/// waiting for them.
+pub const RESOLVER_THREADS: Limits = Limits::new(256, 64, 8, 32);
+
+/// The key of a process that serves no tenants (`corral run`).
+pub const LOCAL_KEY: &str = "local";
+
+/// The pools of the process's egress proxies.
+#[derive(Debug, Clone)]
+pub struct EgressPools {
+    pub connections: Arc<Pool>,
+    pub resolver_slots: Arc<Pool>,
+    pub resolver_threads: Arc<Pool>,
 }
 
-impl ConnectionShare {
-    pub const fn new(limit: usize, what: &'static str) -> ConnectionShare {
-        ConnectionShare {
-            open: AtomicUsize::new(0),
-            limit,
-            what,
+impl EgressPools {
+    pub fn new(connections: Limits, resolver_slots: Limits, resolver_threads: Limits) -> Self {
+        EgressPools {
+            connections: Pool::new("egress connections", "connections", connections),
+            resolver_slots: Pool::new("resolver slots", "look-ups", resolver_slots),
+            resolver_threads: Pool::new("resolver threads", "threads", resolver_threads),
         }
     }
 
-    /// Takes a place: false, and nothing taken, when all are taken.
-    pub(crate) fn take(&self) -> bool {
-        self.open
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |open| {
-                (open < self.limit).then_some(open + 1)
-            })
-            .is_ok()
+    /// The process's pools, with [`CONNECTIONS`], [`RESOLVER_SLOTS`] and [`RESOLVER_THREADS`].
+    pub fn process() -> &'static EgressPools {
+        static POOLS: OnceLock<EgressPools> = OnceLock::new();
+        POOLS.get_or_init(|| EgressPools::new(CONNECTIONS, RESOLVER_SLOTS, RESOLVER_THREADS))
     }
 
-    /// Gives back a place [`ConnectionShare::take`] took.
-    pub(crate) fn give_back(&self) {
-        self.open.fetch_sub(1, Ordering::SeqCst);
+    /// `key`'s share of each pool, the same for all its sandboxes.
+    pub fn share(&self, key: &str) -> EgressShare {
+        EgressShare {
+            connections: self.connections.share(key),
+            resolver_slots: self.resolver_slots.share(key),
+            resolver_threads: self.resolver_threads.share(key),
+        }
     }
+}
 
-    /// Places taken now.
-    pub fn open(&self) -> usize {
-        self.open.load(Ordering::SeqCst)
-    }
+/// A key's share of the egress pools: what its sandboxes' proxies take from.
+#[derive(Debug, Clone)]
+pub struct EgressShare {
+    pub connections: Share,
+    pub resolver_slots: Share,
+    pub resolver_threads: Share,
+}
 
-    pub fn limit(&self) -> usize {
-        self.limit
-    }
-
-    pub fn what(&self) -> &str {
-        self.what
+impl Default for EgressShare {
+    /// The process's pools, for its one key.
+    fn default() -> Self {
+        EgressPools::process().share(LOCAL_KEY)
     }
 }
 
@@ -58,13 +87,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn places_stop_at_the_limit_and_come_back() {
-        let share = ConnectionShare::new(2, "a test's share");
-        assert!(share.take() && share.take());
-        assert!(!share.take());
-        assert_eq!(share.open(), 2);
-        share.give_back();
-        assert!(share.take());
-        assert!(!share.take());
+    fn the_limits_hold_one_sandbox_and_the_slots_fewer_than_the_threads() {
+        use super::super::proxy::MAX_CONCURRENT;
+        let pools = EgressPools::process();
+        assert!(CONNECTIONS.floor >= MAX_CONCURRENT as u64);
+        let (a, b) = (pools.share("key-a"), pools.share("key-b"));
+        assert_eq!(a.connections.key(), "key-a");
+        assert!(Arc::ptr_eq(a.connections.pool(), b.connections.pool()));
+        assert!(RESOLVER_THREADS.per_key > RESOLVER_SLOTS.per_key);
+        assert!(RESOLVER_THREADS.floor > RESOLVER_SLOTS.floor);
     }
 }
