@@ -67,20 +67,6 @@ fn one_key_holding_the_routers_requests_leaves_other_keys_served() {
         .map(|id| send_execute(&s, &key_a, id, "import time; time.sleep(20)", 120))
         .collect();
     thread::sleep(Duration::from_secs(3));
-    let (mut held, mut refused) = (0, 0);
-    for conn in &mut calls {
-        let head = answer_within(conn, Duration::from_secs(2));
-        if head.starts_with("HTTP/1.1 429") {
-            assert!(head.contains("key_busy"), "{head}");
-            assert!(head.to_ascii_lowercase().contains("retry-after"), "{head}");
-            refused += 1;
-        } else {
-            assert!(head.is_empty(), "a held call: {head}");
-            held += 1;
-        }
-    }
-    assert_eq!((held, refused), (4, 4), "A holds its share of the router");
-
     let mut made = Vec::new();
     for key in [&key_b, &key_c] {
         let started = Instant::now();
@@ -100,6 +86,20 @@ fn one_key_holding_the_routers_requests_leaves_other_keys_served() {
         eprintln!("another key listed, created and ran through the router in {took:?}");
         assert!(took < Duration::from_secs(30), "{took:?}");
     }
+    let (mut held, mut refused) = (0, 0);
+    for conn in &mut calls {
+        let head = answer_within(conn, Duration::from_secs(2));
+        if head.starts_with("HTTP/1.1 429") {
+            assert!(head.contains("key_busy"), "{head}");
+            assert!(head.to_ascii_lowercase().contains("retry-after"), "{head}");
+            refused += 1;
+        } else {
+            assert!(head.is_empty(), "a held call: {head}");
+            held += 1;
+        }
+    }
+    assert_eq!((held, refused), (4, 4), "A holds its share of the router");
+
     // Once A's calls end, the router serves A again.
     drop(calls);
     let served = wait_until(Duration::from_secs(30), || {

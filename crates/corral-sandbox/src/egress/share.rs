@@ -45,9 +45,17 @@ pub struct EgressPools {
 impl EgressPools {
     pub fn new(connections: Limits, resolver_slots: Limits, resolver_threads: Limits) -> Self {
         EgressPools {
-            connections: Pool::new("egress connections", "connections", connections),
-            resolver_slots: Pool::new("resolver slots", "look-ups", resolver_slots),
-            resolver_threads: Pool::new("resolver threads", "threads", resolver_threads),
+            connections: Pool::new("this host's egress proxies", "connections", connections),
+            resolver_slots: Pool::new(
+                "this host's egress proxies",
+                "look-ups waited on",
+                resolver_slots,
+            ),
+            resolver_threads: Pool::new(
+                "this host's egress proxies",
+                "resolver threads",
+                resolver_threads,
+            ),
         }
     }
 
