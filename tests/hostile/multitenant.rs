@@ -37,6 +37,7 @@ mod output_budget;
 mod port_floods;
 mod ports;
 mod process_starts;
+mod router_in_flight;
 mod streams;
 mod threads;
 mod waiting;

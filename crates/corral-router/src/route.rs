@@ -148,8 +148,8 @@ pub fn app(config: Arc<RouterConfig>, nodes: Arc<Nodes>) -> Router {
     Router::new().fallback(handle).with_state(AppState {
         nodes,
         in_flight: Pool::new(
-            "requests in flight through this router",
-            "requests",
+            "this router",
+            "requests in flight",
             in_flight_limits(config.max_in_flight),
         ),
     })

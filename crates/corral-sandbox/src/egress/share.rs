@@ -45,9 +45,17 @@ pub struct EgressPools {
 impl EgressPools {
     pub fn new(connections: Limits, resolver_slots: Limits, resolver_threads: Limits) -> Self {
         EgressPools {
-            connections: Pool::new("egress connections", "connections", connections),
-            resolver_slots: Pool::new("resolver slots", "look-ups", resolver_slots),
-            resolver_threads: Pool::new("resolver threads", "threads", resolver_threads),
+            connections: Pool::new("this host's egress proxies", "connections", connections),
+            resolver_slots: Pool::new(
+                "this host's egress proxies",
+                "look-ups waited on",
+                resolver_slots,
+            ),
+            resolver_threads: Pool::new(
+                "this host's egress proxies",
+                "resolver threads",
+                resolver_threads,
+            ),
         }
     }
 
@@ -82,21 +90,34 @@ impl Default for EgressShare {
     }
 }
 
+const _: () = assert!(
+    CONNECTIONS.floor >= super::proxy::MAX_CONCURRENT as u64,
+    "a key's floor of connections holds one sandbox's bound"
+);
+const _: () = assert!(
+    RESOLVER_THREADS.per_key > RESOLVER_SLOTS.per_key
+        && RESOLVER_THREADS.floor > RESOLVER_SLOTS.floor,
+    "a key's threads outlast its slots"
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The process's connections: two keys that hold their shares fill the pool, and a third
+    /// key still opens one sandbox's worth, and no more.
     #[test]
-    fn the_limits_hold_one_sandbox_and_the_slots_fewer_than_the_threads() {
-        use super::super::proxy::MAX_CONCURRENT;
-        let pools = EgressPools::process();
-        assert!(CONNECTIONS.floor >= MAX_CONCURRENT as u64);
-        let (a, b) = (pools.share("key-a"), pools.share("key-b"));
-        assert_eq!(a.connections.key(), "key-a");
-        assert!(Arc::ptr_eq(a.connections.pool(), b.connections.pool()));
-        const {
-            assert!(RESOLVER_THREADS.per_key > RESOLVER_SLOTS.per_key);
-            assert!(RESOLVER_THREADS.floor > RESOLVER_SLOTS.floor);
-        }
+    fn two_keys_holding_their_shares_leave_a_third_one_sandboxs_connections() {
+        let pools = EgressPools::new(CONNECTIONS, RESOLVER_SLOTS, RESOLVER_THREADS);
+        let (a, b, c) = (pools.share("a"), pools.share("b"), pools.share("c"));
+        let mut held: Vec<_> = (0..512).map(|_| a.connections.take(1).unwrap()).collect();
+        assert!(a.connections.take(1).unwrap_err().is_key());
+        held.extend((0..512).map(|_| b.connections.take(1).unwrap()));
+        held.extend((0..64).map(|_| c.connections.take(1).unwrap()));
+        let refusal = c.connections.take(1).unwrap_err();
+        assert!(!refusal.is_key(), "{refusal}");
+        assert_eq!(pools.connections.held(), 1024 + 64);
+        drop(held);
+        assert_eq!(pools.connections.held(), 0);
     }
 }
