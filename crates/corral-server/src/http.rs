@@ -197,8 +197,9 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Tenan
                 Err(ApiError::new(
                     StatusCode::FORBIDDEN,
                     "forbidden",
-                    "a request without a key must come from a local program (a loopback Host, \
-                     and a loopback Origin if any); send `Authorization: Bearer KEY`",
+                    "a request without a key must come from a local program or this server's \
+                     console (a loopback Host, and no Origin but the server's own); send \
+                     `Authorization: Bearer KEY`",
                 ))
             }
         }

@@ -898,8 +898,8 @@ fn get_with(addr: &str, path: &str, headers: &[&[u8]]) -> (u16, Value, String) {
 }
 
 /// Keyless access to a loopback server fails closed: only a request whose `Host` parses to a
-/// loopback name or address, and whose `Origin`, if any, parses to a loopback origin, acts as
-/// the local user; anything unparsable is refused, and so is an `Authorization` header that is
+/// loopback name or address, and whose `Origin`, if any, is the server's own (the console's;
+/// another loopback page's is refused since issue 31), acts as the local user; anything unparsable is refused, and so is an `Authorization` header that is
 /// not `Bearer KEY`. `/metrics` follows the API's rule; `/healthz` stays open.
 #[test]
 fn keyless_loopback_access_fails_closed() {
@@ -927,14 +927,26 @@ fn keyless_loopback_access_fails_closed() {
             }
         }
         for origin in [
+            format!("http://127.0.0.1:{port}"),
+            format!("https://127.0.0.1:{port}"),
+        ] {
+            let origin = format!("Origin: {origin}");
+            let (status, _, body) = get_with(&addr, path, &[host.as_bytes(), origin.as_bytes()]);
+            if status != 200 {
+                wrong.push(format!("{path} {origin}: {status} {body}"));
+            }
+        }
+        for origin in [
             "http://localhost:3000",
             "https://127.0.0.1",
             "http://[::1]:8080",
         ] {
             let origin = format!("Origin: {origin}");
             let (status, _, body) = get_with(&addr, path, &[host.as_bytes(), origin.as_bytes()]);
-            if status != 200 {
-                wrong.push(format!("{path} {origin}: {status} {body}"));
+            if status != 403 {
+                wrong.push(format!(
+                    "{path} another loopback page's {origin}: {status} {body}"
+                ));
             }
         }
 
