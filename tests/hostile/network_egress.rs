@@ -660,6 +660,8 @@ def ask(i):
             s.close()
         except OSError as e:
             answers.append(type(e).__name__)
+# Small stacks: rootless without cgroups, memory is RLIMIT_DATA, which stacks count against.
+threading.stack_size(256 * 1024)
 threads = [threading.Thread(target=ask, args=(i,)) for i in range(count)]
 for t in threads: t.start()
 print("ASKING", count, flush=True)
