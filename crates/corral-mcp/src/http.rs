@@ -82,8 +82,8 @@ async fn authenticate(State(auth): State<Auth>, mut req: Request, next: Next) ->
             return refuse(
                 StatusCode::FORBIDDEN,
                 "forbidden",
-                "a request without a key must come from a local program (Host and Origin on \
-                 loopback); send Authorization: Bearer KEY",
+                "a request without a key must come from a local program (a loopback Host, and \
+                 no Origin but the server's own); send Authorization: Bearer KEY",
             )
         }
         None => Caller::local(),
