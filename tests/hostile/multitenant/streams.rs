@@ -31,19 +31,16 @@ pub(super) fn open_stream(
     open_stream_within(s, method, path, headers, body, Duration::from_secs(15))
 }
 
-/// [`open_stream`], waiting up to `patience` for the stream to begin.
-pub(super) fn open_stream_within(
+/// Sends a request on a connection of its own, without reading its answer.
+pub(super) fn send_request(
     s: &Server,
     method: &str,
     path: &str,
     headers: &[(&str, &str)],
     body: &[u8],
-    patience: Duration,
 ) -> Result<TcpStream, String> {
     let address = s.url.trim_start_matches("http://");
     let mut conn = TcpStream::connect(address).map_err(|e| e.to_string())?;
-    conn.set_read_timeout(Some(patience))
-        .map_err(|e| e.to_string())?;
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: {}\r\n",
         body.len()
@@ -54,6 +51,21 @@ pub(super) fn open_stream_within(
     head.push_str("\r\n");
     conn.write_all(head.as_bytes())
         .and_then(|()| conn.write_all(body))
+        .map_err(|e| e.to_string())?;
+    Ok(conn)
+}
+
+/// [`open_stream`], waiting up to `patience` for the stream to begin.
+pub(super) fn open_stream_within(
+    s: &Server,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    patience: Duration,
+) -> Result<TcpStream, String> {
+    let mut conn = send_request(s, method, path, headers, body)?;
+    conn.set_read_timeout(Some(patience))
         .map_err(|e| e.to_string())?;
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];

@@ -6,10 +6,9 @@
 //! Every scan now takes a turn of its key's, which it keeps after the scan long enough that
 //! all of the key's scans take at most `watch_scan_share` of a core (0.1 here, the default).
 
-use std::io::Write;
 use std::net::TcpStream;
 
-use super::streams::{e2b_sandbox, envelope, exec_within, open_stream_within};
+use super::streams::{e2b_sandbox, envelope, exec_within, open_stream_within, send_request};
 use super::*;
 
 const SANDBOXES: usize = 3;
@@ -46,23 +45,6 @@ fn slowest_execution(s: &Server, key: &str, id: &str) -> Duration {
         })
         .max()
         .unwrap()
-}
-
-/// Sends a streaming request on a connection of its own, without waiting for its answer.
-fn ask_for_stream(s: &Server, path: &str, headers: &[(&str, &str)], body: &[u8]) -> TcpStream {
-    let address = s.url.trim_start_matches("http://");
-    let mut conn = TcpStream::connect(address).unwrap();
-    let mut head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    conn.write_all(head.as_bytes()).unwrap();
-    conn.write_all(body).unwrap();
-    conn
 }
 
 /// Key A watches directories of 10,000 files with 8 streaming watchers in each of 3
@@ -112,7 +94,7 @@ fn one_keys_watchers_take_at_most_its_share_of_a_core() {
                     Err(e) => panic!("A's first watcher: {e}\n{}", s.log_text()),
                 }
             } else {
-                watchers.push(ask_for_stream(&s, path, &plane, &body));
+                watchers.push(send_request(&s, "POST", path, &plane, &body).unwrap());
             }
         }
     }
