@@ -11,7 +11,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::collections::BTreeSet;
+use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -20,6 +21,32 @@ pub const PRELUDE: &str = include_str!("attacks/prelude.py");
 
 /// The documented per-stream output cap.
 pub const OUTPUT_CAP: usize = 1 << 20;
+
+/// The pids of the `corral` processes this test binary started (and its own, for sandboxes it
+/// builds in-process): a cgroup's name begins with the pid of the process that made it, so the
+/// host checks judge only what these made and pass beside another Corral on the same host.
+static CORRAL_PIDS: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+
+/// Starts `cmd` (a `corral` command) and remembers its pid as one of this suite's own.
+pub fn spawn_corral(cmd: &mut Command) -> Child {
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", corral_bin().display()));
+    CORRAL_PIDS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(child.id());
+    child
+}
+
+/// Whether `pid` is this test binary or a `corral` process it started.
+pub fn is_own_pid(pid: u32) -> bool {
+    pid == std::process::id()
+        || CORRAL_PIDS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&pid)
+}
 
 /// The corral binary: `CORRAL_BIN` (rootless pass) or the one cargo built.
 pub fn corral_bin() -> PathBuf {
@@ -238,9 +265,7 @@ impl Run {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", corral_bin().display()));
+        let mut child = spawn_corral(&mut cmd);
         let out = drain(child.stdout.take().expect("stdout"));
         let err = drain(child.stderr.take().expect("stderr"));
         Running {

@@ -9,7 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
-use crate::harness::marker;
+use crate::harness::{is_own_pid, marker};
 
 /// Host processes whose command line contains `needle`.
 pub fn procs_with(needle: &str) -> Vec<(u32, String)> {
@@ -63,8 +63,9 @@ pub fn wait_for_proc(needle: &str, timeout: Duration) -> bool {
     false
 }
 
-/// Every directory under `/sys/fs/cgroup/*/corral/` (v1) and
-/// `/sys/fs/cgroup/corral/` (v2).
+/// Every directory under `/sys/fs/cgroup/*/corral/` (v1) and `/sys/fs/cgroup/corral/` (v2)
+/// that this suite made: its name begins with the pid of this test binary or of a `corral` it
+/// started (`harness::spawn_corral`). Another Corral's cgroups on the same host are not judged.
 pub fn corral_cgroups() -> BTreeSet<PathBuf> {
     let mut roots = vec![PathBuf::from("/sys/fs/cgroup/corral")];
     if let Ok(rd) = fs::read_dir("/sys/fs/cgroup") {
@@ -74,7 +75,13 @@ pub fn corral_cgroups() -> BTreeSet<PathBuf> {
     for r in roots {
         if let Ok(rd) = fs::read_dir(&r) {
             for e in rd.flatten() {
-                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                let owner = e
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.split('-').next()?.parse::<u32>().ok());
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false)
+                    && owner.is_some_and(is_own_pid)
+                {
                     set.insert(e.path());
                 }
             }

@@ -90,19 +90,19 @@ impl Server {
         .unwrap();
         // The image store is the one corral finds by itself (CORRAL_DATA_DIR, or the shared
         // /var/lib/corral); keys, sessions and the audit log go to this test's database.
-        let child = Command::new(corral_bin())
-            .arg("serve")
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--db")
-            .arg(&db)
-            .arg("--config")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", corral_bin().display()));
+        let child = spawn_corral(
+            Command::new(corral_bin())
+                .arg("serve")
+                .arg("--listen")
+                .arg(format!("127.0.0.1:{port}"))
+                .arg("--db")
+                .arg(&db)
+                .arg("--config")
+                .arg(&config)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(fs::File::create(&log).unwrap()),
+        );
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(Duration::from_secs(5))
             .timeout(Duration::from_secs(120))
