@@ -15,12 +15,13 @@
 //! move on with the chunk ([`Subscription::next_held`]) until the server has written it to
 //! its client.
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use corral_sandbox::agent::{
@@ -168,7 +169,7 @@ impl Queue {
     }
 
     fn push(&self, stream: OutputStream, data: &[u8]) {
-        let mut q = self.state.lock().expect("lock");
+        let mut q = self.state.lock();
         if q.bytes + data.len() > SUBSCRIBER_BYTES
             || q.held.try_grow(held_cost(data.len())).is_err()
         {
@@ -182,7 +183,7 @@ impl Queue {
     }
 
     fn end(&self, exit: Option<ProcessExit>) {
-        let mut q = self.state.lock().expect("lock");
+        let mut q = self.state.lock();
         if q.end.is_none() {
             q.end = Some(exit);
         }
@@ -206,7 +207,7 @@ impl Subscription {
     /// arrives from now on: a caller that waits for events without a thread of its own (an
     /// async task, which then takes them with `next(Duration::ZERO)`) is told when to look.
     pub fn on_event(&self, wake: impl Fn() + Send + Sync + 'static) {
-        self.queue.state.lock().expect("lock").wake = Some(Arc::new(wake));
+        self.queue.state.lock().wake = Some(Arc::new(wake));
     }
 
     /// The next event, waiting at most `timeout` (none: `None`). After [`ProcessEvent::End`]
@@ -220,7 +221,7 @@ impl Subscription {
     /// is written to its client.
     pub fn next_held(&self, timeout: Duration) -> Option<(ProcessEvent, Grant)> {
         let deadline = Instant::now() + timeout;
-        let mut q = self.queue.state.lock().expect("lock");
+        let mut q = self.queue.state.lock();
         loop {
             if q.lost > 0 {
                 let bytes = std::mem::take(&mut q.lost);
@@ -238,7 +239,7 @@ impl Subscription {
             if left.is_zero() {
                 return None;
             }
-            q = self.queue.ready.wait_timeout(q, left).expect("lock").0;
+            self.queue.ready.wait_for(&mut q, left);
         }
     }
 }
@@ -335,7 +336,7 @@ impl ProcessAgent {
 
     /// Sets the session's environment, which every program gets below its own.
     pub fn set_env(&self, env: Vec<(String, String)>) {
-        *self.env.lock().expect("lock") = env;
+        *self.env.lock() = env;
     }
 
     fn request(
@@ -358,7 +359,7 @@ impl ProcessAgent {
         }
         let (tx, rx) = sync_channel(1);
         {
-            let mut state = self.state.lock().expect("lock");
+            let mut state = self.state.lock();
             if state.gone {
                 return Err(AgentError::Gone);
             }
@@ -368,17 +369,17 @@ impl ProcessAgent {
             state.replies.insert(req, (tx, pending));
         }
         let written = {
-            let socket = self.socket.lock().expect("lock");
+            let socket = self.socket.lock();
             write_all(socket.as_fd(), &frame)
         };
         if let Err(e) = written {
-            self.state.lock().expect("lock").replies.remove(&req);
+            self.state.lock().replies.remove(&req);
             return Err(e.into());
         }
         match rx.recv_timeout(REPLY_TIMEOUT) {
             Ok(outcome) => outcome,
             Err(_) => {
-                self.state.lock().expect("lock").replies.remove(&req);
+                self.state.lock().replies.remove(&req);
                 Err(AgentError::NoAnswer(REPLY_TIMEOUT))
             }
         }
@@ -393,14 +394,7 @@ impl ProcessAgent {
             spec: spec.clone(),
             queue: queue.clone(),
         };
-        let env: Vec<(String, String)> = self
-            .env
-            .lock()
-            .expect("lock")
-            .iter()
-            .chain(&spec.env)
-            .cloned()
-            .collect();
+        let env: Vec<(String, String)> = self.env.lock().iter().chain(&spec.env).cloned().collect();
         let pid = self.request(
             |req| Request::Start {
                 req,
@@ -425,14 +419,7 @@ impl ProcessAgent {
         cwd: Option<String>,
         env: Vec<(String, String)>,
     ) -> Result<KernelChannel, AgentError> {
-        let env: Vec<(String, String)> = self
-            .env
-            .lock()
-            .expect("lock")
-            .iter()
-            .cloned()
-            .chain(env)
-            .collect();
+        let env: Vec<(String, String)> = self.env.lock().iter().cloned().chain(env).collect();
         let (exited, exit_write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
                 .map_err(io::Error::from)?;
@@ -449,7 +436,7 @@ impl ProcessAgent {
                 Pending::Kernel(fds.clone(), exit_write),
             )?
             .ok_or(AgentError::Gone)?;
-        let mut fds = std::mem::take(&mut *fds.lock().expect("lock")).into_iter();
+        let mut fds = std::mem::take(&mut *fds.lock()).into_iter();
         match (fds.next(), fds.next(), fds.next()) {
             (Some(socket), Some(stdout), Some(stderr)) => Ok(KernelChannel {
                 pid,
@@ -464,7 +451,7 @@ impl ProcessAgent {
 
     /// Sends `signal` to kernel `pid` (and its process group).
     pub fn signal_kernel(&self, pid: i32, signal: i32) -> Result<(), AgentError> {
-        if !self.state.lock().expect("lock").kernels.contains_key(&pid) {
+        if !self.state.lock().kernels.contains_key(&pid) {
             return Err(AgentRefusal::NoSuchProcess(pid).into());
         }
         self.request(
@@ -479,7 +466,6 @@ impl ProcessAgent {
     pub fn list(&self) -> Vec<ProcessInfo> {
         self.state
             .lock()
-            .expect("lock")
             .processes
             .iter()
             .map(|(&pid, e)| ProcessInfo {
@@ -491,7 +477,7 @@ impl ProcessAgent {
 
     /// The pid of the running program tagged `tag`.
     pub fn find_tag(&self, tag: &str) -> Option<i32> {
-        let state = self.state.lock().expect("lock");
+        let state = self.state.lock();
         state
             .processes
             .iter()
@@ -502,7 +488,7 @@ impl ProcessAgent {
     /// A new subscriber to a running program's output from now on, which counts what it
     /// holds of it in `share`.
     pub fn subscribe(&self, pid: i32, share: &Share) -> Result<Subscription, AgentError> {
-        let mut state = self.state.lock().expect("lock");
+        let mut state = self.state.lock();
         let entry = state
             .processes
             .get_mut(&pid)
@@ -516,13 +502,7 @@ impl ProcessAgent {
     }
 
     fn known(&self, pid: i32) -> Result<(), AgentError> {
-        match self
-            .state
-            .lock()
-            .expect("lock")
-            .processes
-            .contains_key(&pid)
-        {
+        match self.state.lock().processes.contains_key(&pid) {
             true => Ok(()),
             false => Err(AgentRefusal::NoSuchProcess(pid).into()),
         }
@@ -645,7 +625,7 @@ fn read_agent(socket: OwnedFd, state: Arc<Mutex<State>>) {
             }
         }
     }
-    let mut state = state.lock().expect("lock");
+    let mut state = state.lock();
     state.gone = true;
     for (_, (reply, pending)) in state.replies.drain() {
         let _ = reply.try_send(Err(AgentError::Gone));
@@ -663,7 +643,7 @@ fn read_agent(socket: OwnedFd, state: Arc<Mutex<State>>) {
 }
 
 fn dispatch(state: &Mutex<State>, message: Message, payload: &[u8], fds: &mut VecDeque<OwnedFd>) {
-    let mut state = state.lock().expect("lock");
+    let mut state = state.lock();
     match message {
         Message::Reply { req, pid, error } => {
             let Some((reply, pending)) = state.replies.remove(&req) else {
@@ -680,7 +660,7 @@ fn dispatch(state: &Mutex<State>, message: Message, payload: &[u8], fds: &mut Ve
                     );
                 }
                 (Pending::Kernel(slot, exit_write), Some(pid), None) => {
-                    *slot.lock().expect("lock") = fds.drain(..).collect();
+                    *slot.lock() = fds.drain(..).collect();
                     state.kernels.insert(pid, exit_write);
                 }
                 _ => {}
@@ -750,7 +730,7 @@ mod tests {
             }
         }
         assert_eq!(pool.held_by("a"), 6 * cost);
-        let lost: u64 = a.iter().map(|q| q.state.lock().unwrap().lost).sum();
+        let lost: u64 = a.iter().map(|q| q.state.lock().lost).sum();
         assert_eq!(lost, 24 * 3000, "what did not fit is lost, and counted");
         // Key b takes the rest of the pool; key c still gets its floor.
         let b = Queue::new(&pool.share("b"));
@@ -781,7 +761,7 @@ mod tests {
         while let Some(ProcessEvent::Output { .. }) = first.next(Duration::ZERO) {}
         assert!(pool.held_by("a") < 6 * cost);
         a[1].push(OutputStream::Stdout, &chunk);
-        assert_eq!(a[1].state.lock().unwrap().items.len(), 3);
+        assert_eq!(a[1].state.lock().items.len(), 3);
         drop((a, b, c, first));
         assert_eq!(pool.held(), 0, "a queue gives its units back when it goes");
     }
@@ -793,7 +773,7 @@ mod tests {
         for _ in 0..10_000 {
             queue.push(OutputStream::Stdout, &chunk);
         }
-        let state = queue.state.lock().unwrap();
+        let state = queue.state.lock();
         assert!(state.bytes <= SUBSCRIBER_BYTES);
         assert_eq!(state.bytes as u64 + state.lost, 10_000 * 1000);
     }
@@ -877,7 +857,7 @@ mod tests {
             })
             .collect();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while agent.state.lock().unwrap().replies.len() < MAX_REQUESTS {
+        while agent.state.lock().replies.len() < MAX_REQUESTS {
             assert!(Instant::now() < deadline, "the requests were not sent");
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -921,8 +901,8 @@ mod tests {
             ));
             assert!(started.elapsed() < Duration::from_secs(1));
         }
-        assert!(!agent.state.lock().unwrap().gone);
-        assert!(agent.state.lock().unwrap().replies.is_empty());
+        assert!(!agent.state.lock().gone);
+        assert!(agent.state.lock().replies.is_empty());
         fake.set_nonblocking(true).unwrap();
         let read = fake.read(&mut [0u8; 1]);
         assert!(

@@ -2,9 +2,10 @@
 //! where possible), execute, run commands, interrupt, restart, close, list, inspect, and
 //! idle expiry.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
+use std::sync::{Arc, Weak};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -97,20 +98,15 @@ struct Entry {
 impl Entry {
     /// The session's info, with its egress report as of now.
     fn info(&self) -> SessionInfo {
-        let mut info = self.info.lock().expect("lock").clone();
-        info.network = self
-            .network
-            .lock()
-            .expect("lock")
-            .as_ref()
-            .map(EgressMonitor::report);
+        let mut info = self.info.lock().clone();
+        info.network = self.network.lock().as_ref().map(EgressMonitor::report);
         info
     }
 
     /// Keeps a sample of now, dropping the oldest beyond [`SAMPLES_KEPT`].
     fn record_sample(&self) {
         let sample = self.sample();
-        let mut samples = self.samples.lock().expect("lock");
+        let mut samples = self.samples.lock();
         if samples.len() == SAMPLES_KEPT {
             samples.pop_front();
         }
@@ -119,13 +115,8 @@ impl Entry {
 
     /// The session's usage now.
     fn sample(&self) -> MetricSample {
-        let meter = self.meter.lock().expect("lock").clone();
-        let (disk_used, disk_total) = self
-            .workspace
-            .lock()
-            .expect("lock")
-            .usage()
-            .unwrap_or((0, 0));
+        let meter = self.meter.lock().clone();
+        let (disk_used, disk_total) = self.workspace.lock().usage().unwrap_or((0, 0));
         MetricSample {
             at: SystemTime::now(),
             cpu_time: meter.as_ref().and_then(Meter::cpu_time),
@@ -138,7 +129,7 @@ impl Entry {
     /// Refuses work for a paused session: its processes are frozen, and nothing may wait on
     /// them (an upload's writer joins the session's cgroup and would freeze too).
     fn check_running(&self, id: &str) -> Result<(), ManagerError> {
-        match *self.paused.lock().expect("lock") {
+        match *self.paused.lock() {
             Some(_) => Err(ManagerError::Paused(id.to_string())),
             None => Ok(()),
         }
@@ -198,16 +189,14 @@ fn take_turn<'a>(
     waiting: &AtomicUsize,
     id: &str,
 ) -> Result<MutexGuard<'a, Session>, ManagerError> {
-    match session.try_lock() {
-        Ok(session) => return Ok(session),
-        Err(TryLockError::Poisoned(e)) => panic!("session lock: {e}"),
-        Err(TryLockError::WouldBlock) => {}
+    if let Some(session) = session.try_lock() {
+        return Ok(session);
     }
     if waiting.fetch_add(1, Ordering::SeqCst) >= MAX_WAITING {
         waiting.fetch_sub(1, Ordering::SeqCst);
         return Err(ManagerError::QueueFull(id.to_string()));
     }
-    let session = session.lock().expect("session lock");
+    let session = session.lock();
     waiting.fetch_sub(1, Ordering::SeqCst);
     Ok(session)
 }
@@ -251,23 +240,17 @@ impl SessionManager {
 
     /// Serves Python sessions on the pool's image from it.
     pub fn add_pool(&self, pool: Arc<Pool>) {
-        self.pools.lock().expect("lock").push(pool);
+        self.pools.lock().push(pool);
     }
 
     /// Closes every session and tears every pool down (see [`Pool::shutdown`]): nothing of
     /// this manager's is left on the host.
     pub fn shutdown(&self) {
-        let ids: Vec<String> = self
-            .sessions
-            .lock()
-            .expect("lock")
-            .keys()
-            .cloned()
-            .collect();
+        let ids: Vec<String> = self.sessions.lock().keys().cloned().collect();
         for id in ids {
             let _ = self.close(&id);
         }
-        let pools: Vec<Arc<Pool>> = self.pools.lock().expect("lock").drain(..).collect();
+        let pools: Vec<Arc<Pool>> = self.pools.lock().drain(..).collect();
         for pool in pools {
             pool.shutdown();
         }
@@ -291,14 +274,13 @@ impl SessionManager {
         id: Option<&str>,
     ) -> Result<SessionInfo, ManagerError> {
         if let Some(id) = id {
-            if self.sessions.lock().expect("lock").contains_key(id) {
+            if self.sessions.lock().contains_key(id) {
                 return Err(ManagerError::Exists(id.to_string()));
             }
         }
         let pool = self
             .pools
             .lock()
-            .expect("lock")
             .iter()
             .find(|p| p.serves(options))
             .cloned();
@@ -353,14 +335,13 @@ impl SessionManager {
         });
         entry.record_sample();
         let info = entry.info();
-        self.sessions.lock().expect("lock").insert(id, entry);
+        self.sessions.lock().insert(id, entry);
         Ok(info)
     }
 
     fn entry(&self, id: &str) -> Result<Arc<Entry>, ManagerError> {
         self.sessions
             .lock()
-            .expect("lock")
             .get(id)
             .cloned()
             .ok_or_else(|| ManagerError::NotFound(id.to_string()))
@@ -380,8 +361,8 @@ impl SessionManager {
         let mut session = take_turn(&entry.session, &entry.waiting, id)?;
         entry.check_running(id)?;
         let result = session.execute_with_env(code, env, timeout, on_event)?;
-        *entry.last_used.lock().expect("lock") = Instant::now();
-        let mut info = entry.info.lock().expect("lock");
+        *entry.last_used.lock() = Instant::now();
+        let mut info = entry.info.lock();
         info.last_used = SystemTime::now();
         info.executions = session.executions();
         info.death = session.death().map(|d| d.message.clone());
@@ -406,8 +387,8 @@ impl SessionManager {
         let mut session = take_turn(&entry.session, &entry.waiting, id)?;
         entry.check_running(id)?;
         let result = session.run_command(argv, cwd, env, timeout, stop, on_event)?;
-        *entry.last_used.lock().expect("lock") = Instant::now();
-        let mut info = entry.info.lock().expect("lock");
+        *entry.last_used.lock() = Instant::now();
+        let mut info = entry.info.lock();
         info.last_used = SystemTime::now();
         info.death = session.death().map(|d| d.message.clone());
         Ok(result)
@@ -421,7 +402,7 @@ impl SessionManager {
 
     /// Sets how long session `id` may stay idle from now on.
     pub fn set_idle_timeout(&self, id: &str, idle_timeout: Duration) -> Result<(), ManagerError> {
-        self.entry(id)?.info.lock().expect("lock").idle_timeout = idle_timeout;
+        self.entry(id)?.info.lock().idle_timeout = idle_timeout;
         Ok(())
     }
 
@@ -430,14 +411,10 @@ impl SessionManager {
     /// the manager's `max_paused`.
     pub fn pause(&self, id: &str) -> Result<SessionInfo, ManagerError> {
         let entry = self.entry(id)?;
-        let mut session = match entry.session.try_lock() {
-            Ok(session) => session,
-            Err(std::sync::TryLockError::WouldBlock) => {
-                return Err(ManagerError::Busy(id.to_string()))
-            }
-            Err(std::sync::TryLockError::Poisoned(e)) => panic!("session lock: {e}"),
+        let Some(mut session) = entry.session.try_lock() else {
+            return Err(ManagerError::Busy(id.to_string()));
         };
-        let mut paused = entry.paused.lock().expect("lock");
+        let mut paused = entry.paused.lock();
         if paused.is_some() {
             return Err(ManagerError::Paused(id.to_string()));
         }
@@ -449,7 +426,7 @@ impl SessionManager {
         }
         session.pause()?;
         *paused = Some(Instant::now());
-        entry.info.lock().expect("lock").paused_at = Some(SystemTime::now());
+        entry.info.lock().paused_at = Some(SystemTime::now());
         Ok(entry.info())
     }
 
@@ -458,15 +435,15 @@ impl SessionManager {
     pub fn resume(&self, id: &str) -> Result<SessionInfo, ManagerError> {
         let entry = self.entry(id)?;
         let mut session = take_turn(&entry.session, &entry.waiting, id)?;
-        let mut paused = entry.paused.lock().expect("lock");
+        let mut paused = entry.paused.lock();
         if paused.is_none() {
             return Err(ManagerError::NotPaused(id.to_string()));
         }
         session.resume()?;
         *paused = None;
-        *entry.last_used.lock().expect("lock") = Instant::now();
+        *entry.last_used.lock() = Instant::now();
         {
-            let mut info = entry.info.lock().expect("lock");
+            let mut info = entry.info.lock();
             info.paused_at = None;
             info.last_used = SystemTime::now();
         }
@@ -479,15 +456,15 @@ impl SessionManager {
         let mut session = take_turn(&entry.session, &entry.waiting, id)?;
         entry.check_running(id)?;
         session.restart()?;
-        *entry.workspace.lock().expect("lock") = session.workspace().clone();
-        *entry.meter.lock().expect("lock") = session.meter();
-        *entry.network.lock().expect("lock") = session.network_monitor();
-        *entry.ports.lock().expect("lock") = session.port_opener();
-        *entry.agent.lock().expect("lock") = session.agent().ok();
+        *entry.workspace.lock() = session.workspace().clone();
+        *entry.meter.lock() = session.meter();
+        *entry.network.lock() = session.network_monitor();
+        *entry.ports.lock() = session.port_opener();
+        *entry.agent.lock() = session.agent().ok();
         // The contexts were kernels of the old sandbox, which is gone.
-        entry.contexts.lock().expect("lock").clear();
+        entry.contexts.lock().clear();
         {
-            let mut info = entry.info.lock().expect("lock");
+            let mut info = entry.info.lock();
             info.death = None;
             info.executions = 0;
         }
@@ -498,7 +475,7 @@ impl SessionManager {
     /// saved across a restart); nothing may write through it while the session is paused.
     pub fn workspace_to_save(&self, id: &str) -> Result<Workspace, ManagerError> {
         let entry = self.entry(id)?;
-        let workspace = entry.workspace.lock().expect("lock").clone();
+        let workspace = entry.workspace.lock().clone();
         Ok(workspace)
     }
 
@@ -508,13 +485,13 @@ impl SessionManager {
     pub fn port_opener(&self, id: &str) -> Result<PortOpener, ManagerError> {
         let entry = self.entry(id)?;
         entry.check_running(id)?;
-        let opener = entry.ports.lock().expect("lock").clone();
+        let opener = entry.ports.lock().clone();
         let opener = opener.ok_or_else(|| ManagerError::Dead {
             id: id.to_string(),
             reason: "its sandbox has ended".into(),
         })?;
-        *entry.last_used.lock().expect("lock") = Instant::now();
-        entry.info.lock().expect("lock").last_used = SystemTime::now();
+        *entry.last_used.lock() = Instant::now();
+        entry.info.lock().last_used = SystemTime::now();
         Ok(opener)
     }
 
@@ -524,7 +501,7 @@ impl SessionManager {
     pub fn workspace(&self, id: &str) -> Result<Workspace, ManagerError> {
         let entry = self.entry(id)?;
         entry.check_running(id)?;
-        let workspace = entry.workspace.lock().expect("lock").clone();
+        let workspace = entry.workspace.lock().clone();
         Ok(workspace)
     }
 
@@ -534,10 +511,10 @@ impl SessionManager {
     pub fn agent(&self, id: &str) -> Result<Arc<ProcessAgent>, ManagerError> {
         let entry = self.entry(id)?;
         entry.check_running(id)?;
-        let agent = entry.agent.lock().expect("lock").clone();
+        let agent = entry.agent.lock().clone();
         // Working with its processes is using the session: its idle clock starts again.
-        *entry.last_used.lock().expect("lock") = Instant::now();
-        entry.info.lock().expect("lock").last_used = SystemTime::now();
+        *entry.last_used.lock() = Instant::now();
+        entry.info.lock().last_used = SystemTime::now();
         Ok(agent.ok_or(AgentError::Unavailable)?)
     }
 
@@ -546,11 +523,10 @@ impl SessionManager {
         let entry = self
             .sessions
             .lock()
-            .expect("lock")
             .remove(id)
             .ok_or_else(|| ManagerError::NotFound(id.to_string()))?;
         entry.interrupter.interrupt();
-        drop(entry.session.lock().expect("session lock"));
+        drop(entry.session.lock());
         Ok(())
     }
 
@@ -558,26 +534,14 @@ impl SessionManager {
     /// seconds), oldest first, and one taken now.
     pub fn metrics(&self, id: &str) -> Result<Vec<MetricSample>, ManagerError> {
         let entry = self.entry(id)?;
-        let mut samples: Vec<MetricSample> = entry
-            .samples
-            .lock()
-            .expect("lock")
-            .iter()
-            .cloned()
-            .collect();
+        let mut samples: Vec<MetricSample> = entry.samples.lock().iter().cloned().collect();
         samples.push(entry.sample());
         Ok(samples)
     }
 
     /// Samples the usage of every session.
     fn sample_all(&self) {
-        let entries: Vec<Arc<Entry>> = self
-            .sessions
-            .lock()
-            .expect("lock")
-            .values()
-            .cloned()
-            .collect();
+        let entries: Vec<Arc<Entry>> = self.sessions.lock().values().cloned().collect();
         for entry in entries {
             entry.record_sample();
         }
@@ -588,13 +552,7 @@ impl SessionManager {
     }
 
     pub fn list(&self) -> Vec<SessionInfo> {
-        let entries: Vec<Arc<Entry>> = self
-            .sessions
-            .lock()
-            .expect("lock")
-            .values()
-            .cloned()
-            .collect();
+        let entries: Vec<Arc<Entry>> = self.sessions.lock().values().cloned().collect();
         let mut infos: Vec<SessionInfo> = entries.iter().map(|e| e.info()).collect();
         infos.sort_by(|a, b| a.id.cmp(&b.id));
         infos
@@ -606,15 +564,14 @@ impl SessionManager {
         let expired: Vec<String> = self
             .sessions
             .lock()
-            .expect("lock")
             .iter()
             .filter(|(_, e)| {
-                if let Some(since) = *e.paused.lock().expect("lock") {
+                if let Some(since) = *e.paused.lock() {
                     return since.elapsed() > self.max_paused;
                 }
-                let idle = e.last_used.lock().expect("lock").elapsed();
+                let idle = e.last_used.lock().elapsed();
                 // A session busy executing holds its lock; it is not idle.
-                e.session.try_lock().is_ok() && idle > e.info.lock().expect("lock").idle_timeout
+                e.session.try_lock().is_some() && idle > e.info.lock().idle_timeout
             })
             .map(|(id, _)| id.clone())
             .collect();
@@ -675,26 +632,21 @@ impl SessionManager {
     ) -> Result<ContextInfo, ManagerError> {
         let entry = self.entry(id)?;
         entry.check_running(id)?;
-        let agent = entry
-            .agent
-            .lock()
-            .expect("lock")
-            .clone()
-            .ok_or(AgentError::Unavailable)?;
-        if entry.contexts.lock().expect("lock").len() >= MAX_CONTEXTS {
+        let agent = entry.agent.lock().clone().ok_or(AgentError::Unavailable)?;
+        if entry.contexts.lock().len() >= MAX_CONTEXTS {
             return Err(ManagerError::TooManyContexts(id.to_string()));
         }
         let mut options = entry.options.clone();
         options.language = language;
-        let workspace = entry.workspace.lock().expect("lock").clone();
-        let warnings = entry.info.lock().expect("lock").warnings.clone();
+        let workspace = entry.workspace.lock().clone();
+        let warnings = entry.info.lock().warnings.clone();
         let session = Session::start_context(agent, options, workspace, cwd.clone(), warnings)?;
         let info = ContextInfo {
             id: context_id.clone(),
             language,
             cwd,
         };
-        let mut contexts = entry.contexts.lock().expect("lock");
+        let mut contexts = entry.contexts.lock();
         if let Some(existing) = contexts.get(&info.id) {
             // Started at once by another request (a language's default context).
             return Ok(existing.info.clone());
@@ -722,7 +674,7 @@ impl SessionManager {
             language,
             cwd: None,
         };
-        let others = entry.contexts.lock().expect("lock");
+        let others = entry.contexts.lock();
         Ok(std::iter::once(main)
             .chain(others.values().map(|c| c.info.clone()))
             .collect())
@@ -734,11 +686,7 @@ impl SessionManager {
         let entry = self.entry(id)?;
         let context_id = default_context_id(language);
         if language == Self::main_language(&entry)
-            || entry
-                .contexts
-                .lock()
-                .expect("lock")
-                .contains_key(&context_id)
+            || entry.contexts.lock().contains_key(&context_id)
         {
             return Ok(context_id);
         }
@@ -755,7 +703,6 @@ impl SessionManager {
         entry
             .contexts
             .lock()
-            .expect("lock")
             .get(context_id)
             .cloned()
             .ok_or_else(|| ManagerError::NoContext {
@@ -784,8 +731,8 @@ impl SessionManager {
         let mut session = take_turn(&context.session, &context.waiting, id)?;
         entry.check_running(id)?;
         let result = session.execute_with_env(code, env, timeout, on_event)?;
-        *entry.last_used.lock().expect("lock") = Instant::now();
-        entry.info.lock().expect("lock").last_used = SystemTime::now();
+        *entry.last_used.lock() = Instant::now();
+        entry.info.lock().last_used = SystemTime::now();
         Ok(result)
     }
 
@@ -809,7 +756,7 @@ impl SessionManager {
         if context_id == default_context_id(Self::main_language(&entry)) {
             return Err(ManagerError::MainContext(id.to_string()));
         }
-        let removed = entry.contexts.lock().expect("lock").remove(context_id);
+        let removed = entry.contexts.lock().remove(context_id);
         match removed {
             Some(_) => Ok(()),
             None => Err(ManagerError::NoContext {

@@ -17,9 +17,10 @@
 //! their pid namespaces: tearing it down would kill them); ready sessions whose kernel is
 //! gone are dropped, never handed out.
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -213,7 +214,7 @@ impl Pool {
             .name("corral-pool".into())
             .spawn(move || refill(weak))
             .map_err(KernelError::Io)?;
-        *pool.refill_thread.lock().expect("pool lock") = Some(thread);
+        *pool.refill_thread.lock() = Some(thread);
         Ok(pool)
     }
 
@@ -222,15 +223,15 @@ impl Pool {
     /// last session or run forked from it, all with their cgroups. Later creations fail.
     pub fn shutdown(&self) {
         self.closed.store(true, Ordering::SeqCst);
-        drop(self.ready.lock().expect("pool lock"));
+        drop(self.ready.lock());
         self.wanted.notify_all();
-        if let Some(thread) = self.refill_thread.lock().expect("pool lock").take() {
+        if let Some(thread) = self.refill_thread.lock().take() {
             let _ = thread.join();
         }
-        let ready: Vec<Session> = self.ready.lock().expect("pool lock").drain(..).collect();
+        let ready: Vec<Session> = self.ready.lock().drain(..).collect();
         drop(ready);
         for supervisor in &self.zygotes {
-            let mut s = supervisor.state.lock().expect("pool lock");
+            let mut s = supervisor.state.lock();
             s.last_error = Some("the server is shutting down".into());
             let old = std::mem::replace(
                 &mut s.state,
@@ -255,7 +256,7 @@ impl Pool {
 
     /// Whether the `kind` zygote is up and how often it was replaced.
     pub fn zygote_status(&self, kind: ZygoteKind) -> ZygoteStatus {
-        let s = self.supervisor(kind).state.lock().expect("pool lock");
+        let s = self.supervisor(kind).state.lock();
         ZygoteStatus {
             alive: matches!(s.state, ZygoteState::Up(_)),
             restarts: s.restarts,
@@ -268,7 +269,7 @@ impl Pool {
 
     /// How many sessions are ready right now.
     pub fn ready_count(&self) -> usize {
-        self.ready.lock().expect("pool lock").len()
+        self.ready.lock().len()
     }
 
     /// Whether requests with `options` can be served by this pool.
@@ -286,10 +287,10 @@ impl Pool {
             && options.egress.policy.is_none()
             && options.policy == self.template.policy
             && options.image_env == self.template.image_env;
-        *self.last_acquired.lock().expect("pool lock") = Instant::now();
+        *self.last_acquired.lock() = Instant::now();
         if pooled {
             loop {
-                let taken = self.ready.lock().expect("pool lock").pop_front();
+                let taken = self.ready.lock().pop_front();
                 self.wanted.notify_one();
                 match taken {
                     Some(mut session) if session.probe_alive() => match session.adopt(options) {
@@ -405,7 +406,7 @@ impl Pool {
     }
 
     fn current(&self, kind: ZygoteKind) -> Option<Arc<Generation>> {
-        match &self.supervisor(kind).state.lock().expect("pool lock").state {
+        match &self.supervisor(kind).state.lock().state {
             ZygoteState::Up(g) => Some(g.clone()),
             ZygoteState::Down { .. } => None,
         }
@@ -418,7 +419,7 @@ impl Pool {
         deadline: Instant,
     ) -> Result<Arc<Generation>, KernelError> {
         let supervisor = self.supervisor(kind);
-        let mut s = supervisor.state.lock().expect("pool lock");
+        let mut s = supervisor.state.lock();
         loop {
             if let ZygoteState::Up(g) = &s.state {
                 return Ok(g.clone());
@@ -427,7 +428,7 @@ impl Pool {
             if left.is_zero() {
                 return Err(s.unavailable());
             }
-            s = supervisor.up.wait_timeout(s, left).expect("pool lock").0;
+            supervisor.up.wait_for(&mut s, left);
         }
     }
 
@@ -462,7 +463,7 @@ impl Pool {
     /// Records that `generation`'s zygote is dead and wakes the refill thread to replace it.
     fn mark_down(&self, generation: &Arc<Generation>) {
         let kind = generation.zygote.kind();
-        let mut s = self.supervisor(kind).state.lock().expect("pool lock");
+        let mut s = self.supervisor(kind).state.lock();
         if !matches!(&s.state, ZygoteState::Up(g) if Arc::ptr_eq(g, generation)) {
             return;
         }
@@ -491,7 +492,7 @@ impl Pool {
             kind.name()
         );
         self.zygote_down.store(true, Ordering::SeqCst);
-        drop(self.ready.lock().expect("pool lock"));
+        drop(self.ready.lock());
         self.wanted.notify_all();
     }
 
@@ -505,7 +506,7 @@ impl Pool {
         }
         let supervisor = self.supervisor(kind);
         {
-            let mut s = supervisor.state.lock().expect("pool lock");
+            let mut s = supervisor.state.lock();
             match s.state {
                 ZygoteState::Up(ref g) => return Ok(g.clone()),
                 ZygoteState::Down { next_attempt, .. } => {
@@ -522,7 +523,7 @@ impl Pool {
         }
         let t = &self.template;
         let started = Zygote::start(&t.rootfs, &t.image_env, t.policy, kind);
-        let mut s = supervisor.state.lock().expect("pool lock");
+        let mut s = supervisor.state.lock();
         match started {
             Ok(zygote) => {
                 let g = Arc::new(Generation {
@@ -561,7 +562,7 @@ impl Pool {
     /// Drops the ready sessions whose kernel is gone.
     fn prune(&self) {
         let dead: Vec<Session> = {
-            let mut ready = self.ready.lock().expect("pool lock");
+            let mut ready = self.ready.lock();
             let mut dead = Vec::new();
             let mut alive = VecDeque::with_capacity(ready.len());
             for session in ready.drain(..) {
@@ -597,15 +598,16 @@ fn refill(pool: Weak<Pool>) {
             return;
         }
         {
-            let ready = pool.ready.lock().expect("pool lock");
-            let _ = pool
-                .wanted
-                .wait_timeout_while(ready, CHECK_EVERY, |r| {
+            let mut ready = pool.ready.lock();
+            pool.wanted.wait_while_for(
+                &mut ready,
+                |r| {
                     r.len() >= pool.target
                         && !pool.zygote_down.load(Ordering::SeqCst)
                         && !pool.closed.load(Ordering::SeqCst)
-                })
-                .expect("pool lock");
+                },
+                CHECK_EVERY,
+            );
         }
         pool.zygote_down.store(false, Ordering::SeqCst);
         pool.prune();
@@ -624,7 +626,7 @@ fn refill(pool: Weak<Pool>) {
             if pool.closed.load(Ordering::SeqCst) {
                 break;
             }
-            let quiet_for = pool.last_acquired.lock().expect("pool lock").elapsed();
+            let quiet_for = pool.last_acquired.lock().elapsed();
             if quiet_for < REFILL_QUIET {
                 thread::sleep(REFILL_QUIET - quiet_for);
                 break;
@@ -633,7 +635,7 @@ fn refill(pool: Weak<Pool>) {
                 Ok(mut session) => {
                     session.warm_up();
                     if session.is_alive() {
-                        pool.ready.lock().expect("pool lock").push_back(session);
+                        pool.ready.lock().push_back(session);
                     }
                 }
                 // Replaced on the next turn.
