@@ -1,7 +1,7 @@
 //! Execution events (docs/results.md#events) and the mapping from kernel MIME bundles to results.
 
 use base64::Engine as _;
-use corral_sandbox::{LanguageError, RichResult, Status};
+use corral_sandbox::{ExecutionResult, LanguageError, NetworkReport, RichResult, Status};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -9,20 +9,57 @@ use serde_json::{Map, Value};
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
-    Stdout {
-        text: String,
-    },
-    Stderr {
-        text: String,
-    },
+    Stdout { text: String },
+    Stderr { text: String },
     Result(RichResult),
     Error(LanguageError),
-    End {
-        status: Status,
-        execution_time_ms: u64,
-        cpu_time_ms: u64,
-        peak_memory_bytes: u64,
-    },
+    End(End),
+}
+
+/// How a run ended: the last event of every stream, the one every face forwards
+/// (docs/results.md#events). It is made from the run's final result by [`End::of`] and
+/// [`End::of_command`], nowhere else.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct End {
+    pub status: Status,
+    pub execution_time_ms: u64,
+    pub cpu_time_ms: u64,
+    pub peak_memory_bytes: u64,
+    /// Commands only: the command's exit status (`null` when it has none: killed, never run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<Option<i32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<String>,
+    /// The result's `warnings`: weaker protections, and what was dropped over the
+    /// per-execution bounds, as in the folded result object.
+    pub warnings: Vec<String>,
+    /// What the sandbox's egress proxy did during the run, as in the result object; `null`
+    /// without a network policy.
+    pub network: Option<NetworkReport>,
+}
+
+impl End {
+    /// The end of an execution of code (or of a one-shot run) whose final result is `result`.
+    pub fn of(result: &ExecutionResult) -> End {
+        End {
+            status: result.status,
+            execution_time_ms: result.execution_time_ms,
+            cpu_time_ms: result.cpu_time_ms,
+            peak_memory_bytes: result.peak_memory_bytes,
+            exit_code: None,
+            error_message: result.error_message.clone(),
+            warnings: result.warnings.clone(),
+            network: result.network.clone(),
+        }
+    }
+
+    /// The end of a command: [`End::of`] with the command's exit status.
+    pub fn of_command(result: &ExecutionResult) -> End {
+        End {
+            exit_code: Some(result.exit_code),
+            ..End::of(result)
+        }
+    }
 }
 
 /// A kernel's MIME bundle as a result; unknown types and malformed values are dropped (the
@@ -127,16 +164,27 @@ mod tests {
             serde_json::to_string(&e).unwrap(),
             r#"{"type":"result","is_main_result":true,"text":"2"}"#
         );
-        let end = Event::End {
-            status: Status::Success,
-            execution_time_ms: 3,
-            cpu_time_ms: 1,
-            peak_memory_bytes: 9,
-        };
+        let mut result = ExecutionResult::sandbox_error("gone");
+        result.status = Status::Success;
+        result.error_message = None;
+        (result.execution_time_ms, result.cpu_time_ms) = (3, 1);
+        result.peak_memory_bytes = 9;
+        result.warnings = vec!["w".into()];
         assert_eq!(
-            serde_json::to_string(&end).unwrap(),
-            r#"{"type":"end","status":"success","execution_time_ms":3,"cpu_time_ms":1,"peak_memory_bytes":9}"#
+            serde_json::to_string(&Event::End(End::of(&result))).unwrap(),
+            r#"{"type":"end","status":"success","execution_time_ms":3,"cpu_time_ms":1,"peak_memory_bytes":9,"warnings":["w"],"network":null}"#
         );
+        result.exit_code = None;
+        result.error_message = Some("killed".into());
+        assert_eq!(
+            serde_json::to_value(Event::End(End::of_command(&result))).unwrap()["exit_code"],
+            serde_json::Value::Null,
+            "a command's end carries its exit code, null when it has none"
+        );
+        assert!(serde_json::to_value(Event::End(End::of(&result)))
+            .unwrap()
+            .get("exit_code")
+            .is_none());
     }
 
     #[test]

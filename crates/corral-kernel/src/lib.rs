@@ -17,7 +17,7 @@ mod runtime;
 pub mod session;
 pub mod zygote;
 
-pub use event::Event;
+pub use event::{End, Event};
 pub use manager::{
     default_context_id, ContextInfo, ManagerError, MetricSample, SessionInfo, SessionManager,
     MAX_WAITING,

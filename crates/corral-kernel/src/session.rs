@@ -15,7 +15,7 @@ use corral_sandbox::{
 };
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use crate::event::{into_rich_result, Event, Utf8Stream};
+use crate::event::{into_rich_result, End, Event, Utf8Stream};
 use crate::policy::CodePolicy;
 use crate::protocol::{
     encode, Decoder, DoneStatus, HostMessage, KernelMessage, ResultLimits, MAX_FRAME,
@@ -768,7 +768,7 @@ impl Session {
         };
         on_event(&Event::Error(error.clone()));
         result.error = Some(error);
-        self.emit_end(&mut result, started, cpu_before, on_event);
+        self.emit_end(Kind::Cell, &mut result, started, cpu_before, on_event);
         result
     }
 
@@ -884,7 +884,7 @@ impl Session {
         if let Some(death) = &self.dead {
             result.status = Status::SandboxError;
             result.error_message = Some(format!("the session is dead: {}", death.message));
-            self.emit_end(&mut result, started, cpu_before, on_event);
+            self.emit_end(kind, &mut result, started, cpu_before, on_event);
             return result;
         }
         if kind == Kind::Cell {
@@ -896,7 +896,7 @@ impl Session {
         self.drain_wake();
         if stop.is_some_and(|stop| !stop.begin(self.interrupter())) {
             stopped(&mut result);
-            self.emit_end(&mut result, started, cpu_before, on_event);
+            self.emit_end(kind, &mut result, started, cpu_before, on_event);
             return result;
         }
         // Each exchange may send back the whole budget of frames and results again.
@@ -1042,7 +1042,7 @@ impl Session {
             result.status = Status::Error;
             result.error_message = Some(format!("the command exited with status {code}"));
         }
-        self.emit_end(&mut result, started, cpu_before, on_event);
+        self.emit_end(kind, &mut result, started, cpu_before, on_event);
         result
     }
 
@@ -1068,6 +1068,7 @@ impl Session {
 
     fn emit_end(
         &self,
+        kind: Kind,
         result: &mut ExecutionResult,
         started: Instant,
         cpu_before: Option<Duration>,
@@ -1079,12 +1080,10 @@ impl Session {
             _ => 0,
         };
         result.peak_memory_bytes = self.kernel.host.peak_memory().unwrap_or(0);
-        on_event(&Event::End {
-            status: result.status,
-            execution_time_ms: result.execution_time_ms,
-            cpu_time_ms: result.cpu_time_ms,
-            peak_memory_bytes: result.peak_memory_bytes,
-        });
+        on_event(&Event::End(match kind {
+            Kind::Command => End::of_command(result),
+            Kind::Cell | Kind::WarmUp => End::of(result),
+        }));
     }
 
     /// Handles complete frames; true once this execution's `done` arrived. A command's

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use corral_kernel::{Event, KernelError, Language, Session, SessionOptions, Stopper};
+use corral_kernel::{End, Event, KernelError, Language, Session, SessionOptions, Stopper};
 use corral_sandbox::{ExecutionResult, Status};
 
 mod support;
@@ -156,7 +156,7 @@ fn output_streams_before_the_execution_ends() {
                 Event::Stdout { text } if text.contains("first") && first_stdout.is_none() => {
                     first_stdout = Some(start.elapsed())
                 }
-                Event::End { .. } => end = Some(start.elapsed()),
+                Event::End(_) => end = Some(start.elapsed()),
                 _ => {}
             },
         );
@@ -550,17 +550,17 @@ fn commands_run_in_the_sandbox_and_report_their_exit_code() {
         assert!(
             matches!(
                 events.last(),
-                Some(Event::End {
+                Some(Event::End(End {
                     status: Status::Error,
                     ..
-                })
+                }))
             ),
             "{how}: {events:?}"
         );
         assert!(
             events.iter().all(|e| matches!(
                 e,
-                Event::Stdout { .. } | Event::Stderr { .. } | Event::End { .. }
+                Event::Stdout { .. } | Event::Stderr { .. } | Event::End(_)
             )),
             "{how}: {events:?}"
         );

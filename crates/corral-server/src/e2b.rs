@@ -34,9 +34,9 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Extension, Json, Router};
-use corral_kernel::Event;
+use corral_kernel::{End, Event};
 use corral_sandbox::workspace::{EntryInfo, EntryKind, MAX_DEPTH};
-use corral_sandbox::{ExecutionResult, Reservation, Status};
+use corral_sandbox::{Reservation, Status};
 use futures_util::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -998,22 +998,22 @@ fn execution_line(event: &Event) -> Option<Bytes> {
             value: &e.value,
             traceback: &e.traceback,
         },
-        Event::End { .. } => return None,
+        Event::End(_) => return None,
     };
     Some(json_line(&line))
 }
 
 /// An `error` line for an execution that failed without a language error (timeout, memory
 /// limit, a dead kernel), so that the SDK's `execution.error` says what happened.
-fn status_error_line(result: &ExecutionResult) -> Option<Value> {
-    let name = match result.status {
+fn status_error_line(end: &End) -> Option<Value> {
+    let name = match end.status {
         Status::Success => return None,
         Status::Error => "ExecutionError",
         Status::Timeout => "TimeoutError",
         Status::MemoryLimit => "MemoryLimitError",
         Status::SandboxError => "SandboxError",
     };
-    let value = result
+    let value = end
         .error_message
         .clone()
         .unwrap_or_else(|| format!("the execution ended with status {name}"));
@@ -1070,17 +1070,24 @@ async fn execute(
         "application/x-ndjson",
         thread,
         move |emit| {
-            let mut saw_error = false;
-            let outcome = service.execute(&tenant, &id, &run, &mut |event| {
-                if let Some(line) = execution_line(event) {
-                    saw_error |= matches!(event, Event::Error(_));
-                    emit(line);
+            // The run's `end` says how it ended: a status other than success becomes an
+            // `error` line, unless the code raised one itself.
+            let (mut saw_error, mut end) = (false, None);
+            let outcome = service.execute(&tenant, &id, &run, &mut |event| match event {
+                Event::End(e) => end = Some(e.clone()),
+                _ => {
+                    if let Some(line) = execution_line(event) {
+                        saw_error |= matches!(event, Event::Error(_));
+                        emit(line);
+                    }
                 }
             });
             let (failure, reservation) = match outcome {
                 // The lines of the results hold their room until the stream is gone.
                 Ok(mut result) => (
-                    status_error_line(&result).filter(|_| !saw_error),
+                    end.as_ref()
+                        .and_then(status_error_line)
+                        .filter(|_| !saw_error),
                     std::mem::take(&mut result.reservation),
                 ),
                 Err(e) => (
@@ -1479,6 +1486,7 @@ async fn refuse(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use corral_sandbox::ExecutionResult;
 
     #[test]
     fn e2b_paths_map_onto_the_workspace() {
@@ -1719,12 +1727,7 @@ mod tests {
             json!({"type": "error", "name": "ZeroDivisionError", "value": "division by zero",
                    "traceback": "Traceback ..."})
         );
-        let end = Event::End {
-            status: Status::Success,
-            execution_time_ms: 1,
-            cpu_time_ms: 1,
-            peak_memory_bytes: 1,
-        };
+        let end = Event::End(End::of(&ExecutionResult::sandbox_error("gone")));
         assert_eq!(line(&end), None);
 
         let end = json_line(&json!({"type": "end_of_execution"}));
@@ -1735,13 +1738,16 @@ mod tests {
     fn failures_without_a_language_error_are_reported() {
         let mut result = ExecutionResult::sandbox_error("the kernel died");
         assert_eq!(
-            status_error_line(&result).unwrap(),
+            status_error_line(&End::of(&result)).unwrap(),
             json!({"type": "error", "name": "SandboxError", "value": "the kernel died", "traceback": ""})
         );
         result.status = Status::Timeout;
-        assert_eq!(status_error_line(&result).unwrap()["name"], "TimeoutError");
+        assert_eq!(
+            status_error_line(&End::of(&result)).unwrap()["name"],
+            "TimeoutError"
+        );
         result.status = Status::Success;
-        assert_eq!(status_error_line(&result), None);
+        assert_eq!(status_error_line(&End::of(&result)), None);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use axum::http::{header, HeaderMap, HeaderName, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use corral_kernel::{Event, Stopper};
+use corral_kernel::{End, Event, Stopper};
 use corral_sandbox::{ExecutionResult, FileEntry, Reservation};
 use futures_util::StreamExt as _;
 use serde::de::DeserializeOwned;
@@ -600,42 +600,6 @@ fn json_line(value: &impl Serialize) -> Vec<u8> {
     line
 }
 
-/// The `end` event of a stream (docs/results.md#events), from the final result.
-#[derive(Serialize)]
-struct EndEvent<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    status: corral_sandbox::Status,
-    execution_time_ms: u64,
-    cpu_time_ms: u64,
-    peak_memory_bytes: u64,
-    /// Commands only: the command's exit status.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    exit_code: Option<Option<i32>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error_message: Option<&'a str>,
-    /// The result's `warnings`: weaker protections, and what was dropped over the
-    /// per-execution bounds (rich results), as in the folded result object.
-    warnings: &'a [String],
-    /// What the sandbox's egress proxy did during the execution, as in the result object;
-    /// `null` without a network policy.
-    network: Option<&'a corral_sandbox::NetworkReport>,
-}
-
-fn end_line(result: &ExecutionResult, with_exit_code: bool) -> Vec<u8> {
-    json_line(&EndEvent {
-        kind: "end",
-        status: result.status,
-        execution_time_ms: result.execution_time_ms,
-        cpu_time_ms: result.cpu_time_ms,
-        peak_memory_bytes: result.peak_memory_bytes,
-        exit_code: with_exit_code.then_some(result.exit_code),
-        error_message: result.error_message.as_deref(),
-        warnings: &result.warnings,
-        network: result.network.as_ref(),
-    })
-}
-
 type Work = Box<
     dyn FnOnce(&mut dyn FnMut(&Event)) -> Result<ExecutionResult, ServiceError> + Send + 'static,
 >;
@@ -652,26 +616,30 @@ pub fn ndjson_stream(
         "application/x-ndjson",
         thread,
         move |send| {
+            // Every event is forwarded as it comes, the `end` the run's own; a run that ends
+            // without one (a one-shot run, or an error) gets it from its outcome.
+            let mut ended = false;
             let outcome = work(&mut |event| {
-                // The end line is written from the final result (it may carry the exit code).
-                if !matches!(event, Event::End { .. }) {
-                    send(Bytes::from(json_line(event)));
-                }
+                ended |= matches!(event, Event::End(_));
+                send(Bytes::from(json_line(event)));
             });
+            let end_of = |result: &ExecutionResult| match with_exit_code {
+                true => End::of_command(result),
+                false => End::of(result),
+            };
             let (end, reservation) = match outcome {
                 Ok(mut result) => (
-                    end_line(&result, with_exit_code),
+                    (!ended).then(|| end_of(&result)),
                     std::mem::take(&mut result.reservation),
                 ),
                 Err(e) => (
-                    end_line(
-                        &ExecutionResult::sandbox_error(e.to_string()),
-                        with_exit_code,
-                    ),
+                    (!ended).then(|| end_of(&ExecutionResult::sandbox_error(e.to_string()))),
                     Reservation::default(),
                 ),
             };
-            send(Bytes::from(end));
+            if let Some(end) = end {
+                send(Bytes::from(json_line(&Event::End(end))));
+            }
             reservation
         },
         on_gone,

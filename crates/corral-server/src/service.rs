@@ -1665,12 +1665,36 @@ impl Service {
             .manager
             .get(id)
             .map_err(|e| self.manager_error(id, e))?;
-        if let Some(lang) = &req.language {
-            if Language::parse(lang).map(Language::name) != Some(info.language) {
-                // Another language runs in its default code context, if the image has it.
-                self.context_language(id, lang)?;
-            }
+        // The language that runs the code: its context's, the one asked for (in its default
+        // context, if the image has it), else the session's own.
+        let language = if let Some(context) = &req.context {
+            self.manager
+                .list_contexts(id)
+                .map_err(|e| self.manager_error(id, e))?
+                .into_iter()
+                .find(|c| &c.id == context)
+                .map(|c| Some(c.language))
+                .ok_or_else(|| {
+                    self.manager_error(
+                        id,
+                        ManagerError::NoContext {
+                            id: id.to_string(),
+                            context: context.clone(),
+                        },
+                    )
+                })?
+        } else if let Some(lang) = &req.language {
+            Some(self.context_language(id, lang)?)
+        } else {
+            Language::parse(info.language)
+        };
+        if language == Some(Language::Bash) && req.env.as_ref().is_some_and(|e| !e.is_empty()) {
+            return Err(ServiceError::BadRequest(
+                "env: bash takes no per-execution environment: export the variables in the code"
+                    .into(),
+            ));
         }
+        check_env(req.env.as_ref())?;
         self.check_session(tenant, id)?;
         timeout_from(req.timeout_s, owned.default_timeout)
     }

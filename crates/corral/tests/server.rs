@@ -788,6 +788,93 @@ fn the_end_event_carries_the_results_warnings() {
     assert_eq!(end["warnings"], info["warnings"], "{end}");
 }
 
+/// What the caller got wrong is answered with its status before any stream starts, as for a
+/// folded result, not as a `sandbox_error` inside a 200 stream: an `env` for a bash session
+/// (400), an unknown code context (404); a well-formed streamed execution's last line is its
+/// `end`, with the fields of the folded result.
+#[test]
+fn a_callers_mistake_is_answered_with_its_status_before_the_stream() {
+    let s = Server::start("");
+    let bash = bash_session(&s, 256, 64);
+    let python = s.create(None);
+    let streamed = |id: &str, body: Value| -> (u16, Value, Option<String>) {
+        let url = format!("{}/v1/sandboxes/{id}/execute", s.url);
+        match ureq::post(&url).send_string(&body.to_string()) {
+            Ok(r) => {
+                let kind = r.header("Content-Type").map(str::to_string);
+                let text = r.into_string().unwrap();
+                let last = text
+                    .lines()
+                    .last()
+                    .map(|l| serde_json::from_str(l).unwrap());
+                (200, last.unwrap_or(Value::Null), kind)
+            }
+            Err(ureq::Error::Status(code, r)) => {
+                let kind = r.header("Content-Type").map(str::to_string);
+                (code, r.into_json().unwrap_or(Value::Null), kind)
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let cases = [
+        (
+            &bash,
+            json!({"code": "echo $A", "env": {"A": "1"}}),
+            400,
+            "bad_request",
+        ),
+        (
+            &python,
+            json!({"code": "1", "context": "ctx-none"}),
+            404,
+            "not_found",
+        ),
+        (
+            &python,
+            json!({"code": "1", "env": {"A=B": "1"}}),
+            400,
+            "bad_request",
+        ),
+    ];
+    for (id, body, want, code) in cases {
+        for folded in [false, true] {
+            let (status, answer, kind) = if folded {
+                let (status, answer) = s.call(
+                    "POST",
+                    &format!("/v1/sandboxes/{id}/execute"),
+                    None,
+                    Some(&body.to_string()),
+                );
+                (status, answer, None)
+            } else {
+                streamed(id, body.clone())
+            };
+            assert_eq!(
+                (status, error_code(&answer)),
+                (want, code),
+                "{body} (folded: {folded}): {answer} {kind:?}"
+            );
+        }
+    }
+    // Each sandbox still runs code, and a stream still ends with its `end`.
+    let (status, end, kind) = streamed(&python, json!({"code": "print(1)"}));
+    assert_eq!(
+        (status, kind.as_deref()),
+        (200, Some("application/x-ndjson"))
+    );
+    assert_eq!(
+        (end["type"].as_str(), end["status"].as_str()),
+        (Some("end"), Some("success")),
+        "{end}"
+    );
+    let (status, end, _) = streamed(&bash, json!({"code": "echo 1"}));
+    assert_eq!(
+        (status, end["status"].as_str()),
+        (200, Some("success")),
+        "{end}"
+    );
+}
+
 /// Sends `len` bytes to `path`; the whole answer.
 fn oversized(addr: &str, method: &str, path: &str, len: usize) -> String {
     let mut stream = TcpStream::connect(addr).unwrap();
