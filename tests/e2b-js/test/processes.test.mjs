@@ -100,10 +100,13 @@ describe('runCode beyond the defaults', () => {
     const js = "process.env.CORRAL_E2B ?? 'unset'"
     assert.equal((await sbx().runCode(js, { language: 'js', envs: { CORRAL_E2B: 'js' } })).text, 'js')
     assert.equal((await sbx().runCode(js, { language: 'js' })).text, 'unset')
-    // A bash context refuses them.
-    const bash = await sbx().runCode('echo $CORRAL_E2B', { language: 'bash', envs: { CORRAL_E2B: 'x' } })
-    assert.deepEqual(bash.logs.stdout, [])
-    assert.match(bash.error?.value ?? '', /per-execution environment/, JSON.stringify(bash))
+    // A bash context refuses them before anything runs: HTTP 400, which the SDK throws.
+    await assert.rejects(
+      sbx().runCode('echo $CORRAL_E2B > /tmp/ran', { language: 'bash', envs: { CORRAL_E2B: 'x' } }),
+      /400/,
+    )
+    const ran = await sbx().runCode('test -e /tmp/ran || echo absent', { language: 'bash' })
+    assert.deepEqual(ran.logs.stdout, ['absent\n'])
   })
 
   it('runs JavaScript and bash in their default contexts, each keeping its state', async () => {
