@@ -124,7 +124,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 } else {
                     "routed-get"
                 };
-                samples.lock().expect("lock").push((op, took));
+                samples.lock().push((op, took));
             }
             for (how, base) in bases {
                 let t = Instant::now();
@@ -138,7 +138,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 } else {
                     "routed-exec"
                 };
-                samples.lock().expect("lock").push((op, took));
+                samples.lock().push((op, took));
             }
             Ok(())
         }

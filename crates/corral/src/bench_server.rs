@@ -3,9 +3,10 @@
 //! and many clients creating, using and killing sessions at once, counting every error and
 //! the server's memory before and after. Bounded in clients and time; loopback only.
 
+use parking_lot::Mutex;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -300,7 +301,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             if r["stdout"] != "1\n" {
                 bail!("print(1) gave {r}");
             }
-            samples.lock().expect("lock").push(("run", t.elapsed()));
+            samples.lock().push(("run", t.elapsed()));
             run_cpu_ms.fetch_add(r["cpu_time_ms"].as_u64().unwrap_or(0), Ordering::Relaxed);
             Ok(())
         }
@@ -352,7 +353,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             let t = Instant::now();
             kill(agent, &url, &id)?;
             times.push(("kill", t.elapsed()));
-            samples.lock().expect("lock").extend(times);
+            samples.lock().extend(times);
             Ok(())
         }
     });
@@ -446,7 +447,7 @@ pub(crate) fn load(
                     match cycle(&agent, &samples) {
                         Ok(()) => done.fetch_add(1, Ordering::Relaxed),
                         Err(e) => {
-                            let mut first = first_errors.lock().expect("lock");
+                            let mut first = first_errors.lock();
                             if first.len() < 5 {
                                 first.push(format!("{e:#}"));
                             }
@@ -463,8 +464,8 @@ pub(crate) fn load(
         let _ = t.join();
     }
     let elapsed = started.elapsed();
-    let samples = std::mem::take(&mut *samples.lock().expect("lock"));
-    let first_errors = std::mem::take(&mut *first_errors.lock().expect("lock"));
+    let samples = std::mem::take(&mut *samples.lock());
+    let first_errors = std::mem::take(&mut *first_errors.lock());
     Load {
         done: done.load(Ordering::Relaxed),
         errors: errors.load(Ordering::Relaxed),

@@ -9,9 +9,10 @@
 //! load, or when sandboxes or cgroups were left behind. Bounded in clients and time; loopback
 //! only. Well-behaved clients honour `Retry-After` on 429/503, as the API asks of clients.
 
+use parking_lot::Mutex;
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -53,7 +54,7 @@ struct Tally {
 impl Tally {
     fn failed(&self, e: anyhow::Error) {
         self.errors.fetch_add(1, Ordering::Relaxed);
-        let mut first = self.first_errors.lock().expect("lock");
+        let mut first = self.first_errors.lock();
         if first.len() < 5 {
             first.push(format!("{e:#}"));
         }
@@ -142,7 +143,7 @@ fn good_session(ctx: &Ctx, tally: &Tally, agent: &ureq::Agent, n: u64) -> Result
         201,
     )?;
     let id = info["id"].as_str().context("no id")?.to_string();
-    ctx.live_good.lock().expect("lock").push(id.clone());
+    ctx.live_good.lock().push(id.clone());
     let outcome = (|| -> Result<()> {
         let exec = |code: &str| -> Result<Value> {
             let r = polite(
@@ -189,7 +190,7 @@ fn good_session(ctx: &Ctx, tally: &Tally, agent: &ureq::Agent, n: u64) -> Result
         }
         Ok(())
     })();
-    ctx.live_good.lock().expect("lock").retain(|x| x != &id);
+    ctx.live_good.lock().retain(|x| x != &id);
     close(agent, url, key, &id, outcome, &[204])
 }
 
@@ -370,7 +371,7 @@ fn evil_misc(ctx: &Ctx, _tally: &Tally, agent: &ureq::Agent, n: u64) -> Result<(
     let key = &ctx.evil;
     match n % 3 {
         0 => {
-            let victim = ctx.live_good.lock().expect("lock").first().cloned();
+            let victim = ctx.live_good.lock().first().cloned();
             let id = victim.unwrap_or_else(|| "sb-00000000".into());
             for (method, path) in [
                 ("GET", format!("/v1/sandboxes/{id}")),
@@ -506,7 +507,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     match KINDS[kind].1(&ctx, tally, &agent, n) {
                         Ok(()) => {
                             tally.cycles.fetch_add(1, Ordering::Relaxed);
-                            tally.latencies.lock().expect("lock").push(t.elapsed());
+                            tally.latencies.lock().push(t.elapsed());
                         }
                         Err(e) => tally.failed(e),
                     }
@@ -535,7 +536,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
     let mut failures = Vec::new();
     for ((name, _, _, good), tally) in KINDS.iter().zip(tallies.iter()) {
-        let mut lat = std::mem::take(&mut *tally.latencies.lock().expect("lock"));
+        let mut lat = std::mem::take(&mut *tally.latencies.lock());
         lat.sort();
         let (cycles, errors) = (
             tally.cycles.load(Ordering::Relaxed),
@@ -547,7 +548,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             percentile(&lat, 0.50),
             percentile(&lat, 0.99),
         );
-        for e in tally.first_errors.lock().expect("lock").iter() {
+        for e in tally.first_errors.lock().iter() {
             println!("      error: {e}");
         }
         if errors > 0 {
