@@ -559,21 +559,16 @@ fn validate(spec: &ProcessSpec) -> Result<(), AgentError> {
     if spec.argv.is_empty() || spec.argv[0].is_empty() {
         return invalid("an empty command");
     }
-    let strings = spec
+    if spec
         .argv
         .iter()
         .chain(spec.cwd.iter())
-        .chain(spec.env.iter().flat_map(|(k, v)| [k, v]));
-    if strings.clone().any(|s| s.contains('\0')) {
-        return invalid("a NUL byte in the command, its directory or its environment");
-    }
-    if spec
-        .env
-        .iter()
-        .any(|(k, _)| k.is_empty() || k.contains('='))
+        .any(|s| s.contains('\0'))
     {
-        return invalid("an environment name that is empty or holds '='");
+        return invalid("a NUL byte in the command or its directory");
     }
+    corral_sandbox::env::check(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .map_err(|e| AgentError::Invalid(format!("environment: {e}")))?;
     // The host keeps a running program's tag (and lists it); the agent never sees it.
     if spec.tag.as_ref().is_some_and(|t| t.len() > MAX_TAG_BYTES) {
         return Err(AgentError::Invalid(format!(

@@ -733,14 +733,8 @@ impl Session {
                         .into(),
                 ));
             }
-            if let Some((name, _)) = env
-                .iter()
-                .find(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.contains('\0'))
-            {
-                return Err(KernelError::InvalidEnvironment(format!(
-                    "the variable {name:?} (a name must be non-empty, without `=`; no NUL bytes)"
-                )));
-            }
+            corral_sandbox::env::check(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .map_err(|e| KernelError::InvalidEnvironment(e.to_string()))?;
         }
         let too_long = self.options.code_policy.length_violation(code.len());
         if let Some(error) = too_long.filter(|_| self.dead.is_none()) {
@@ -1322,17 +1316,10 @@ fn check_command(
     check_env(env)
 }
 
-/// Checks what no process environment can hold: a NUL byte, a name that is empty or holds `=`.
+/// Checks `env` against the one rule ([`corral_sandbox::env`]).
 pub(crate) fn check_env(env: &[(String, String)]) -> Result<(), KernelError> {
-    let invalid = |why: String| Err(KernelError::InvalidCommand(why));
-    let mut strings = env.iter().flat_map(|(k, v)| [k.as_str(), v.as_str()]);
-    if let Some(s) = strings.find(|s| s.contains('\0')) {
-        return invalid(format!("{s:?} contains a NUL byte"));
-    }
-    if let Some((name, _)) = env.iter().find(|(k, _)| k.is_empty() || k.contains('=')) {
-        return invalid(format!("{name:?} is not an environment variable name"));
-    }
-    Ok(())
+    corral_sandbox::env::check(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .map_err(|e| KernelError::InvalidCommand(e.to_string()))
 }
 
 fn write_all(fd: BorrowedFd<'_>, mut bytes: &[u8]) -> io::Result<()> {

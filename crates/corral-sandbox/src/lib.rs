@@ -15,6 +15,7 @@ mod charge;
 mod child;
 pub mod doctor;
 pub mod egress;
+pub mod env;
 pub mod ids;
 mod landlock_rules;
 pub mod limits;

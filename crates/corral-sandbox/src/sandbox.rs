@@ -474,11 +474,7 @@ impl Sandbox {
             env.extend(proxy_environment());
         }
         for (k, v) in &spec.env {
-            if k.is_empty() || k.contains('=') {
-                return Err(SandboxError::Refused(format!(
-                    "invalid environment variable name {k:?}"
-                )));
-            }
+            crate::env::check_var(k, v).map_err(|e| SandboxError::Refused(e.to_string()))?;
             env.retain(|(existing, _)| existing != k);
             env.push((k.clone(), v.clone()));
         }

@@ -723,16 +723,14 @@ fn check_env(
             "env: {bytes} bytes of names and values; at most {MAX_ENV_BYTES} are allowed"
         )));
     }
-    let mut out = Vec::new();
-    for (k, v) in env.into_iter().flatten() {
-        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-            return Err(ServiceError::BadRequest(format!(
-                "env: {k:?} is not a valid variable name (non-empty, no '=' or NUL)"
-            )));
-        }
-        out.push((k.clone(), v.clone()));
-    }
-    Ok(out)
+    let env: Vec<(String, String)> = env
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    corral_sandbox::env::check(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .map_err(|e| ServiceError::BadRequest(format!("env: {e}")))?;
+    Ok(env)
 }
 
 fn parse_language(name: Option<&str>) -> Result<Language, ServiceError> {
