@@ -42,10 +42,13 @@ fn app() -> &'static App {
             .build()
             .expect("a runtime");
         let service = runtime
-            .block_on(async { tokio::task::spawn_blocking(|| corral_server::Service::start(config)).await })
+            .block_on(async {
+                tokio::task::spawn_blocking(|| corral_server::Service::start(config)).await
+            })
             .expect("the service thread")
             .expect("a service over an empty store");
-        let router = corral_server::http::router(corral_server::http::AppState::new(Arc::clone(&service)));
+        let router =
+            corral_server::http::router(corral_server::http::AppState::new(Arc::clone(&service)));
         App {
             runtime,
             router,
@@ -56,7 +59,10 @@ fn app() -> &'static App {
 
 fn request(data: &[u8]) -> Option<http::Request<Body>> {
     let split = data.windows(2).position(|w| w == b"\n\n")?;
-    let (head, body) = (std::str::from_utf8(&data[..split]).ok()?, &data[split + 2..]);
+    let (head, body) = (
+        std::str::from_utf8(&data[..split]).ok()?,
+        &data[split + 2..],
+    );
     let mut lines = head.split('\n');
     let (method, path) = lines.next()?.split_once(' ')?;
     let mut builder = http::Request::builder().method(method).uri(path);
@@ -96,7 +102,10 @@ fuzz_target!(|data: &[u8]| {
         String::from_utf8_lossy(&body)
     );
     assert_eq!(
-        parts.headers.get("x-content-type-options").map(|v| v.as_bytes()),
+        parts
+            .headers
+            .get("x-content-type-options")
+            .map(|v| v.as_bytes()),
         Some(&b"nosniff"[..]),
         "{:?} without Corral's security headers",
         parts.status
