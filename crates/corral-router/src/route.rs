@@ -138,12 +138,16 @@ struct AcceptedKeys(std::sync::Mutex<hashlink::LruCache<String, ()>>);
 
 impl AcceptedKeys {
     fn new() -> AcceptedKeys {
-        AcceptedKeys(std::sync::Mutex::new(hashlink::LruCache::new(ACCEPTED_KEYS)))
+        AcceptedKeys(std::sync::Mutex::new(hashlink::LruCache::new(
+            ACCEPTED_KEYS,
+        )))
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, hashlink::LruCache<String, ()>> {
         // The cache is consistent between calls: a poisoned lock is taken as it is.
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The key `headers` count against: their key's hash if a node has accepted it, else
@@ -561,7 +565,10 @@ mod tests {
         let hash = accepted.key_of(&a);
         assert_eq!(hash, accepted.key_of(&headers(&[("x-api-key", "crl_a")])));
         assert_ne!(hash, accepted.key_of(&b));
-        assert!(!hash.is_empty() && !hash.contains("crl_a"), "the key itself is not kept");
+        assert!(
+            !hash.is_empty() && !hash.contains("crl_a"),
+            "the key itself is not kept"
+        );
         assert_eq!(accepted.key_of(&headers(&[])), "");
         let refused = headers(&[("authorization", "Basic crl_a")]);
         accepted.accept(&refused);

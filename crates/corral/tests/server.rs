@@ -897,9 +897,44 @@ fn get_with(addr: &str, path: &str, headers: &[&[u8]]) -> (u16, Value, String) {
     (status, json, body.to_string())
 }
 
+/// A connection that sends no request, a head that never ends, or stays idle after an answer
+/// is closed once `header_timeout_s` passes: a client cannot hold the server's connections by
+/// opening them and sending nothing.
+#[test]
+fn connections_that_send_no_request_head_are_closed() {
+    let s = Server::start("header_timeout_s = 1\n");
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let open = |text: &[u8]| {
+        let mut stream = TcpStream::connect(&addr).unwrap();
+        stream.write_all(text).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream
+    };
+    let closed = |stream: &mut TcpStream| {
+        let mut answer = Vec::new();
+        let read = stream.read_to_end(&mut answer);
+        (read.is_ok(), String::from_utf8_lossy(&answer).into_owned())
+    };
+    for text in [&b""[..], b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"] {
+        let (closed, answer) = closed(&mut open(text));
+        assert!(closed, "still open after 10 s: {answer:?}");
+        assert!(!answer.contains(" 200 "), "{answer}");
+    }
+    let (closed, answer) = closed(&mut open(
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    ));
+    assert!(
+        closed,
+        "the idle connection is still open after 10 s: {answer:?}"
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
 /// Keyless access to a loopback server fails closed: only a request whose `Host` parses to a
-/// loopback name or address, and whose `Origin`, if any, is the server's own (the console's;
-/// another loopback page's is refused since issue 31), acts as the local user; anything unparsable is refused, and so is an `Authorization` header that is
+/// loopback name or address, and whose `Origin`, if any, is the server's own (the console's:
+/// `http` and the same authority; another loopback page's is refused since issue 31), acts as the local user; anything unparsable is refused, and so is an `Authorization` header that is
 /// not `Bearer KEY`. `/metrics` follows the API's rule; `/healthz` stays open.
 #[test]
 fn keyless_loopback_access_fails_closed() {
@@ -926,20 +961,20 @@ fn keyless_loopback_access_fails_closed() {
                 wrong.push(format!("{path} Host: {ok}: {status} {body}"));
             }
         }
-        for origin in [
-            format!("http://127.0.0.1:{port}"),
-            format!("https://127.0.0.1:{port}"),
-        ] {
-            let origin = format!("Origin: {origin}");
+        {
+            let origin = format!("Origin: http://127.0.0.1:{port}");
             let (status, _, body) = get_with(&addr, path, &[host.as_bytes(), origin.as_bytes()]);
             if status != 200 {
                 wrong.push(format!("{path} {origin}: {status} {body}"));
             }
         }
         for origin in [
-            "http://localhost:3000",
-            "https://127.0.0.1",
-            "http://[::1]:8080",
+            "http://localhost:3000".to_string(),
+            "https://127.0.0.1".to_string(),
+            "http://[::1]:8080".to_string(),
+            // The server's own authority in a scheme it does not serve: another origin.
+            format!("https://127.0.0.1:{port}"),
+            format!("ws://127.0.0.1:{port}"),
         ] {
             let origin = format!("Origin: {origin}");
             let (status, _, body) = get_with(&addr, path, &[host.as_bytes(), origin.as_bytes()]);
