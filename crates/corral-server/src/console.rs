@@ -141,6 +141,33 @@ fn same_origin_location(value: &HeaderValue) -> bool {
         && !before_path.contains(':')
 }
 
+/// Drops from `response` (a sandbox's page on its own origin) what would reach beyond its
+/// host: `Clear-Site-Data` (it clears the whole site's data, the API's host's included) and
+/// every cookie with a `Domain` attribute (sent to the API's host and to other sandboxes'
+/// hosts under the domain); a cookie that is not text cannot be read, and goes too.
+fn keep_host_preview_headers(response: &mut Response) {
+    let headers = response.headers_mut();
+    headers.remove("clear-site-data");
+    let cookies: Vec<HeaderValue> = headers
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .filter(|cookie| cookie.to_str().is_ok_and(|c| !sets_a_domain(c)))
+        .cloned()
+        .collect();
+    headers.remove(header::SET_COOKIE);
+    for cookie in cookies {
+        headers.append(header::SET_COOKIE, cookie);
+    }
+}
+
+/// Whether a `Set-Cookie` value has a `Domain` attribute.
+fn sets_a_domain(cookie: &str) -> bool {
+    cookie.split(';').skip(1).any(|attribute| {
+        let name = attribute.split('=').next().unwrap_or("");
+        name.trim().eq_ignore_ascii_case("domain")
+    })
+}
+
 /// Which origin an answer belongs to, set by the route that made it (a response extension,
 /// which nothing a sandbox sends can set); an answer without one is the API's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,7 +176,8 @@ pub enum Served {
     Console,
     /// A sandbox's page through the path-based port route, in the API's origin.
     PathPreview,
-    /// A sandbox's page on its own origin (`{port}-{id}.{domain}`): its own headers stand.
+    /// A sandbox's page on its own origin (`{port}-{id}.{domain}`): its own headers stand, but
+    /// for what reaches beyond its host ([`keep_host_preview_headers`]).
     HostPreview,
 }
 
@@ -217,8 +245,9 @@ pub fn router() -> Router<AppState> {
 
 /// Adds to every answer of the server: `nosniff`, no referrer, never framed. A sandbox's page
 /// through the path route keeps only the [`PREVIEW_HEADERS`] and gets [`PATH_PREVIEW_CSP`];
-/// the API's own answers lose the [`ORIGIN_HEADERS`] and get [`API_CSP`]. A sandbox's page on its own origin keeps its headers (and
-/// gets [`API_CSP`] when it sends no policy).
+/// the API's own answers lose the [`ORIGIN_HEADERS`] and get [`API_CSP`]. A sandbox's page on
+/// its own origin keeps its headers but those that reach beyond its host (and gets
+/// [`API_CSP`] when it sends no policy).
 pub async fn security_headers(req: Request, next: Next) -> Response {
     let mut response = next.run(req).await;
     let served = response.extensions().get::<Served>().copied();
@@ -229,6 +258,7 @@ pub async fn security_headers(req: Request, next: Next) -> Response {
             headers
                 .entry(header::CONTENT_SECURITY_POLICY)
                 .or_insert(HeaderValue::from_static(API_CSP));
+            keep_host_preview_headers(&mut response);
         }
         Some(Served::PathPreview) => {
             keep_preview_headers(&mut response);
@@ -387,5 +417,39 @@ mod tests {
         );
         assert_eq!(kept(StatusCode::SWITCHING_PROTOCOLS, &switch).len(), 3);
         assert!(kept(StatusCode::OK, &switch).is_empty());
+    }
+
+    /// A sandbox's page on its own origin keeps its headers, but none that reaches beyond its
+    /// host: a cookie with a `Domain` (sent to the API's host and to other sandboxes' hosts
+    /// under the same domain) and `Clear-Site-Data` (which clears the whole site's).
+    #[test]
+    fn a_host_preview_reaches_no_other_host() {
+        let mut response = Response::new(axum::body::Body::empty());
+        for (name, value) in [
+            ("set-cookie", &b"a=1; Path=/"[..]),
+            ("set-cookie", b"b=2; Domain=localhost"),
+            ("set-cookie", b"c=3;domain"),
+            ("set-cookie", b"d=4; Path=/; DOMAIN = .corral.example"),
+            ("set-cookie", b"domain=5; Secure"),
+            ("set-cookie", b"e=6; \xff"),
+            ("clear-site-data", b"\"cookies\""),
+            ("content-security-policy", b"script-src 'self'"),
+            ("x-app", b"1"),
+        ] {
+            response
+                .headers_mut()
+                .append(name, HeaderValue::from_bytes(value).unwrap());
+        }
+        keep_host_preview_headers(&mut response);
+        let headers = response.headers();
+        let cookies: Vec<String> = headers
+            .get_all(header::SET_COOKIE)
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect();
+        assert_eq!(cookies, ["a=1; Path=/", "domain=5; Secure"]);
+        assert!(!headers.contains_key("clear-site-data"));
+        assert_eq!(headers["content-security-policy"], "script-src 'self'");
+        assert_eq!(headers["x-app"], "1");
     }
 }

@@ -897,6 +897,96 @@ fn get_with(addr: &str, path: &str, headers: &[&[u8]]) -> (u16, Value, String) {
     (status, json, body.to_string())
 }
 
+/// A GET of `path` with `headers`: the status, the head (lowercased) and the body.
+fn get_head(addr: &str, path: &str, headers: &[&[u8]]) -> (u16, String, String) {
+    let mut request = format!("GET {path} HTTP/1.1\r\nConnection: close\r\n").into_bytes();
+    for h in headers {
+        request.extend_from_slice(h);
+        request.extend_from_slice(b"\r\n");
+    }
+    request.extend_from_slice(b"\r\n");
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.write_all(&request).unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {answer:?}"));
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    (status, head.to_ascii_lowercase(), body.to_string())
+}
+
+/// The values of header `name` (lowercase) in a lowercased head.
+fn header_values<'a>(head: &'a str, name: &str) -> Vec<&'a str> {
+    head.lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(n, _)| n.trim() == name)
+        .map(|(_, v)| v.trim())
+        .collect()
+}
+
+/// A workspace file, whatever its name and bytes, is downloaded as an inert attachment by the
+/// native route and by E2B's envd route: Corral's type, policy and `nosniff`, and
+/// `Content-Disposition: attachment`, so a page the sandbox wrote is never shown as a page of
+/// the API's origin.
+#[test]
+fn workspace_files_download_as_inert_attachments() {
+    let s = Server::start("");
+    let id = s.create(None);
+    let page = "<!doctype html><script>document.title = 'ran'</script>";
+    let (status, _) = s.call(
+        "PUT",
+        &format!("/v1/sandboxes/{id}/files/page.html"),
+        None,
+        Some(page),
+    );
+    assert_eq!(status, 201);
+    let (status, described) = s.call("POST", &format!("/v2/sandboxes/{id}/connect"), None, None);
+    assert_eq!(status, 200, "{described}");
+    let token = described["envdAccessToken"].as_str().unwrap().to_string();
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let host = format!("Host: {addr}");
+    let (sandbox, token) = (
+        format!("E2b-Sandbox-Id: {id}"),
+        format!("X-Access-Token: {token}"),
+    );
+    for (path, headers) in [
+        (
+            format!("/v1/sandboxes/{id}/files/page.html"),
+            vec![host.as_bytes()],
+        ),
+        (
+            "/files?path=page.html".to_string(),
+            vec![host.as_bytes(), sandbox.as_bytes(), token.as_bytes()],
+        ),
+    ] {
+        let (status, head, body) = get_head(&addr, &path, &headers);
+        assert_eq!(status, 200, "{path}: {head}");
+        assert!(body.contains(page), "{path}: {body}");
+        assert_eq!(
+            header_values(&head, "content-type"),
+            ["application/octet-stream"],
+            "{path}"
+        );
+        assert_eq!(
+            header_values(&head, "content-disposition"),
+            ["attachment"],
+            "{path}"
+        );
+        assert_eq!(
+            header_values(&head, "content-security-policy"),
+            [corral_server::console::API_CSP
+                .to_ascii_lowercase()
+                .as_str()],
+            "{path}"
+        );
+        assert_eq!(header_values(&head, "x-content-type-options"), ["nosniff"]);
+    }
+}
+
 /// A connection that sends no request, a head that never ends, or stays idle after an answer
 /// is closed once `header_timeout_s` passes: a client cannot hold the server's connections by
 /// opening them and sending nothing.
