@@ -52,6 +52,12 @@ pub struct RouterConfig {
     /// The largest body of a creation or a one-shot run (held to be offered to another node
     /// if the first is gone): the nodes' `max_json_bytes`.
     pub max_create_bytes: usize,
+    /// How long a creation's body may take to arrive (it is read before the request takes
+    /// its place in flight): past it, 408.
+    pub body_timeout: Duration,
+    /// How long a connection may take to send a request's head, from when it opens or its
+    /// previous answer ends; then it is closed.
+    pub header_timeout: Duration,
 }
 
 impl RouterConfig {
@@ -65,6 +71,8 @@ impl RouterConfig {
             max_in_flight: 4096,
             max_list_bytes: 32 << 20,
             max_create_bytes: 8 << 20,
+            body_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(30),
         }
     }
 
@@ -83,8 +91,6 @@ pub enum RouterError {
         #[source]
         source: std::io::Error,
     },
-    #[error("serving")]
-    Serve(#[source] std::io::Error),
     #[error("no nodes: give --node HOST:PORT (repeatable) or --nodes-dns NAME:PORT")]
     NoNodes,
 }
@@ -114,13 +120,11 @@ pub async fn serve_on(
     // The first probe before the first request: a router that starts answers at once.
     nodes.probe().await;
     let probing = tokio::spawn(nodes.clone().probe_forever());
+    let header_timeout = config.header_timeout;
     let app = app(config, nodes);
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(stop)
-        .await
-        .map_err(RouterError::Serve);
+    corral_server::serve_app(listener, app, header_timeout, stop).await;
     probing.abort();
-    served
+    Ok(())
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -120,12 +120,64 @@ fn host_routed_sandbox(host: &str) -> Option<String> {
 pub(crate) struct AppState {
     pub nodes: Arc<Nodes>,
     in_flight: Arc<Pool>,
+    /// Bytes of creation bodies being read, before they take their place in flight.
+    bodies: Arc<Pool>,
+    accepted: Arc<AcceptedKeys>,
+}
+
+/// How many keys the router remembers as accepted by a node (the least recently used is
+/// forgotten first, and counts as unverified again until a node accepts it anew): about 100
+/// bytes each.
+const ACCEPTED_KEYS: usize = 4096;
+
+/// Hashes of the keys a node has accepted: only these get a share of their own in the
+/// router's pools. A key no node has accepted yet (or a made-up one) counts as unverified,
+/// with the requests that present none: however many keys a client makes up, they take
+/// one key's share, never another key's floor or the whole pool.
+struct AcceptedKeys(std::sync::Mutex<hashlink::LruCache<String, ()>>);
+
+impl AcceptedKeys {
+    fn new() -> AcceptedKeys {
+        AcceptedKeys(std::sync::Mutex::new(hashlink::LruCache::new(
+            ACCEPTED_KEYS,
+        )))
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, hashlink::LruCache<String, ()>> {
+        // The cache is consistent between calls: a poisoned lock is taken as it is.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The key `headers` count against: their key's hash if a node has accepted it, else
+    /// the unverified one (`""`).
+    fn key_of(&self, headers: &HeaderMap) -> String {
+        match in_flight_key(headers) {
+            Some(hash) if self.cache().get(&hash).is_some() => hash,
+            _ => String::new(),
+        }
+    }
+
+    fn accept(&self, headers: &HeaderMap) {
+        if let Some(hash) = in_flight_key(headers) {
+            self.cache().insert(hash, ());
+        }
+    }
+}
+
+/// Whether a node answers `target` with a success only for a key it holds: a creation (or a
+/// run) and a list. Other routes may answer anyone (documents, a port's page), or be the
+/// router's own answers.
+fn checks_key(target: &Target) -> bool {
+    matches!(target, Target::Place | Target::List(_))
 }
 
 /// How requests in flight are shared between the keys that present them (a key's share is
 /// half of `max_in_flight`, and every key keeps a floor of 64 out of a reserve of a sixteenth
 /// above it, as the egress proxies' connections are shared): one key's many long streams
-/// leave every other key's requests served.
+/// leave every other key's requests served. Keys no node has accepted share one key's
+/// ([`AcceptedKeys`]).
 fn in_flight_limits(max_in_flight: usize) -> Limits {
     let total = max_in_flight.max(1) as u64;
     let per_key = (total / 2).max(1);
@@ -133,13 +185,19 @@ fn in_flight_limits(max_in_flight: usize) -> Limits {
     Limits::new(total, per_key, floor, (total / 16).max(floor))
 }
 
-/// The key a request counts against: a hash of the API key it presents (the nodes check it;
-/// the router only tells keys apart), or one key for all requests that present none, or one
-/// the nodes will refuse.
-fn in_flight_key(headers: &HeaderMap) -> String {
+/// How the bytes of creation bodies being read are shared: sixteen bodies of the largest
+/// size in all, half of that for one key, and one whole body for every key.
+fn body_limits(max_create_bytes: usize) -> Limits {
+    let floor = max_create_bytes.max(1) as u64;
+    Limits::new(16 * floor, 8 * floor, floor, floor)
+}
+
+/// A hash of the API key a request presents (the nodes check it; the router only tells keys
+/// apart), or none when it presents none, or one the nodes will refuse.
+fn in_flight_key(headers: &HeaderMap) -> Option<String> {
     match corral_server::http::presented_key(headers) {
-        Ok(Some(key)) => corral_server::db::hash_key(&key),
-        Ok(None) | Err(_) => String::new(),
+        Ok(Some(key)) => Some(corral_server::db::hash_key(&key)),
+        Ok(None) | Err(_) => None,
     }
 }
 
@@ -152,6 +210,12 @@ pub fn app(config: Arc<RouterConfig>, nodes: Arc<Nodes>) -> Router {
             "requests in flight",
             in_flight_limits(config.max_in_flight),
         ),
+        bodies: Pool::new(
+            "creation bodies being read",
+            "bytes",
+            body_limits(config.max_create_bytes),
+        ),
+        accepted: Arc::new(AcceptedKeys::new()),
     })
 }
 
@@ -240,22 +304,30 @@ fn face_of(path: &str, headers: &HeaderMap) -> Face {
 
 async fn handle(State(state): State<AppState>, request: Request) -> Response {
     let face = face_of(request.uri().path(), request.headers());
-    let permit = match state.in_flight.take(&in_flight_key(request.headers()), 1) {
-        Ok(permit) => permit,
-        Err(refusal) => {
-            let (status, code) = if refusal.is_key() {
-                (StatusCode::TOO_MANY_REQUESTS, "key_busy")
-            } else {
-                (StatusCode::SERVICE_UNAVAILABLE, "router_busy")
-            };
-            let mut answer = error(face, status, code, format!("{refusal}; retry"));
-            answer
-                .headers_mut()
-                .insert(axum::http::header::RETRY_AFTER, 1.into());
-            return answer;
+    let target = target(request.method(), request.uri().path(), request.headers());
+    let key = state.accepted.key_of(request.headers());
+    // A creation's body is read before the request takes its place in flight (under its
+    // own bound and deadline), so a body that comes slowly, or never, holds no place.
+    let (request, body) = match target {
+        Target::Place => {
+            let (parts, body) = request.into_parts();
+            match read_creation(&state, face, &key, body).await {
+                Ok(read) => (Request::from_parts(parts, Body::empty()), Some(read)),
+                Err(answer) => return answer,
+            }
         }
+        _ => (request, None),
     };
-    let answer = route(&state, request).await;
+    let permit = match state.in_flight.take(&key, 1) {
+        Ok(permit) => permit,
+        Err(refusal) => return busy(face, &refusal),
+    };
+    let headers = checks_key(&target).then(|| request.headers().clone());
+    let (creation, _held) = body.unzip();
+    let answer = route(&state, target, request, creation).await;
+    if let Some(headers) = headers.filter(|_| answer.status().is_success()) {
+        state.accepted.accept(&headers);
+    }
     // The permit is held until the answer's body has been sent (or dropped): a stream counts
     // while it lasts.
     let (parts, body) = answer.into_parts();
@@ -266,16 +338,37 @@ async fn handle(State(state): State<AppState>, request: Request) -> Response {
     Response::from_parts(parts, Body::new(body))
 }
 
-async fn route(state: &AppState, request: Request) -> Response {
+/// A pool's refusal: past the key's share 429 `key_busy`, past the router's 503
+/// `router_busy`.
+fn busy(face: Face, refusal: &corral_share::Refusal) -> Response {
+    let (status, code) = if refusal.is_key() {
+        (StatusCode::TOO_MANY_REQUESTS, "key_busy")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "router_busy")
+    };
+    let mut answer = error(face, status, code, format!("{refusal}; retry"));
+    answer
+        .headers_mut()
+        .insert(axum::http::header::RETRY_AFTER, 1.into());
+    answer
+}
+
+/// Answers `request` for `target`; a creation's body is `creation`, read by `handle`.
+async fn route(
+    state: &AppState,
+    target: Target,
+    request: Request,
+    creation: Option<Bytes>,
+) -> Response {
     let nodes = &state.nodes;
-    match target(request.method(), request.uri().path(), request.headers()) {
+    match target {
         Target::Health => health(nodes),
         Target::Metrics => crate::metrics::metrics(nodes, request.headers()).await,
         Target::Operator(route) => crate::operator::answer(nodes, route, request).await,
         Target::List(face) => crate::list::list(nodes, face, request).await,
         Target::Place => {
             let face = face_of(request.uri().path(), request.headers());
-            place(nodes, face, request).await
+            place(nodes, face, request, creation.unwrap_or_default()).await
         }
         Target::Any => {
             let face = face_of(request.uri().path(), request.headers());
@@ -297,31 +390,70 @@ async fn route(state: &AppState, request: Request) -> Response {
     }
 }
 
-/// A creation (or a one-shot run) goes to the least-loaded node. Its body (JSON, at most
-/// `max_create_bytes`) is held, so that when that node does not take the connection (it died
-/// since the last probe) the next one gets it: a node's death costs no creation.
-async fn place(nodes: &Nodes, face: Face, request: Request) -> Response {
-    let (parts, body) = request.into_parts();
-    let max = nodes.config().max_create_bytes;
-    let bytes = match http_body_util::Limited::new(body, max).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return error(
-                face,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!("a creation's body is at most {max} bytes"),
-            )
+/// A creation's (or a one-shot run's) body: JSON, at most `max_create_bytes`, arrived within
+/// `body_timeout` (else 413, 408), its bytes counted against the key's share of the bodies
+/// being read (held until the creation is answered).
+async fn read_creation(
+    state: &AppState,
+    face: Face,
+    key: &str,
+    body: Body,
+) -> Result<(Bytes, corral_share::Grant), Response> {
+    let config = state.nodes.config();
+    let max = config.max_create_bytes;
+    let mut held = state
+        .bodies
+        .take(key, 0)
+        .map_err(|refusal| busy(face, &refusal))?;
+    let read = async {
+        let mut body = http_body_util::Limited::new(body, max);
+        let mut bytes = bytes::BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    error(
+                        face,
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "payload_too_large",
+                        format!("a creation's body is at most {max} bytes"),
+                    )
+                } else {
+                    error(
+                        face,
+                        StatusCode::BAD_REQUEST,
+                        "bad_request",
+                        format!("reading the request body: {e}"),
+                    )
+                }
+            })?;
+            if let Some(data) = frame.data_ref() {
+                held.try_grow(data.len() as u64)
+                    .map_err(|refusal| busy(face, &refusal))?;
+                bytes.extend_from_slice(data);
+            }
         }
-        Err(e) => {
-            return error(
-                face,
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                format!("reading the request body: {e}"),
-            )
-        }
+        Ok(bytes.freeze())
     };
+    match tokio::time::timeout(config.body_timeout, read).await {
+        Ok(Ok(bytes)) => Ok((bytes, held)),
+        Ok(Err(answer)) => Err(answer),
+        Err(_) => Err(error(
+            face,
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "a creation's body must arrive within {} s",
+                config.body_timeout.as_secs_f64()
+            ),
+        )),
+    }
+}
+
+/// A creation (or a one-shot run) goes to the least-loaded node. Its body (read by
+/// [`read_creation`]) is held, so that when that node does not take the connection (it died
+/// since the last probe) the next one gets it: a node's death costs no creation.
+async fn place(nodes: &Nodes, face: Face, request: Request, bytes: Bytes) -> Response {
+    let (parts, _) = request.into_parts();
     for _ in 0..PLACE_ATTEMPTS {
         let Some((placed, addr)) = nodes.place() else {
             break;
@@ -424,20 +556,33 @@ mod tests {
             }
             h
         };
-        let a = in_flight_key(&headers(&[("authorization", "Bearer crl_a")]));
-        assert_eq!(a, in_flight_key(&headers(&[("x-api-key", "crl_a")])));
-        assert_ne!(
-            a,
-            in_flight_key(&headers(&[("authorization", "Bearer crl_b")]))
+        let accepted = AcceptedKeys::new();
+        let a = headers(&[("authorization", "Bearer crl_a")]);
+        let b = headers(&[("authorization", "Bearer crl_b")]);
+        assert_eq!(accepted.key_of(&a), "", "no node has accepted crl_a yet");
+        accepted.accept(&a);
+        accepted.accept(&b);
+        let hash = accepted.key_of(&a);
+        assert_eq!(hash, accepted.key_of(&headers(&[("x-api-key", "crl_a")])));
+        assert_ne!(hash, accepted.key_of(&b));
+        assert!(
+            !hash.is_empty() && !hash.contains("crl_a"),
+            "the key itself is not kept"
         );
-        assert!(!a.contains("crl_a"), "the key itself is not kept");
-        let keyless = in_flight_key(&headers(&[]));
-        assert_eq!(keyless, "");
+        assert_eq!(accepted.key_of(&headers(&[])), "");
+        let refused = headers(&[("authorization", "Basic crl_a")]);
+        accepted.accept(&refused);
         assert_eq!(
-            in_flight_key(&headers(&[("authorization", "Basic crl_a")])),
-            keyless,
+            accepted.key_of(&refused),
+            "",
             "a key the nodes refuse counts as none"
         );
+        // The router remembers a bounded number of keys: the least recently used goes first.
+        for i in 0..ACCEPTED_KEYS {
+            accepted.accept(&headers(&[("x-api-key", &format!("crl_{i}"))]));
+        }
+        assert_eq!(accepted.key_of(&a), "", "crl_a was forgotten");
+        assert_eq!(accepted.cache().len(), ACCEPTED_KEYS);
     }
 
     #[test]

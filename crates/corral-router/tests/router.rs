@@ -208,6 +208,11 @@ async fn one_keys_requests_in_flight_leave_other_keys_served() {
             }
         }
     };
+    // Each key has a share of its own once a node has accepted it.
+    for key in ["crl_a", "crl_b", "crl_c"] {
+        let listed = call(&app, with_key(key, get_req("/v1/sandboxes"))).await;
+        assert_eq!(listed.0, StatusCode::OK, "{}", listed.2);
+    }
     let mut held: Vec<_> = (0..4).map(|_| hold("crl_a")).collect();
     holding(4).await;
     let refused = call(&app, with_key("crl_a", get_req("/v1/sandboxes"))).await;
@@ -356,4 +361,215 @@ async fn a_health_answer_beyond_64_kib_is_taken_for_a_node_down() {
     assert_eq!(nodes.up().len(), 1);
     let (_, nodes) = router_for(&[serve(64 << 10).await], |_| {}).await;
     assert!(nodes.up().is_empty());
+}
+
+/// A node that holds one key, `crl_real`: its list and creation answer that key and refuse
+/// every other with 401, as a node does.
+async fn keyed_node() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    fn real(headers: &HeaderMap) -> bool {
+        headers.get("authorization").and_then(|v| v.to_str().ok()) == Some("Bearer crl_real")
+    }
+    let refused = || {
+        (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"error": {"code": "unauthorized"}})),
+        )
+    };
+    let app = Router::new()
+        .route(
+            "/healthz",
+            get(|| async {
+                Json(json!({"status": "ok", "node": "fake-k", "sessions_live": 0, "max_sessions": 10}))
+            }),
+        )
+        .route(
+            "/v1/sandboxes",
+            get(move |headers: HeaderMap| async move {
+                if !real(&headers) {
+                    return refused();
+                }
+                (StatusCode::OK, Json(json!({"sandboxes": []})))
+            })
+            .post(move |headers: HeaderMap, body: Bytes| async move {
+                if !real(&headers) {
+                    return refused();
+                }
+                (
+                    StatusCode::CREATED,
+                    Json(json!({"id": "sbx-1-fake-k", "got": body.len()})),
+                )
+            }),
+        );
+    support::serve(app).await
+}
+
+/// `corral route` on a loopback port in front of `node`, served as `corral route` serves.
+async fn listening_router(
+    node: SocketAddr,
+    tune: impl FnOnce(&mut corral_router::RouterConfig),
+) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut config = corral_router::RouterConfig::new(
+        addr,
+        corral_router::NodeSource::Static(vec![node.to_string()]),
+    );
+    tune(&mut config);
+    let task = tokio::spawn(async move {
+        corral_router::serve_on(config, listener, std::future::pending())
+            .await
+            .unwrap();
+    });
+    (addr, task)
+}
+
+/// What `stream` answers before it closes or `within` passes (empty if nothing), and whether
+/// it closed.
+async fn answer_of(stream: &mut tokio::net::TcpStream, within: Duration) -> (String, bool) {
+    use tokio::io::AsyncReadExt as _;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&got).into(), true),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return (String::from_utf8_lossy(&got).into(), false),
+        }
+    }
+}
+
+async fn send_raw(router: SocketAddr, text: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt as _;
+    let mut stream = tokio::net::TcpStream::connect(router).await.unwrap();
+    stream.write_all(text.as_bytes()).await.unwrap();
+    stream
+}
+
+/// Made-up keys that send creations whose bodies never come: 3 keys × 16 connections, each
+/// `Content-Length: 100` and then only `{`, against `--max-in-flight 32`. A creation's body is
+/// read before the request takes a place in flight, and within a deadline: the real key's
+/// list and creation are served meanwhile, and every made-up connection is answered 408 when
+/// its deadline passes. Before, each held a place for as long as it stayed open, and the real
+/// key's list was 503 `router_busy`.
+#[tokio::test]
+async fn made_up_keys_with_slow_creation_bodies_hold_no_place_in_flight() {
+    let (node, _n) = keyed_node().await;
+    let (router, _r) = listening_router(node, |c| {
+        c.max_in_flight = 32;
+        c.body_timeout = Duration::from_secs(4);
+    })
+    .await;
+    let started = Instant::now();
+    let mut slow = Vec::new();
+    for key in ["bogus-1", "bogus-2", "bogus-3"] {
+        for _ in 0..16 {
+            slow.push(
+                send_raw(
+                    router,
+                    &format!(
+                        "POST /v1/sandboxes HTTP/1.1\r\nHost: r\r\nAuthorization: Bearer {key}\r\n\
+                         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+                    ),
+                )
+                .await,
+            );
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut list = send_raw(
+        router,
+        "GET /v1/sandboxes HTTP/1.1\r\nHost: r\r\nAuthorization: Bearer crl_real\r\n\
+         Connection: close\r\n\r\n",
+    )
+    .await;
+    let (answer, _) = answer_of(&mut list, Duration::from_secs(3)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let mut create = send_raw(
+        router,
+        "POST /v1/sandboxes HTTP/1.1\r\nHost: r\r\nAuthorization: Bearer crl_real\r\n\
+         Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+    )
+    .await;
+    let (answer, _) = answer_of(&mut create, Duration::from_secs(3)).await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the real key was served only once the slow bodies' deadline passed"
+    );
+    for mut stream in slow {
+        let (answer, _) = answer_of(&mut stream, Duration::from_secs(10)).await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("request_timeout"), "{answer}");
+    }
+}
+
+/// A connection that sends no request, or a head that never ends, or stays idle after an
+/// answer, is closed once the header timeout passes.
+#[tokio::test]
+async fn connections_that_send_no_request_head_are_closed() {
+    let (node, _n) = keyed_node().await;
+    let (router, _r) = listening_router(node, |c| c.header_timeout = Duration::from_secs(1)).await;
+    let mut silent = send_raw(router, "").await;
+    let mut partial = send_raw(router, "GET /healthz HTTP/1.1\r\nHost: r\r\n").await;
+    let mut idle = send_raw(router, "GET /healthz HTTP/1.1\r\nHost: r\r\n\r\n").await;
+    for stream in [&mut silent, &mut partial] {
+        let (answer, closed) = answer_of(stream, Duration::from_secs(10)).await;
+        assert!(closed, "still open: {answer}");
+        assert!(!answer.contains("200 OK"), "{answer}");
+    }
+    let (answer, closed) = answer_of(&mut idle, Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(closed, "the idle connection is still open");
+}
+
+/// Keys no node has accepted share one key's places in flight, with keyless requests: twelve
+/// made-up keys holding a request each take 4 of the router's 8 (then 429 `key_busy`), and a
+/// key a node has accepted is served. Before, each made-up key had a share and a floor of its
+/// own, and twelve of them took the router and its reserve: the real key got 503.
+#[tokio::test]
+async fn made_up_keys_share_one_keys_places_in_flight() {
+    let release = Arc::new(Hold::default());
+    let (node, _n) = fake_node("fake-a", 1, release.clone()).await;
+    let (app, _) = router_for(&[node], |c| c.max_in_flight = 8).await;
+    let listed = call(&app, with_key("crl_c", get_req("/v1/sandboxes"))).await;
+    assert_eq!(listed.0, StatusCode::OK, "{}", listed.2);
+    let held: Vec<_> = (0..12)
+        .map(|i| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let request = Request::post("/v1/sandboxes/sbx-1-fake-a/hold")
+                    .body(Body::empty())
+                    .unwrap();
+                call(&app, with_key(&format!("made-up-{i}"), request)).await
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while release.holding.load(std::sync::atomic::Ordering::SeqCst) < 4 {
+        assert!(Instant::now() < deadline, "the holds did not begin");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let list = call(&app, with_key("crl_c", get_req("/v1/sandboxes"))).await;
+    assert_eq!(list.0, StatusCode::OK, "{}", list.2);
+    assert_eq!(
+        release.holding.load(std::sync::atomic::Ordering::SeqCst),
+        4,
+        "made-up keys hold one key's share"
+    );
+    release.release.notify_waiters();
+    let (mut ok, mut busy) = (0, 0);
+    for h in held {
+        let (status, _, body) = h.await.unwrap();
+        match status {
+            StatusCode::OK => ok += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert_eq!(body["error"]["code"], "key_busy");
+                busy += 1;
+            }
+            other => panic!("{other}: {body}"),
+        }
+    }
+    assert_eq!((ok, busy), (4, 8));
 }

@@ -89,6 +89,9 @@ pub struct Config {
     pub max_paused_s: u64,
     /// On SIGTERM, running executions get this long to finish before they are interrupted.
     pub shutdown_grace_s: u64,
+    /// A connection must send a request's head within this long of opening or of its previous
+    /// answer, or it is closed (crate::serve_app).
+    pub header_timeout_s: u64,
     /// On SIGTERM, saving paused sandboxes (crate::persist) takes at most this long in all:
     /// each gets an even share of what is left, and the files not saved by then are named in
     /// its warnings.
@@ -209,6 +212,7 @@ impl Default for Config {
             max_paused_s: 24 * 3600,
             cpu_weight: None,
             shutdown_grace_s: 10,
+            header_timeout_s: 30,
             shutdown_save_s: 10,
             saved_disk_bytes: None,
             saved_disk_bytes_per_key: None,
@@ -241,6 +245,10 @@ impl Config {
 
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(self.shutdown_grace_s)
+    }
+
+    pub fn header_timeout(&self) -> Duration {
+        Duration::from_secs(self.header_timeout_s.max(1))
     }
 
     pub fn shutdown_save(&self) -> Duration {

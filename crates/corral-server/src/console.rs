@@ -40,8 +40,8 @@ pub const PATH_PREVIEW_CSP: &str =
 
 /// Headers by which an answer could act on the origin it is served from beyond its own body
 /// (cookies, site data, service workers' scope, reports, redirects, preloads, relaxed
-/// isolation or cross-origin reads). An answer of the API's origin never carries one that
-/// Corral did not set: they are removed from whatever a sandbox's server sent.
+/// isolation or cross-origin reads): removed from the API's own answers, should one ever
+/// carry one. A sandbox's page through the path route keeps only [`PREVIEW_HEADERS`].
 const ORIGIN_HEADERS: &[&str] = &[
     "set-cookie",
     "set-cookie2",
@@ -70,6 +70,104 @@ const ORIGIN_HEADERS: &[&str] = &[
     "supports-loading-mode",
 ];
 
+/// The headers a sandbox's page through the path route keeps, all others dropped (the page
+/// shares the API's origin, and a header a browser learns later must not act on it):
+/// - `content-type`, `content-length`, `content-encoding`, `content-language`: what the body
+///   is (typed, as `nosniff` requires; compressed bodies pass as they are);
+/// - `content-disposition`: a download (the page's sandbox allows downloads);
+/// - `cache-control`, `expires`, `etag`, `last-modified`, `vary`, `date`: caching and
+///   conditional requests, of this page only;
+/// - `accept-ranges`, `content-range`: ranges, for media;
+/// - `retry-after`: when a busy app asks to be retried;
+/// - `location`: only a relative reference on this origin ([`same_origin_location`]), so a
+///   preview's redirect works and is never an open redirect from Corral's origin.
+///
+/// And a WebSocket's switch (101) keeps its handshake: `upgrade`, `connection`,
+/// `sec-websocket-accept`, `sec-websocket-protocol`, `sec-websocket-extensions`.
+const PREVIEW_HEADERS: &[&str] = &[
+    "content-type",
+    "content-length",
+    "content-encoding",
+    "content-language",
+    "content-disposition",
+    "cache-control",
+    "expires",
+    "etag",
+    "last-modified",
+    "vary",
+    "date",
+    "accept-ranges",
+    "content-range",
+    "retry-after",
+];
+
+const SWITCH_HEADERS: &[&str] = &[
+    "upgrade",
+    "connection",
+    "sec-websocket-accept",
+    "sec-websocket-protocol",
+    "sec-websocket-extensions",
+];
+
+/// Drops from `response` (a sandbox's page through the path route) every header but
+/// [`PREVIEW_HEADERS`] (and [`SWITCH_HEADERS`] on a 101).
+fn keep_preview_headers(response: &mut Response) {
+    let switching = response.status() == axum::http::StatusCode::SWITCHING_PROTOCOLS;
+    let sent = std::mem::take(response.headers_mut());
+    let mut name = None;
+    for (next, value) in sent {
+        // Repeated values of one header come with no name after the first.
+        name = next.or(name);
+        let Some(name) = &name else { continue };
+        let kept = PREVIEW_HEADERS.contains(&name.as_str())
+            || (switching && SWITCH_HEADERS.contains(&name.as_str()))
+            || (name == header::LOCATION && same_origin_location(&value));
+        if kept {
+            response.headers_mut().append(name.clone(), value);
+        }
+    }
+}
+
+/// Whether a `Location` is a relative reference that stays on this origin: no scheme, and
+/// not `//host` (or `/\host`, which browsers read alike).
+fn same_origin_location(value: &HeaderValue) -> bool {
+    let Ok(text) = value.to_str() else {
+        return false;
+    };
+    let before_path = text.split(['/', '?', '#']).next().unwrap_or("");
+    !text.starts_with("//")
+        && !text.starts_with("/\\")
+        && !text.starts_with('\\')
+        && !before_path.contains(':')
+}
+
+/// Drops from `response` (a sandbox's page on its own origin) what would reach beyond its
+/// host: `Clear-Site-Data` (it clears the whole site's data, the API's host's included) and
+/// every cookie with a `Domain` attribute (sent to the API's host and to other sandboxes'
+/// hosts under the domain); a cookie that is not text cannot be read, and goes too.
+fn keep_host_preview_headers(response: &mut Response) {
+    let headers = response.headers_mut();
+    headers.remove("clear-site-data");
+    let cookies: Vec<HeaderValue> = headers
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .filter(|cookie| cookie.to_str().is_ok_and(|c| !sets_a_domain(c)))
+        .cloned()
+        .collect();
+    headers.remove(header::SET_COOKIE);
+    for cookie in cookies {
+        headers.append(header::SET_COOKIE, cookie);
+    }
+}
+
+/// Whether a `Set-Cookie` value has a `Domain` attribute.
+fn sets_a_domain(cookie: &str) -> bool {
+    cookie.split(';').skip(1).any(|attribute| {
+        let name = attribute.split('=').next().unwrap_or("");
+        name.trim().eq_ignore_ascii_case("domain")
+    })
+}
+
 /// Which origin an answer belongs to, set by the route that made it (a response extension,
 /// which nothing a sandbox sends can set); an answer without one is the API's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +176,8 @@ pub enum Served {
     Console,
     /// A sandbox's page through the path-based port route, in the API's origin.
     PathPreview,
-    /// A sandbox's page on its own origin (`{port}-{id}.{domain}`): its own headers stand.
+    /// A sandbox's page on its own origin (`{port}-{id}.{domain}`): its own headers stand, but
+    /// for what reaches beyond its host ([`keep_host_preview_headers`]).
     HostPreview,
 }
 
@@ -144,11 +243,11 @@ pub fn router() -> Router<AppState> {
     })
 }
 
-/// Adds to every answer of the server: `nosniff`, no referrer, never framed. Every answer of
-/// the API's origin but the console's files loses the [`ORIGIN_HEADERS`] and gets Corral's
-/// policy in place of any other: [`PATH_PREVIEW_CSP`] for a sandbox's page through the path
-/// route, [`API_CSP`] for the rest. A sandbox's page on its own origin keeps its headers (and
-/// gets [`API_CSP`] when it sends no policy).
+/// Adds to every answer of the server: `nosniff`, no referrer, never framed. A sandbox's page
+/// through the path route keeps only the [`PREVIEW_HEADERS`] and gets [`PATH_PREVIEW_CSP`];
+/// the API's own answers lose the [`ORIGIN_HEADERS`] and get [`API_CSP`]. A sandbox's page on
+/// its own origin keeps its headers but those that reach beyond its host (and gets
+/// [`API_CSP`] when it sends no policy).
 pub async fn security_headers(req: Request, next: Next) -> Response {
     let mut response = next.run(req).await;
     let served = response.extensions().get::<Served>().copied();
@@ -159,22 +258,26 @@ pub async fn security_headers(req: Request, next: Next) -> Response {
             headers
                 .entry(header::CONTENT_SECURITY_POLICY)
                 .or_insert(HeaderValue::from_static(API_CSP));
+            keep_host_preview_headers(&mut response);
         }
-        Some(Served::PathPreview) | None => {
+        Some(Served::PathPreview) => {
+            keep_preview_headers(&mut response);
+            response.headers_mut().insert(
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(PATH_PREVIEW_CSP),
+            );
+        }
+        None => {
             for name in ORIGIN_HEADERS {
                 headers.remove(*name);
             }
-            let policy = if served == Some(Served::PathPreview) {
-                PATH_PREVIEW_CSP
-            } else {
-                API_CSP
-            };
             headers.insert(
                 header::CONTENT_SECURITY_POLICY,
-                HeaderValue::from_static(policy),
+                HeaderValue::from_static(API_CSP),
             );
         }
     }
+    let headers = response.headers_mut();
     headers.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
@@ -239,5 +342,114 @@ mod tests {
         );
         assert!(has_handler("<img src=x onerror =alert(1)>"));
         assert!(page.contains("<script type=\"module\" src=\"/console/app.js\"></script>"));
+    }
+
+    /// What a sandbox's page through the path route may send: what makes a page, a download,
+    /// a cache or a WebSocket work, and nothing that acts on the API's origin.
+    #[test]
+    fn a_path_preview_keeps_only_what_a_page_needs() {
+        use axum::http::StatusCode;
+        let mut sent = axum::http::HeaderMap::new();
+        for (name, value) in [
+            ("content-type", "text/html"),
+            ("content-length", "12"),
+            ("cache-control", "no-store"),
+            ("etag", "\"x\""),
+            ("location", "next/page?x=1"),
+            ("alt-svc", "h3=\":443\""),
+            (
+                "strict-transport-security",
+                "max-age=63072000; includeSubDomains",
+            ),
+            ("accept-ch", "Sec-CH-UA-Model"),
+            ("critical-ch", "Sec-CH-UA-Model"),
+            ("set-login", "logged-in"),
+            ("speculation-rules", "/rules.json"),
+            ("www-authenticate", "Basic realm=\"corral\""),
+            ("clear-site-data", "\"*\""),
+            ("origin-agent-cluster", "?0"),
+            ("permissions-policy", "camera=*"),
+            ("set-cookie", "planted=1; Path=/"),
+            ("service-worker-allowed", "/"),
+            ("content-security-policy", "script-src 'unsafe-inline'"),
+            ("x-made-up", "1"),
+        ] {
+            sent.append(name, value.parse().unwrap());
+        }
+        let kept = |status, sent: &axum::http::HeaderMap| {
+            let mut response = Response::new(axum::body::Body::empty());
+            *response.status_mut() = status;
+            *response.headers_mut() = sent.clone();
+            keep_preview_headers(&mut response);
+            response.headers().clone()
+        };
+        let page = kept(StatusCode::OK, &sent);
+        let mut names: Vec<&str> = page.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "cache-control",
+                "content-length",
+                "content-type",
+                "etag",
+                "location"
+            ]
+        );
+        // A redirect stays on this origin, under the preview's path: elsewhere it is dropped.
+        for away in [
+            "https://elsewhere.example/",
+            "//elsewhere.example/",
+            "/\\elsewhere",
+            "javascript:alert(1)",
+        ] {
+            let mut redirect = axum::http::HeaderMap::new();
+            redirect.insert("location", away.parse().unwrap());
+            assert!(kept(StatusCode::FOUND, &redirect).is_empty(), "{away}");
+        }
+        // A WebSocket's switch keeps its handshake; an ordinary answer does not.
+        let mut switch = axum::http::HeaderMap::new();
+        switch.insert("upgrade", "websocket".parse().unwrap());
+        switch.insert("connection", "Upgrade".parse().unwrap());
+        switch.insert(
+            "sec-websocket-accept",
+            "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=".parse().unwrap(),
+        );
+        assert_eq!(kept(StatusCode::SWITCHING_PROTOCOLS, &switch).len(), 3);
+        assert!(kept(StatusCode::OK, &switch).is_empty());
+    }
+
+    /// A sandbox's page on its own origin keeps its headers, but none that reaches beyond its
+    /// host: a cookie with a `Domain` (sent to the API's host and to other sandboxes' hosts
+    /// under the same domain) and `Clear-Site-Data` (which clears the whole site's).
+    #[test]
+    fn a_host_preview_reaches_no_other_host() {
+        let mut response = Response::new(axum::body::Body::empty());
+        for (name, value) in [
+            ("set-cookie", &b"a=1; Path=/"[..]),
+            ("set-cookie", b"b=2; Domain=localhost"),
+            ("set-cookie", b"c=3;domain"),
+            ("set-cookie", b"d=4; Path=/; DOMAIN = .corral.example"),
+            ("set-cookie", b"domain=5; Secure"),
+            ("set-cookie", b"e=6; \xff"),
+            ("clear-site-data", b"\"cookies\""),
+            ("content-security-policy", b"script-src 'self'"),
+            ("x-app", b"1"),
+        ] {
+            response
+                .headers_mut()
+                .append(name, HeaderValue::from_bytes(value).unwrap());
+        }
+        keep_host_preview_headers(&mut response);
+        let headers = response.headers();
+        let cookies: Vec<String> = headers
+            .get_all(header::SET_COOKIE)
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect();
+        assert_eq!(cookies, ["a=1; Path=/", "domain=5; Secure"]);
+        assert!(!headers.contains_key("clear-site-data"));
+        assert_eq!(headers["content-security-policy"], "script-src 'self'");
+        assert_eq!(headers["x-app"], "1");
     }
 }

@@ -853,7 +853,12 @@ async fn read_file(
     .await?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
     Ok((
-        [(header::CONTENT_TYPE, "application/octet-stream")],
+        // A download, never a page: whatever the sandbox wrote, a browser saves it rather
+        // than shows it in the API's origin (docs/console.md, "Origins").
+        [
+            (header::CONTENT_TYPE, "application/octet-stream"),
+            (header::CONTENT_DISPOSITION, "attachment"),
+        ],
         Body::from_stream(stream),
     )
         .into_response())

@@ -136,20 +136,23 @@ fn loopback_authority(authority: &str) -> bool {
     port_ok && host_ok
 }
 
-/// Whether `origin` is a loopback page's origin: `http` or `https`, `://`, a loopback
-/// authority, and nothing else (no path, no user information).
-fn loopback_origin(origin: &str) -> bool {
+/// Whether `origin` is this server's own, whose `Host` is `host` (a loopback authority):
+/// `http` (Corral serves no TLS itself), `://`, the same authority, and nothing else (no
+/// path, no user information). `https://` with the same authority is another origin: a
+/// page served there (by a proxy in front, or another program) is not this server's.
+fn own_origin(origin: &str, host: &str) -> bool {
     let Some((scheme, authority)) = origin.split_once("://") else {
         return false;
     };
-    (scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https"))
+    scheme.eq_ignore_ascii_case("http")
         && loopback_authority(authority)
+        && authority.eq_ignore_ascii_case(host)
 }
 
 /// Whether a keyless request can only have come from a local program or from the console. It
 /// fails closed: the request must carry exactly one `Host`, which parses to a loopback name or
 /// address (a DNS-rebound name does not); at most one `Origin`, which must be this server's
-/// own origin (the console's: the same loopback authority as `Host`), never another loopback
+/// own origin (the console's: `http` and the same loopback authority as `Host`), never another loopback
 /// page's (a dev server on another port, a sandbox's preview on its own origin, an opaque
 /// `null` origin of a sandboxed page); and a `Sec-Fetch-Site`, where a browser sends one, of
 /// `same-origin` or `none` (typed by the user). A missing `Host`, or a `Host` or `Origin`
@@ -171,11 +174,7 @@ pub fn from_local_program(headers: &HeaderMap) -> bool {
     };
     let origin_ok = match single(headers, header::ORIGIN) {
         Ok(None) => true,
-        Ok(Some(o)) => {
-            loopback_origin(o)
-                && o.split_once("://")
-                    .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host))
-        }
+        Ok(Some(o)) => own_origin(o, host),
         Err(()) => false,
     };
     let fetch_site_ok = match single(headers, HeaderName::from_static("sec-fetch-site")) {
@@ -1034,7 +1033,12 @@ async fn read_file(
     .await?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
     Ok((
-        [(header::CONTENT_TYPE, "application/octet-stream")],
+        // A download, never a page: whatever the sandbox wrote, a browser saves it rather
+        // than shows it in the API's origin (docs/console.md, "Origins").
+        [
+            (header::CONTENT_TYPE, "application/octet-stream"),
+            (header::CONTENT_DISPOSITION, "attachment"),
+        ],
         Body::from_stream(stream),
     )
         .into_response())
@@ -1332,7 +1336,7 @@ mod tests {
             ]),
             headers(&[
                 (host.clone(), b"[::1]:8420"),
-                (origin.clone(), b"HTTPS://[::1]:8420"),
+                (origin.clone(), b"HTTP://[::1]:8420"),
             ]),
             headers(&[(host.clone(), b"[::1]")]),
             headers(&[
@@ -1390,6 +1394,11 @@ mod tests {
             headers(&[
                 (host.clone(), b"127.0.0.1:8420"),
                 (origin.clone(), b"http://localhost:8420"),
+            ]),
+            // The same authority in a scheme this server does not serve.
+            headers(&[
+                (host.clone(), b"127.0.0.1:8420"),
+                (origin.clone(), b"https://127.0.0.1:8420"),
             ]),
             headers(&[
                 (host.clone(), b"127.0.0.1:8420"),

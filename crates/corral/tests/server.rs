@@ -984,9 +984,134 @@ fn get_with(addr: &str, path: &str, headers: &[&[u8]]) -> (u16, Value, String) {
     (status, json, body.to_string())
 }
 
+/// A GET of `path` with `headers`: the status, the head (lowercased) and the body.
+fn get_head(addr: &str, path: &str, headers: &[&[u8]]) -> (u16, String, String) {
+    let mut request = format!("GET {path} HTTP/1.1\r\nConnection: close\r\n").into_bytes();
+    for h in headers {
+        request.extend_from_slice(h);
+        request.extend_from_slice(b"\r\n");
+    }
+    request.extend_from_slice(b"\r\n");
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.write_all(&request).unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {answer:?}"));
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    (status, head.to_ascii_lowercase(), body.to_string())
+}
+
+/// The values of header `name` (lowercase) in a lowercased head.
+fn header_values<'a>(head: &'a str, name: &str) -> Vec<&'a str> {
+    head.lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(n, _)| n.trim() == name)
+        .map(|(_, v)| v.trim())
+        .collect()
+}
+
+/// A workspace file, whatever its name and bytes, is downloaded as an inert attachment by the
+/// native route and by E2B's envd route: Corral's type, policy and `nosniff`, and
+/// `Content-Disposition: attachment`, so a page the sandbox wrote is never shown as a page of
+/// the API's origin.
+#[test]
+fn workspace_files_download_as_inert_attachments() {
+    let s = Server::start("");
+    let id = s.create(None);
+    let page = "<!doctype html><script>document.title = 'ran'</script>";
+    let (status, _) = s.call(
+        "PUT",
+        &format!("/v1/sandboxes/{id}/files/page.html"),
+        None,
+        Some(page),
+    );
+    assert_eq!(status, 201);
+    let (status, described) = s.call("POST", &format!("/v2/sandboxes/{id}/connect"), None, None);
+    assert_eq!(status, 200, "{described}");
+    let token = described["envdAccessToken"].as_str().unwrap().to_string();
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let host = format!("Host: {addr}");
+    let (sandbox, token) = (
+        format!("E2b-Sandbox-Id: {id}"),
+        format!("X-Access-Token: {token}"),
+    );
+    for (path, headers) in [
+        (
+            format!("/v1/sandboxes/{id}/files/page.html"),
+            vec![host.as_bytes()],
+        ),
+        (
+            "/files?path=page.html".to_string(),
+            vec![host.as_bytes(), sandbox.as_bytes(), token.as_bytes()],
+        ),
+    ] {
+        let (status, head, body) = get_head(&addr, &path, &headers);
+        assert_eq!(status, 200, "{path}: {head}");
+        assert!(body.contains(page), "{path}: {body}");
+        assert_eq!(
+            header_values(&head, "content-type"),
+            ["application/octet-stream"],
+            "{path}"
+        );
+        assert_eq!(
+            header_values(&head, "content-disposition"),
+            ["attachment"],
+            "{path}"
+        );
+        assert_eq!(
+            header_values(&head, "content-security-policy"),
+            [corral_server::console::API_CSP
+                .to_ascii_lowercase()
+                .as_str()],
+            "{path}"
+        );
+        assert_eq!(header_values(&head, "x-content-type-options"), ["nosniff"]);
+    }
+}
+
+/// A connection that sends no request, a head that never ends, or stays idle after an answer
+/// is closed once `header_timeout_s` passes: a client cannot hold the server's connections by
+/// opening them and sending nothing.
+#[test]
+fn connections_that_send_no_request_head_are_closed() {
+    let s = Server::start("header_timeout_s = 1\n");
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let open = |text: &[u8]| {
+        let mut stream = TcpStream::connect(&addr).unwrap();
+        stream.write_all(text).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream
+    };
+    let closed = |stream: &mut TcpStream| {
+        let mut answer = Vec::new();
+        let read = stream.read_to_end(&mut answer);
+        (read.is_ok(), String::from_utf8_lossy(&answer).into_owned())
+    };
+    for text in [&b""[..], b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"] {
+        let (closed, answer) = closed(&mut open(text));
+        assert!(closed, "still open after 10 s: {answer:?}");
+        assert!(!answer.contains(" 200 "), "{answer}");
+    }
+    let (closed, answer) = closed(&mut open(
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    ));
+    assert!(
+        closed,
+        "the idle connection is still open after 10 s: {answer:?}"
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
 /// Keyless access to a loopback server fails closed: only a request whose `Host` parses to a
-/// loopback name or address, and whose `Origin`, if any, is the server's own (the console's;
-/// another loopback page's is refused since issue 31), acts as the local user; anything unparsable is refused, and so is an `Authorization` header that is
+/// loopback name or address, and whose `Origin`, if any, is the server's own (the console's:
+/// `http` and the same authority; another loopback page's is refused since issue 31), acts as the local user; anything unparsable is refused, and so is an `Authorization` header that is
 /// not `Bearer KEY`. `/metrics` follows the API's rule; `/healthz` stays open.
 #[test]
 fn keyless_loopback_access_fails_closed() {
@@ -1013,20 +1138,20 @@ fn keyless_loopback_access_fails_closed() {
                 wrong.push(format!("{path} Host: {ok}: {status} {body}"));
             }
         }
-        for origin in [
-            format!("http://127.0.0.1:{port}"),
-            format!("https://127.0.0.1:{port}"),
-        ] {
-            let origin = format!("Origin: {origin}");
+        {
+            let origin = format!("Origin: http://127.0.0.1:{port}");
             let (status, _, body) = get_with(&addr, path, &[host.as_bytes(), origin.as_bytes()]);
             if status != 200 {
                 wrong.push(format!("{path} {origin}: {status} {body}"));
             }
         }
         for origin in [
-            "http://localhost:3000",
-            "https://127.0.0.1",
-            "http://[::1]:8080",
+            "http://localhost:3000".to_string(),
+            "https://127.0.0.1".to_string(),
+            "http://[::1]:8080".to_string(),
+            // The server's own authority in a scheme it does not serve: another origin.
+            format!("https://127.0.0.1:{port}"),
+            format!("ws://127.0.0.1:{port}"),
         ] {
             let origin = format!("Origin: {origin}");
             let (status, _, body) = get_with(&addr, path, &[host.as_bytes(), origin.as_bytes()]);

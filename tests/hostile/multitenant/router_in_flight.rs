@@ -5,6 +5,7 @@
 //! share (corral-share): with `--max-in-flight 8` a key holds at most 4 (then 429 `key_busy`),
 //! and every other key is served.
 
+use std::io::Write as _;
 use std::net::TcpStream;
 
 use super::waiting::{answer_within, send_execute};
@@ -112,6 +113,65 @@ fn one_key_holding_the_routers_requests_leaves_other_keys_served() {
     for (key, id) in &made {
         s.delete(key, id);
     }
+    s.url = direct;
+    drop(router);
+    let left = s.stop();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// Made-up keys whose creations' bodies never come (the red team's finding on issue 31): 3
+/// keys × 16 connections to `corral route --max-in-flight 32`, each announcing 100 bytes and
+/// sending `{`. They used to hold every place in flight, and a real key's list was 503
+/// `router_busy`. A creation's body is now read before its place is taken, and within 10 s:
+/// the real key lists, creates and runs meanwhile, every made-up connection is answered 408,
+/// and the host is left as it was.
+#[test]
+fn made_up_keys_with_creations_that_never_arrive_leave_real_keys_served() {
+    let _g = shared();
+    let mut s = Server::start_with(1, "node_name = \"n1\"\n");
+    let key = s.key("A");
+    let router = route(&s.url, 32);
+    let direct = std::mem::replace(&mut s.url, router.url.clone());
+    let address = router.url.trim_start_matches("http://").to_string();
+    let started = Instant::now();
+    let mut slow: Vec<TcpStream> = Vec::new();
+    for made_up in ["bogus-1", "bogus-2", "bogus-3"] {
+        for _ in 0..16 {
+            let mut conn = TcpStream::connect(&address).unwrap();
+            write!(
+                conn,
+                "POST /v1/sandboxes HTTP/1.1\r\nHost: {address}\r\n\
+                 Authorization: Bearer {made_up}\r\nContent-Type: application/json\r\n\
+                 Content-Length: 100\r\n\r\n{{"
+            )
+            .unwrap();
+            slow.push(conn);
+        }
+    }
+    thread::sleep(Duration::from_secs(1));
+    let (status, listed) = s.call("GET", "/v1/sandboxes", &key, None);
+    assert_eq!(status, 200, "{listed}");
+    let id = s.session(&key, &json!({}));
+    let (status, result) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/execute"),
+        &key,
+        Some(&json!({"code": "print(1)"})),
+    );
+    assert_eq!(status, 200, "{result}");
+    assert_eq!(result["stdout"], "1\n", "{result}");
+    eprintln!("the real key was served in {:?}", started.elapsed());
+    for conn in &mut slow {
+        let head = answer_within(conn, Duration::from_secs(30));
+        assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+        assert!(head.contains("request_timeout"), "{head}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(40),
+        "{:?}",
+        started.elapsed()
+    );
+    s.delete(&key, &id);
     s.url = direct;
     drop(router);
     let left = s.stop();

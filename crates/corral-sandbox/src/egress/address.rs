@@ -19,7 +19,7 @@ pub enum Class {
 }
 
 /// An address's class and the special-purpose block it lies in (the address itself for a
-/// public one, or for one of the host's own).
+/// public one, for one of the host's own, or for an unallocated IPv6 one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Classified {
     pub class: Class,
@@ -127,11 +127,9 @@ fn classify_v6(ip: Ipv6Addr) -> (Class, Ipv6Net) {
     }
     match most_specific(&V6_BLOCKS, net, |n| n.contains(&ip)) {
         Some((block, _, class)) => (class, block),
-        // Outside 2000::/3 nothing is allocated for unicast.
-        None if bits >> 125 != 0b001 => (
-            Class::Internal("not global unicast"),
-            net(Ipv6Addr::UNSPECIFIED, 0),
-        ),
+        // Outside 2000::/3 nothing is allocated for unicast; those addresses are no one
+        // block, so each is its own.
+        None if bits >> 125 != 0b001 => (Class::Internal("not global unicast"), Ipv6Net::from(ip)),
         None => (Class::Public, Ipv6Net::from(ip)),
     }
 }
@@ -348,6 +346,26 @@ mod tests {
         assert!(vet_resolved(ip("10.0.0.1"), true, &[]).is_ok());
         assert!(vet_resolved(ip("0.0.0.0"), true, &[]).is_err());
         assert!(vet_resolved(ip("8.8.8.8"), false, &[]).is_ok());
+    }
+
+    /// Nothing outside 2000::/3 is allocated for unicast, and those addresses form no block
+    /// of their own: each is reported as itself (a /128), never as `::/0`, so only a range
+    /// of that address alone names it on purpose.
+    #[test]
+    fn an_unallocated_v6_address_is_its_own_block() {
+        let got = classify(ip("4000::1"), &[]);
+        assert_eq!(got.class, Class::Internal("not global unicast"));
+        assert_eq!(got.block, net("4000::1/128"));
+        assert!(!names_internal_addresses(&net("4000::/2")));
+        assert!(!names_internal_addresses(&net("c000::/2")));
+        assert!(vet_literal(ip("4000::1"), &net("4000::/2"), &[net("4000::/2")], &[]).is_err());
+        assert!(vet_literal(
+            ip("4000::1"),
+            &net("4000::1/128"),
+            &[net("4000::1/128")],
+            &[]
+        )
+        .is_ok());
     }
 
     #[test]
