@@ -559,8 +559,8 @@ impl Session {
             }
             if report_ready {
                 let why = match self.kernel.host.read_report() {
-                    Report::SetupError(msg) => msg,
-                    Report::Exited(_) | Report::Closed => {
+                    Report::SetupError(failure) => failure.to_string(),
+                    Report::Exited(_) | Report::Closed | Report::Garbled => {
                         format!("it exited; stderr: {}", String::from_utf8_lossy(&stderr))
                     }
                 };

@@ -26,6 +26,7 @@ pub mod rootfs;
 mod sandbox;
 pub mod seccomp;
 pub mod session;
+pub mod setup;
 pub mod subids;
 pub use sys::{
     end_quietly_on_closed_pipe, recv_message, recv_with_credentials, send_fds, Received,

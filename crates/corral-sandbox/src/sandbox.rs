@@ -15,9 +15,7 @@ use nix::unistd::{ForkResult, Gid, Pid, Uid};
 
 use crate::cgroup::{Cgroup, Layout};
 use crate::charge::Charge;
-use crate::child::{
-    self, ChildPlan, MSG_CGROUP, MSG_ERROR, MSG_EXIT, MSG_INIT_PID, MSG_PROXY, MSG_READY,
-};
+use crate::child::{self, ChildPlan, MSG_CGROUP, MSG_EXIT, MSG_INIT_PID, MSG_PROXY, MSG_READY};
 use crate::egress::{proxy_environment, EgressProxy, NetworkReport};
 use crate::ids::{HostIds, IdLease, Subordinate};
 use crate::landlock_rules;
@@ -26,10 +24,11 @@ use crate::result::{ExecutionResult, Status};
 use crate::rootfs::{self, Entry};
 use crate::seccomp::{self, Role};
 use crate::session::MSG_AGENT;
+use crate::setup::{ChildFailure, MSG_ERROR};
 use crate::spec::{
     base_environment, workload_rlimits, zygote_rlimits, ControlSocket, Limits, Policy, SandboxSpec,
 };
-use crate::workspace::Workspace;
+use crate::workspace::{Workspace, WorkspaceError};
 
 /// Room in the root tmpfs for the synthetic files and mount points, beyond the program file.
 const ROOT_TMPFS_SLACK: u64 = 4 << 20;
@@ -108,18 +107,53 @@ pub fn children_peak_memory(init: Pid) -> Option<u64> {
         .max()
 }
 
+/// Why a sandbox was not made or its program did not start: one variant per step of the
+/// host's, and [`SandboxError::Child`] for a step of the sandbox's own processes.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     /// A protection cannot be applied and the policy does not allow running without it.
     #[error("refusing to run: {0}")]
     Refused(String),
-    /// A step of building the sandbox failed; the message says which.
-    #[error("sandbox setup failed: {0}")]
-    Setup(String),
+    /// The kernel would not make the sandbox's namespaces.
+    #[error("refusing to run: {}: {source}", child::NAMESPACES_FAILED)]
+    Namespaces {
+        #[source]
+        source: io::Error,
+    },
+    /// The host could not map the sandbox user into its user namespace (or tell init it has).
+    #[error("sandbox setup failed: mapping the sandbox user: {0}")]
+    UserMap(#[source] io::Error),
     /// Rootless with subordinate ids: a helper did not map the sandbox's ids. The sandbox is
     /// refused, never run as the caller instead.
     #[error("mapping the sandbox's subordinate ids: {0}")]
     IdMap(#[from] crate::subids::MapError),
+    /// The sandbox's cgroup was made but could not be handed to it.
+    #[error("sandbox setup failed: {what}: {source}")]
+    Cgroup {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// A setup step of the sandbox's own processes failed, as they reported it.
+    #[error("sandbox setup failed: {0}")]
+    Child(#[from] ChildFailure),
+    /// The sandbox's setup processes ended (or sent something else) without a report.
+    #[error("sandbox setup failed: the sandbox's setup processes exited without reporting")]
+    Unreported,
+    #[error("sandbox setup failed: starting the egress proxy: {0}")]
+    EgressProxy(#[source] io::Error),
+    #[error("sandbox setup failed: copying an input file: {0}")]
+    InputFile(#[source] WorkspaceError),
+    /// The workload ended before it handed over its process agent.
+    #[error(
+        "sandbox setup failed: the sandbox's workload ended without starting its process agent"
+    )]
+    NoAgent,
+    /// A program started another way than [`Sandbox`]'s (see [`Supervised`]) did not start:
+    /// that way's own error.
+    #[error(transparent)]
+    Start(Box<dyn std::error::Error + Send + Sync>),
+    /// The host's own plumbing (pipes, sockets, a fork) failed.
     #[error("{what}: {source}")]
     Io {
         what: &'static str,
@@ -388,7 +422,9 @@ pub enum Report {
     /// The program exited with this raw wait status; init has killed everything else.
     Exited(i32),
     /// A setup step failed (e.g. the program could not be executed).
-    SetupError(String),
+    SetupError(ChildFailure),
+    /// init sent something else than a report.
+    Garbled,
     /// init is gone without a report.
     Closed,
 }
@@ -599,12 +635,7 @@ impl Sandbox {
             }
             drop(as_owner);
             match cloned {
-                Err(e) => {
-                    return Err(SandboxError::Refused(format!(
-                        "{}: {e}",
-                        child::NAMESPACES_FAILED
-                    )))
-                }
+                Err(source) => return Err(SandboxError::Namespaces { source }),
                 Ok(0) => child::init_in_namespaces(&plan),
                 Ok(pid) => Pid::from_raw(pid),
             }
@@ -674,14 +705,12 @@ impl Sandbox {
                         ),
                     };
                     child::write_id_maps(&format!("/proc/{first_child}"), uid, gid, deny_setgroups)
-                        .map_err(|e| {
-                            SandboxError::Setup(format!("mapping the sandbox user: {e}"))
-                        })?;
+                        .map_err(SandboxError::UserMap)?;
                 }
             }
             sandbox
                 .send_control(&[child::MAPS_WRITTEN])
-                .map_err(|e| SandboxError::Setup(format!("mapping the sandbox user: {e}")))?;
+                .map_err(SandboxError::UserMap)?;
         } else if let (Some(sub), Some(lease)) = (subordinate, &sandbox.id_lease) {
             // Stage 1 has made the namespaces (or failed to) and waits for its maps.
             let mut buf = [0u8; 4096];
@@ -689,19 +718,16 @@ impl Sandbox {
                 Ok((n, _)) => match &buf[..n] {
                     [child::MSG_UNSHARED] => map_subordinate(sub, first_child, lease, zygote)
                         .map(|userns| sandbox.userns = Some(userns)),
-                    [MSG_ERROR, msg @ ..] => Err(SandboxError::Setup(
-                        String::from_utf8_lossy(msg).into_owned(),
-                    )),
-                    _ => Err(SandboxError::Setup(
-                        "the sandbox's setup processes exited without reporting".into(),
-                    )),
+                    msg => {
+                        Err(ChildFailure::decode(msg).map_or(SandboxError::Unreported, Into::into))
+                    }
                 },
                 Err(e) => Err(e),
             }
             .and_then(|()| {
                 sandbox
                     .send_control(&[child::MAPS_WRITTEN])
-                    .map_err(|e| SandboxError::Setup(format!("mapping the sandbox user: {e}")))
+                    .map_err(SandboxError::UserMap)
             });
             if let Err(e) = mapped {
                 let _ = kill(first_child, Signal::SIGKILL);
@@ -770,31 +796,27 @@ impl Sandbox {
                             .as_ref()
                             .map(|cg| Charge::new(cg, limits.memory_bytes))
                             .transpose()
-                            .map_err(|source| SandboxError::Io {
+                            .map_err(|source| SandboxError::Cgroup {
                                 what: "opening the cgroup's membership files",
                                 source,
                             })?;
                         sandbox.workspace = Some(Workspace::new(fd, owner, charge));
                     }
-                    (Some([MSG_ERROR, msg @ ..]), _) => {
-                        return Err(SandboxError::Setup(
-                            String::from_utf8_lossy(msg).into_owned(),
-                        ))
+                    (Some(msg @ [MSG_ERROR, ..]), _) => {
+                        return Err(
+                            ChildFailure::decode(msg).map_or(SandboxError::Unreported, Into::into)
+                        )
                     }
                     (Some([MSG_PROXY]), Some(fd)) if proxy_endpoint && sandbox.egress.is_none() => {
-                        let proxy =
-                            EgressProxy::start(fd, spec.egress.clone(), &limits).map_err(|e| {
-                                SandboxError::Setup(format!("starting the egress proxy: {e}"))
-                            })?;
+                        let proxy = EgressProxy::start(fd, spec.egress.clone(), &limits)
+                            .map_err(SandboxError::EgressProxy)?;
                         sandbox.egress = Some(proxy);
                     }
                     _ => {
                         if init_pid.is_none() {
                             child::reap(first_child);
                         }
-                        return Err(SandboxError::Setup(
-                            "the sandbox's setup processes exited without reporting".into(),
-                        ));
+                        return Err(SandboxError::Unreported);
                     }
                 }
             }
@@ -807,7 +829,7 @@ impl Sandbox {
             sandbox
                 .workspace()
                 .write_file(&input.dest, &mut source)
-                .map_err(|e| SandboxError::Setup(format!("copying an input file: {e}")))?;
+                .map_err(SandboxError::InputFile)?;
         }
         Ok(sandbox)
     }
@@ -819,7 +841,7 @@ impl Sandbox {
         self.cgroup = cgroup;
         self.warnings.extend(warning);
         let files = match &self.cgroup {
-            Some(cg) => cg.join_files().map_err(|source| SandboxError::Io {
+            Some(cg) => cg.join_files().map_err(|source| SandboxError::Cgroup {
                 what: "opening the cgroup's membership files",
                 source,
             })?,
@@ -827,7 +849,7 @@ impl Sandbox {
         };
         let raw: Vec<_> = files.iter().map(|f| f.as_raw_fd()).collect();
         crate::sys::send_fds(self.report.as_fd(), &[MSG_CGROUP], &raw).map_err(|source| {
-            SandboxError::Io {
+            SandboxError::Cgroup {
                 what: "sending the cgroup to the sandbox",
                 source,
             }
@@ -882,12 +904,7 @@ impl Sandbox {
         let (n, fd) = self.recv(&mut buf)?;
         match (&buf[..n], fd) {
             ([MSG_AGENT], Some(fd)) => Ok(Some(fd)),
-            ([MSG_ERROR, msg @ ..], _) => Err(SandboxError::Setup(
-                String::from_utf8_lossy(msg).into_owned(),
-            )),
-            _ => Err(SandboxError::Setup(
-                "the sandbox's workload ended without starting its process agent".into(),
-            )),
+            (msg, _) => Err(ChildFailure::decode(msg).map_or(SandboxError::NoAgent, Into::into)),
         }
     }
 
@@ -940,10 +957,7 @@ impl Sandbox {
                 [MSG_EXIT, status @ ..] if status.len() == 4 => {
                     Report::Exited(i32::from_le_bytes(status.try_into().expect("4 bytes")))
                 }
-                [MSG_ERROR, msg @ ..] => {
-                    Report::SetupError(String::from_utf8_lossy(msg).into_owned())
-                }
-                _ => Report::SetupError("init sent an unknown report".into()),
+                msg => ChildFailure::decode(msg).map_or(Report::Garbled, Report::SetupError),
             },
             _ => Report::Closed,
         }
@@ -1277,7 +1291,10 @@ pub fn wait_for_program(
                         exit_status = Some(raw);
                         open[2] = false;
                     }
-                    Report::SetupError(msg) => setup_error = Some(msg),
+                    Report::SetupError(failure) => {
+                        setup_error = Some(SandboxError::Child(failure).to_string())
+                    }
+                    Report::Garbled => setup_error = Some("init sent an unknown report".into()),
                 }
                 continue;
             }
