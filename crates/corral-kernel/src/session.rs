@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use corral_sandbox::egress::EgressMonitor;
+use corral_egress::EgressMonitor;
 use corral_sandbox::ports::PortOpener;
 use corral_sandbox::{
     hit_rlimit_data, rlimit_data_message, ControlSocket, Egress, ExecutionResult, LanguageError,

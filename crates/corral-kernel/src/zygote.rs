@@ -16,8 +16,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use corral_egress::{proxy_environment, EgressMonitor, EgressProxy};
 use corral_sandbox::cgroup::Cgroup;
-use corral_sandbox::egress::{proxy_environment, EgressMonitor, EgressProxy};
 use corral_sandbox::ids::{HostIds, IdLease};
 use corral_sandbox::session::{
     SessionPlan, MAX_PLAN_BYTES, MSG_AGENT, MSG_ERROR, MSG_EXIT, MSG_KERNEL, MSG_PROXY, MSG_READY,
@@ -480,7 +480,7 @@ impl Zygote {
                 (Some([MSG_KERNEL]), _, Some(pid)) => kernel_pid = Some(pid),
                 (Some([MSG_PROXY]), Some(fd), _) if proxy_endpoint && proxy.is_none() => {
                     proxy = Some(
-                        EgressProxy::start(fd, egress.clone(), &limits)
+                        EgressProxy::start(fd, egress.clone(), limits.proxy())
                             .map_err(|e| fork_failed(format!("starting the egress proxy: {e}")))?,
                     );
                 }

@@ -37,7 +37,7 @@ pub(crate) const MSG_EXIT: u8 = b'X';
 /// and its namespaces are still being torn down.
 pub(crate) const MSG_CGROUP: u8 = b'C';
 /// init → host, once, when the sandbox has a network policy: the egress proxy's listening
-/// socket ([`crate::egress::listen`]), made in the sandbox's network namespace before the
+/// socket ([`corral_egress::listen`]), made in the sandbox's network namespace before the
 /// program runs; init keeps no copy.
 pub(crate) const MSG_PROXY: u8 = b'N';
 /// Most cgroup hierarchies a sandbox joins (v1: memory, pids, cpu, cpuacct, freezer).
@@ -427,7 +427,7 @@ fn init(plan: &ChildPlan, runtime_dir: Option<OwnedFd>) -> ! {
         plan.fail(Step::JoinNetwork, e);
     }
     if plan.proxy_endpoint {
-        let sent = crate::egress::listen().and_then(|endpoint| {
+        let sent = corral_egress::listen().and_then(|endpoint| {
             sys::send_message(plan.report(), &[MSG_PROXY], Some(endpoint.as_raw_fd()))
         });
         if let Err(e) = sent {

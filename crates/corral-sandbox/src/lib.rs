@@ -14,7 +14,6 @@ pub mod cgroup;
 mod charge;
 mod child;
 pub mod doctor;
-pub mod egress;
 pub mod ids;
 mod landlock_rules;
 pub mod limits;
@@ -40,7 +39,7 @@ pub mod workspace;
 
 pub use budget::{Reservation, ResultBudget};
 pub use charge::Charge;
-pub use egress::{Egress, NetworkPolicy, NetworkReport};
+pub use corral_egress::{Egress, NetworkPolicy, NetworkReport};
 pub use ids::{caller_uid_warning, host_ids, HostIds, ROOT_MODE_ID_BASE};
 pub use limits::{LimitError, LimitField};
 pub use owner::Owner;

@@ -118,7 +118,7 @@ pub struct ExecutionResult {
     pub warnings: Vec<String>,
     /// What the sandbox's egress proxy did during the execution; `null` without a network
     /// policy (docs/network.md).
-    pub network: Option<crate::egress::NetworkReport>,
+    pub network: Option<corral_egress::NetworkReport>,
     /// The room its results and error take in the host's budget of results held at once
     /// (none without a budget); not part of the result object. An answer made of the result
     /// takes it over, so that it is given back only once the answer is gone.

@@ -16,7 +16,6 @@ use nix::unistd::{ForkResult, Gid, Pid, Uid};
 use crate::cgroup::{Cgroup, Layout};
 use crate::charge::Charge;
 use crate::child::{self, ChildPlan, MSG_CGROUP, MSG_EXIT, MSG_INIT_PID, MSG_PROXY, MSG_READY};
-use crate::egress::{proxy_environment, EgressProxy, NetworkReport};
 use crate::ids::{HostIds, IdLease, Subordinate};
 use crate::landlock_rules;
 use crate::owner::Owner;
@@ -29,6 +28,7 @@ use crate::spec::{
     base_environment, workload_rlimits, zygote_rlimits, ControlSocket, Limits, Policy, SandboxSpec,
 };
 use crate::workspace::{Workspace, WorkspaceError};
+use corral_egress::{proxy_environment, EgressProxy, NetworkReport};
 
 /// Room in the root tmpfs for the synthetic files and mount points, beyond the program file.
 const ROOT_TMPFS_SLACK: u64 = 4 << 20;
@@ -808,7 +808,7 @@ impl Sandbox {
                         )
                     }
                     (Some([MSG_PROXY]), Some(fd)) if proxy_endpoint && sandbox.egress.is_none() => {
-                        let proxy = EgressProxy::start(fd, spec.egress.clone(), &limits)
+                        let proxy = EgressProxy::start(fd, spec.egress.clone(), limits.proxy())
                             .map_err(SandboxError::EgressProxy)?;
                         sandbox.egress = Some(proxy);
                     }
@@ -996,7 +996,7 @@ impl Sandbox {
     }
 
     /// Reads what the egress proxy does (none without a network policy).
-    pub fn network_monitor(&self) -> Option<crate::egress::EgressMonitor> {
+    pub fn network_monitor(&self) -> Option<corral_egress::EgressMonitor> {
         self.egress.as_ref().map(EgressProxy::monitor)
     }
 

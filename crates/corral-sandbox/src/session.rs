@@ -265,7 +265,7 @@ fn init(fds: &SessionFds, plan: SessionPlan, program: Option<(String, OwnedFd)>)
     }
     let _ = nix::unistd::close(workspace);
     if plan.proxy_endpoint {
-        let sent = crate::egress::listen().and_then(|endpoint| {
+        let sent = corral_egress::listen().and_then(|endpoint| {
             sys::send_message(fds.control(), &[MSG_PROXY], Some(endpoint.as_raw_fd()))
         });
         if let Err(e) = sent {

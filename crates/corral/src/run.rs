@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use corral_egress::PolicyError;
 use corral_image::{ImageError, Recipe, ResolvedImage, Store};
 use corral_kernel::bytecode::BytecodeCache;
 use corral_kernel::policy::{CodePolicy, PolicyField};
@@ -265,12 +266,40 @@ struct PolicyFile {
     allow_private: Vec<String>,
 }
 
+/// Why a `--net` flag was refused.
+#[derive(Debug, thiserror::Error)]
+enum NetFlagError {
+    #[error("--net {0:?}: use `none` or `allow:HOST[,HOST...]`")]
+    Syntax(String),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+}
+
+/// `--net none` or `--net allow:ITEM[,ITEM...]`, with the `--net-allow-private` names.
+fn parse_net_flag(flag: &str, private_hosts: &[String]) -> Result<NetworkPolicy, NetFlagError> {
+    if flag == "none" {
+        if let Some(name) = private_hosts.first() {
+            return Err(PolicyError::PrivateNotAllowed { name: name.clone() }.into());
+        }
+        return Ok(NetworkPolicy::None);
+    }
+    let Some(list) = flag.strip_prefix("allow:") else {
+        return Err(NetFlagError::Syntax(flag.to_string()));
+    };
+    let items: Vec<&str> = list.split(',').filter(|s| !s.trim().is_empty()).collect();
+    if items.is_empty() {
+        return Err(NetFlagError::Syntax(flag.to_string()));
+    }
+    let private: Vec<&str> = private_hosts.iter().map(String::as_str).collect();
+    Ok(NetworkPolicy::from_items(&items, &private)?)
+}
+
 /// The network policy `--net`, `--net-policy` and `--net-allow-private` ask for. Its user is
 /// the operator of their own run: its ranges that name internal addresses are opted in.
 fn network_policy(args: &RunArgs) -> Result<NetworkPolicy> {
     let Some(path) = &args.net_policy else {
         let flag = args.net.as_deref().unwrap_or("none");
-        return NetworkPolicy::parse_flag(flag, &args.net_allow_private)
+        return parse_net_flag(flag, &args.net_allow_private)
             .map(NetworkPolicy::with_own_opt_ins)
             .map_err(|e| anyhow::anyhow!("--net: {e}"));
     };
@@ -760,7 +789,35 @@ fn fail(args: &RunArgs, message: &str) -> i32 {
 
 #[cfg(test)]
 mod tests {
-    use super::Language;
+    use corral_egress::policy::NameRefusal;
+
+    use super::{parse_net_flag, Language, NetFlagError, NetworkPolicy, PolicyError};
+
+    #[test]
+    fn the_flag_takes_none_or_an_allow_list() {
+        assert!(matches!(
+            parse_net_flag("none", &[]),
+            Ok(NetworkPolicy::None)
+        ));
+        assert!(matches!(
+            parse_net_flag("all", &[]),
+            Err(NetFlagError::Syntax(_))
+        ));
+        assert!(matches!(
+            parse_net_flag("allow:", &[]),
+            Err(NetFlagError::Syntax(_))
+        ));
+        let p = parse_net_flag("allow:a.com,b.com:22", &["a.com".into()]).unwrap();
+        assert_eq!(p.check_name("a.com", 443), Ok(true));
+        assert_eq!(p.check_name("b.com", 22), Ok(false));
+        assert_eq!(p.check_name("b.com", 443), Err(NameRefusal::Port));
+        assert_eq!(p.check_name("c.com", 443), Err(NameRefusal::NotListed));
+        assert!(matches!(
+            parse_net_flag("allow:a.com", &["b.com".into()]),
+            Err(NetFlagError::Policy(PolicyError::PrivateNotAllowed { .. }))
+        ));
+        assert!(parse_net_flag("none", &["a.com".into()]).is_err());
+    }
 
     #[test]
     fn a_shebang_names_the_language() {
