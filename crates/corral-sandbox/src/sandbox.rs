@@ -21,11 +21,12 @@ use crate::landlock_rules;
 use crate::owner::Owner;
 use crate::result::{ExecutionResult, Status};
 use crate::rootfs::{self, Entry};
-use crate::seccomp::{self, Role};
+use crate::seccomp;
 use crate::session::MSG_AGENT;
 use crate::setup::{ChildFailure, MSG_ERROR};
 use crate::spec::{
-    base_environment, workload_rlimits, zygote_rlimits, ControlSocket, Limits, Policy, SandboxSpec,
+    base_environment, workload_rlimits, zygote_rlimits, ControlSocket, Limits, Policy, Role,
+    SandboxSpec,
 };
 use crate::workspace::{Workspace, WorkspaceError};
 use corral_egress::{proxy_environment, EgressProxy, NetworkReport};
@@ -454,16 +455,13 @@ impl Sandbox {
     /// into the workspace first.
     fn build(spec: &SandboxSpec, start_at_once: bool) -> Result<Sandbox, SandboxError> {
         debug_assert!(!start_at_once || spec.input_files.is_empty());
-        if spec.process_agent && spec.role != crate::spec::Role::Workload {
+        if spec.process_agent && spec.role != Role::Workload {
             return Err(SandboxError::Refused(
                 "only a workload has a process agent (a zygote's sessions start their own)".into(),
             ));
         }
-        let workload_filters = seccomp::filters(match spec.role {
-            crate::spec::Role::Workload => Role::Workload,
-            crate::spec::Role::Zygote => Role::Zygote,
-        });
-        let init_filters = seccomp::filters(Role::Init);
+        let workload_filters = seccomp::filters(spec.role);
+        let init_filters = seccomp::init_filters();
         let host_ids = crate::ids::host_ids();
         let warnings: Vec<String> = landlock_warning(spec.policy)?
             .into_iter()
@@ -486,7 +484,7 @@ impl Sandbox {
             &spec.rootfs,
             limits.disk_bytes,
             &run_files,
-            spec.role == crate::spec::Role::Workload,
+            spec.role == Role::Workload,
             Entry::of,
         );
         let root_size =
@@ -572,7 +570,7 @@ impl Sandbox {
             .filter(|_| root_mode)
             .map(|lease| (Uid::from_raw(lease.uid()), Gid::from_raw(lease.gid())));
         // Root mode: a zygote stays in the host's user namespace (see ChildPlan::host_userns).
-        let host_userns = root_mode && spec.role == crate::spec::Role::Zygote;
+        let host_userns = root_mode && spec.role == Role::Zygote;
         let plan = ChildPlan {
             runtime_dir: spec.runtime_dir.clone(),
             ops,
@@ -580,7 +578,7 @@ impl Sandbox {
             host_userns,
             host_maps: subordinate.is_some(),
             // A zygote's sessions each set their own share, below the zygote's namespace.
-            inotify_limits: (!root_mode && spec.role == crate::spec::Role::Workload)
+            inotify_limits: (!root_mode && spec.role == Role::Workload)
                 .then_some(crate::spec::ROOTLESS_INOTIFY_LIMITS),
             report: report_child.as_raw_fd(),
             control: control_r.as_raw_fd(),
@@ -594,12 +592,12 @@ impl Sandbox {
             argv: cstrings(spec.argv.iter().cloned())?,
             envp: cstrings(env.iter().map(|(k, v)| format!("{k}={v}")))?,
             rlimits: match spec.role {
-                crate::spec::Role::Workload => workload_rlimits(&limits, true),
-                crate::spec::Role::Zygote => zygote_rlimits(),
+                Role::Workload => workload_rlimits(&limits, true),
+                Role::Zygote => zygote_rlimits(),
             },
             fallback_rlimits: match spec.role {
-                crate::spec::Role::Workload => workload_rlimits(&limits, false),
-                crate::spec::Role::Zygote => zygote_rlimits(),
+                Role::Workload => workload_rlimits(&limits, false),
+                Role::Zygote => zygote_rlimits(),
             },
             landlock_required: !spec.policy.allow_degraded,
             workload_filters,
@@ -680,7 +678,7 @@ impl Sandbox {
                     source,
                 })?,
         };
-        let zygote = spec.role == crate::spec::Role::Zygote;
+        let zygote = spec.role == Role::Zygote;
         if direct {
             sandbox.init = first_child;
             sandbox.reaped = false;

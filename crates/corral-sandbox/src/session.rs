@@ -314,7 +314,7 @@ fn init(fds: &SessionFds, plan: SessionPlan, program: Option<(String, OwnedFd)>)
     if let Err(e) = send_with_pid(fds.control(), MSG_KERNEL, None, kernel) {
         fds.fail(Step::ReportKernel, e);
     }
-    if let Err(e) = lockdown::init(seccomp::filters(seccomp::Role::Init)) {
+    if let Err(e) = lockdown::init(seccomp::init_filters()) {
         fds.fail(e.step(), e);
     }
     let status = child::supervise(fds.control, &children, kernel, true);
@@ -334,7 +334,7 @@ fn workload_lockdown(plan: &SessionPlan) -> lockdown::Lockdown {
         ..Limits::default()
     };
     lockdown::Lockdown {
-        filters: seccomp::filters(seccomp::Role::Workload),
+        filters: seccomp::filters(crate::spec::Role::Workload),
         rlimits: workload_rlimits(&limits, plan.in_cgroup),
         landlock: Some(plan.landlock_required),
         keep_capabilities: &[],

@@ -8,11 +8,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use corral_egress::PolicyError;
 use corral_image::{ImageError, Recipe, ResolvedImage, Store};
 use corral_kernel::bytecode::BytecodeCache;
 use corral_kernel::policy::{CodePolicy, PolicyField};
+use corral_kernel::Language;
 use corral_sandbox::workspace::{CopyError, CopyLimits, OutDir, MAX_ENTRIES};
 use corral_sandbox::{
     Egress, ExecutionResult, InputFile, Limits, NetworkPolicy, Policy, SandboxSpec, Status, Stream,
@@ -29,77 +30,53 @@ macro_rules! tell {
     }};
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Language {
-    Python,
-    Javascript,
-    Bash,
+/// The language a program file's name says.
+fn language_of_path(path: &Path) -> Option<Language> {
+    match path.extension()?.to_str()? {
+        "py" => Some(Language::Python),
+        "js" | "mjs" | "cjs" => Some(Language::Javascript),
+        "sh" | "bash" => Some(Language::Bash),
+        _ => None,
+    }
 }
 
-impl Language {
-    fn from_path(path: &Path) -> Option<Language> {
-        match path.extension()?.to_str()? {
-            "py" => Some(Language::Python),
-            "js" | "mjs" | "cjs" => Some(Language::Javascript),
-            "sh" | "bash" => Some(Language::Bash),
-            _ => None,
-        }
+/// The language a `#!` first line names (`#!/usr/bin/env node`, `#!/bin/bash`,
+/// `#!/usr/bin/python3 -u`): `Ok(None)` without one, an error naming an interpreter Corral
+/// does not run.
+fn language_of_shebang(code: &[u8]) -> Result<Option<Language>> {
+    let Some(rest) = code.strip_prefix(b"#!") else {
+        return Ok(None);
+    };
+    let line = rest.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut words = line.split_whitespace();
+    let mut program = words.next().unwrap_or_default();
+    if program.rsplit('/').next() == Some("env") {
+        // `env [-S] [-i] [NAME=VALUE]... PROGRAM`
+        program = words
+            .find(|w| !w.starts_with('-') && !w.contains('='))
+            .unwrap_or_default();
     }
-
-    /// The language a `#!` first line names (`#!/usr/bin/env node`, `#!/bin/bash`,
-    /// `#!/usr/bin/python3 -u`): `Ok(None)` without one, an error naming an interpreter Corral
-    /// does not run.
-    fn from_shebang(code: &[u8]) -> Result<Option<Language>> {
-        let Some(rest) = code.strip_prefix(b"#!") else {
-            return Ok(None);
-        };
-        let line = rest.split(|&b| b == b'\n').next().unwrap_or_default();
-        let line = String::from_utf8_lossy(line);
-        let mut words = line.split_whitespace();
-        let mut program = words.next().unwrap_or_default();
-        if program.rsplit('/').next() == Some("env") {
-            // `env [-S] [-i] [NAME=VALUE]... PROGRAM`
-            program = words
-                .find(|w| !w.starts_with('-') && !w.contains('='))
-                .unwrap_or_default();
-        }
-        let name = program.rsplit('/').next().unwrap_or_default();
-        let base = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
-        match base {
-            "python" => Ok(Some(Language::Python)),
-            "node" | "nodejs" => Ok(Some(Language::Javascript)),
-            "bash" | "sh" | "dash" => Ok(Some(Language::Bash)),
-            _ => bail!(
-                "the program's #! line names `{}`, which Corral does not run: pass --lang \
-                 python, javascript or bash",
-                name.escape_debug()
-            ),
-        }
+    let name = program.rsplit('/').next().unwrap_or_default();
+    let base = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+    match base {
+        "python" => Ok(Some(Language::Python)),
+        "node" | "nodejs" => Ok(Some(Language::Javascript)),
+        "bash" | "sh" | "dash" => Ok(Some(Language::Bash)),
+        _ => bail!(
+            "the program's #! line names `{}`, which Corral does not run: pass --lang \
+             python, javascript or bash",
+            name.escape_debug()
+        ),
     }
+}
 
-    /// As in `--lang` and in an image's manifest.
-    fn name(self) -> &'static str {
-        match self {
-            Language::Python => "python",
-            Language::Javascript => "javascript",
-            Language::Bash => "bash",
-        }
-    }
-
-    fn kernel(self) -> corral_kernel::Language {
-        match self {
-            Language::Python => corral_kernel::Language::Python,
-            Language::Javascript => corral_kernel::Language::Javascript,
-            Language::Bash => corral_kernel::Language::Bash,
-        }
-    }
-
-    fn default_file_name(self) -> &'static str {
-        match self {
-            Language::Python => "main.py",
-            Language::Javascript => "main.js",
-            Language::Bash => "main.sh",
-        }
+/// The program's file name when the user gave none.
+fn default_file_name(lang: Language) -> &'static str {
+    match lang {
+        Language::Python => "main.py",
+        Language::Javascript => "main.js",
+        Language::Bash => "main.sh",
     }
 }
 
@@ -235,7 +212,7 @@ fn checked_limits(args: &RunArgs) -> Result<Limits> {
 fn checked_policy(args: &RunArgs, lang: Language) -> Result<CodePolicy> {
     let policy = policy_of_flags(&args.allow_modules, &args.deny_modules, args.max_code_bytes)?;
     policy
-        .check_language(lang.kernel())
+        .check_language(lang)
         .context("--allow-module and --deny-module")?;
     Ok(policy)
 }
@@ -422,10 +399,10 @@ fn build_spec(args: &RunArgs) -> Result<Prepared> {
     // --lang, else the file's extension, else a #! line, else Python.
     let lang = match args
         .lang
-        .or_else(|| file_name.and_then(|p| Language::from_path(p)))
+        .or_else(|| file_name.and_then(|p| language_of_path(p)))
     {
         Some(lang) => lang,
-        None => Language::from_shebang(&code)?.unwrap_or(Language::Python),
+        None => language_of_shebang(&code)?.unwrap_or(Language::Python),
     };
     let policy = checked_policy(args, lang)?;
     if !image.languages.iter().any(|l| l == lang.name()) {
@@ -448,7 +425,7 @@ fn build_spec(args: &RunArgs) -> Result<Prepared> {
                 && n.chars()
                     .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
         })
-        .unwrap_or(lang.default_file_name())
+        .unwrap_or(default_file_name(lang))
         .to_string();
 
     let mut input_files = Vec::new();
@@ -568,7 +545,7 @@ pub fn main(args: RunArgs) -> i32 {
     let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
     let (mut result, workspace) = corral_kernel::oneshot::run(
         spec,
-        prepared.language.kernel(),
+        prepared.language,
         &prepared.file_name,
         prepared.code,
         &prepared.policy,
@@ -791,7 +768,9 @@ fn fail(args: &RunArgs, message: &str) -> i32 {
 mod tests {
     use corral_egress::policy::NameRefusal;
 
-    use super::{parse_net_flag, Language, NetFlagError, NetworkPolicy, PolicyError};
+    use super::{
+        language_of_shebang, parse_net_flag, Language, NetFlagError, NetworkPolicy, PolicyError,
+    };
 
     #[test]
     fn the_flag_takes_none_or_an_allow_list() {
@@ -843,13 +822,13 @@ mod tests {
         ];
         for (code, want) in cases {
             assert_eq!(
-                Language::from_shebang(code).unwrap(),
+                language_of_shebang(code).unwrap(),
                 want,
                 "{}",
                 String::from_utf8_lossy(code)
             );
         }
-        let err = Language::from_shebang(b"#!/usr/bin/env ruby\n").unwrap_err();
+        let err = language_of_shebang(b"#!/usr/bin/env ruby\n").unwrap_err();
         assert!(err.to_string().contains("`ruby`"), "{err}");
     }
 }
