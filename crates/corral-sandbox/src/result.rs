@@ -15,18 +15,6 @@ pub enum Status {
     SandboxError,
 }
 
-impl Status {
-    /// The exit code `corral run` uses for this status when the program's own is not meaningful.
-    pub fn cli_exit_code(self, program_exit: Option<i32>) -> i32 {
-        match self {
-            Status::Timeout => 124,
-            Status::MemoryLimit => 137,
-            Status::SandboxError => 125,
-            Status::Success | Status::Error => program_exit.unwrap_or(1),
-        }
-    }
-}
-
 /// One rich result (a MIME bundle); keys are present only for the types that exist.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

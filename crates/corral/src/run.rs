@@ -743,9 +743,21 @@ fn report(args: &RunArgs, result: &ExecutionResult) -> i32 {
             }
         }
     }
-    result
-        .status
-        .cli_exit_code(result.exit_code.or(result.signal.map(|s| 128 + s)))
+    exit_code(result)
+}
+
+/// The exit code of `corral run`: the program's own (128 + the signal that killed it, as a
+/// shell says), else one that names the status, as `timeout(1)` and the shells do.
+fn exit_code(result: &ExecutionResult) -> i32 {
+    match result.status {
+        Status::Timeout => 124,
+        Status::MemoryLimit => 137,
+        Status::SandboxError => 125,
+        Status::Success | Status::Error => result
+            .exit_code
+            .or(result.signal.map(|s| 128 + s))
+            .unwrap_or(1),
+    }
 }
 
 /// `text` (which may carry names a sandbox chose) with its control characters escaped, for a
@@ -769,8 +781,25 @@ mod tests {
     use corral_egress::policy::NameRefusal;
 
     use super::{
-        language_of_shebang, parse_net_flag, Language, NetFlagError, NetworkPolicy, PolicyError,
+        exit_code, language_of_shebang, parse_net_flag, ExecutionResult, Language, NetFlagError,
+        NetworkPolicy, PolicyError, Status,
     };
+
+    #[test]
+    fn the_exit_code_is_the_programs_or_names_the_status() {
+        let result = |status, exit_code, signal| {
+            let mut result = ExecutionResult::sandbox_error("");
+            (result.status, result.exit_code, result.signal) = (status, exit_code, signal);
+            result
+        };
+        assert_eq!(exit_code(&result(Status::Success, Some(0), None)), 0);
+        assert_eq!(exit_code(&result(Status::Error, Some(7), None)), 7);
+        assert_eq!(exit_code(&result(Status::Error, None, Some(9))), 137);
+        assert_eq!(exit_code(&result(Status::Error, None, None)), 1);
+        assert_eq!(exit_code(&result(Status::Timeout, None, Some(9))), 124);
+        assert_eq!(exit_code(&result(Status::MemoryLimit, None, Some(9))), 137);
+        assert_eq!(exit_code(&result(Status::SandboxError, Some(0), None)), 125);
+    }
 
     #[test]
     fn the_flag_takes_none_or_an_allow_list() {
