@@ -128,6 +128,15 @@ pub enum SandboxError {
     /// refused, never run as the caller instead.
     #[error("mapping the sandbox's subordinate ids: {0}")]
     IdMap(#[from] crate::subids::MapError),
+    /// No cgroup could be made for the sandbox, and the policy forbids running without.
+    #[error(
+        "refusing to run: cannot create a cgroup ({source}) and --strict forbids the rlimit \
+         fallback"
+    )]
+    NoCgroup {
+        #[source]
+        source: io::Error,
+    },
     /// The sandbox's cgroup was made but could not be handed to it.
     #[error("sandbox setup failed: {what}: {source}")]
     Cgroup {
@@ -359,16 +368,15 @@ pub fn sandbox_cgroup(
     policy: crate::spec::Policy,
 ) -> Result<(Option<Cgroup>, Option<String>), SandboxError> {
     let cgroup = match cgroup_layout() {
-        Some(layout) => Cgroup::create(layout, &unique_name(), limits).map_err(|e| e.to_string()),
-        None => Err(
-            "no cgroup v1 or v2 hierarchy with the memory and pids controllers is mounted".into(),
-        ),
+        Some(layout) => Cgroup::create(layout, &unique_name(), limits),
+        None => Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "no cgroup v1 or v2 hierarchy with the memory and pids controllers is mounted",
+        )),
     };
     match cgroup {
         Ok(cg) => Ok((Some(cg), None)),
-        Err(reason) if policy.strict => Err(SandboxError::Refused(format!(
-            "cannot create a cgroup ({reason}) and --strict forbids the rlimit fallback"
-        ))),
+        Err(source) if policy.strict => Err(SandboxError::NoCgroup { source }),
         Err(reason) => Ok((
             None,
             Some(format!(
@@ -1289,9 +1297,7 @@ pub fn wait_for_program(
                         exit_status = Some(raw);
                         open[2] = false;
                     }
-                    Report::SetupError(failure) => {
-                        setup_error = Some(SandboxError::Child(failure).to_string())
-                    }
+                    Report::SetupError(failure) => setup_error = Some(failure.to_string()),
                     Report::Garbled => setup_error = Some("init sent an unknown report".into()),
                 }
                 continue;

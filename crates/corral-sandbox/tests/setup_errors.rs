@@ -63,3 +63,17 @@ fn a_program_that_is_not_there_is_reported_as_the_exec_step_with_its_errno() {
         .and_then(|e| e.downcast_ref::<Errno>());
     assert_eq!(errno, Some(&Errno::ENOENT));
 }
+
+#[test]
+fn a_run_of_a_program_that_is_not_there_says_so_as_before() {
+    let spec = SandboxSpec::new(vec!["/nonexistent/program".into()]);
+    let (result, _) = corral_sandbox::run(&spec, &mut |_, _| {}, None);
+    assert_eq!(result.status, corral_sandbox::Status::SandboxError);
+    assert_eq!(
+        result.error_message.as_deref(),
+        Some(
+            "executing /nonexistent/program (is it installed in this image?): \
+             No such file or directory (os error 2)"
+        )
+    );
+}
