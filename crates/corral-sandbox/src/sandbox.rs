@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Once, OnceLock};
 use std::time::{Duration, Instant};
 
+use corral_egress::{proxy_environment, EgressProxy, NetworkReport};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
@@ -29,7 +30,6 @@ use crate::spec::{
     SandboxSpec,
 };
 use crate::workspace::{Workspace, WorkspaceError};
-use corral_egress::{proxy_environment, EgressProxy, NetworkReport};
 
 /// Room in the root tmpfs for the synthetic files and mount points, beyond the program file.
 const ROOT_TMPFS_SLACK: u64 = 4 << 20;
