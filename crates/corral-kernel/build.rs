@@ -45,6 +45,9 @@ fn build_session_library() {
         workspace.join("crates/corral-sandbox/seccomp"),
         workspace.join("crates/corral-sandbox/build.rs"),
         workspace.join("crates/corral-sandbox/Cargo.toml"),
+        workspace.join("crates/corral-egress/src"),
+        workspace.join("crates/corral-egress/Cargo.toml"),
+        workspace.join("crates/corral-share/src"),
     ] {
         println!("cargo:rerun-if-changed={}", watched.display());
     }

@@ -4,7 +4,7 @@
 //! than its bound, and never passes anything that does not start as a TLS handshake.
 #![no_main]
 
-use corral_sandbox::egress::hello::{Hello, HelloReader, MAX_HELLO};
+use corral_egress::hello::{Hello, HelloReader, MAX_HELLO};
 use libfuzzer_sys::fuzz_target;
 
 mod chunks;

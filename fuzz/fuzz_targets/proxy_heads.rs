@@ -4,7 +4,7 @@
 //! `Connection: close`.
 #![no_main]
 
-use corral_sandbox::egress::head::{self, Request, MAX_HEAD};
+use corral_egress::head::{self, Request, MAX_HEAD};
 use libfuzzer_sys::fuzz_target;
 
 mod chunks;

@@ -10,8 +10,8 @@ use std::net::{IpAddr, Ipv4Addr, TcpListener, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use corral_sandbox::egress::share::{RESOLVER_SLOTS, RESOLVER_THREADS};
-use corral_sandbox::egress::{EgressPools, FixedResolver, Resolve};
+use corral_egress::share::{RESOLVER_SLOTS, RESOLVER_THREADS};
+use corral_egress::{EgressPools, FixedResolver, Resolve};
 use corral_sandbox::{Egress, Limits, NetworkPolicy};
 
 use crate::harness::*;
@@ -575,8 +575,8 @@ fn egress_two_keys_holding_their_shares_of_connections_leave_a_third_its_floor()
     let port = silent.local_addr().unwrap().port();
     let pools = EgressPools::new(
         corral_share::Limits::new(8, 4, 2, 2),
-        corral_sandbox::egress::share::RESOLVER_SLOTS,
-        corral_sandbox::egress::share::RESOLVER_THREADS,
+        corral_egress::share::RESOLVER_SLOTS,
+        corral_egress::share::RESOLVER_THREADS,
     );
     let of_key = |key: &str, port: u16| {
         let mut egress = ok_test(port);

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use std::collections::VecDeque;
 
+use corral_egress::EgressMonitor;
 use corral_sandbox::cgroup::{MemoryUsage, Meter};
-use corral_sandbox::egress::EgressMonitor;
 use corral_sandbox::ports::PortOpener;
 use corral_sandbox::{ExecutionResult, NetworkReport, Workspace};
 

@@ -185,7 +185,7 @@ pub fn run_forked(
     for input in &spec.input_files {
         let mut source = &input.source;
         if let Err(e) = forked.workspace().write_file(&input.dest, &mut source) {
-            let setup = SandboxError::Setup(format!("copying an input file: {e}"));
+            let setup = SandboxError::InputFile(e);
             let mut result = ExecutionResult::sandbox_error(setup.to_string());
             result.warnings = forked.warnings().to_vec();
             return Some((result, Some(kind)));

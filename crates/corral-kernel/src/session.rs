@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use corral_sandbox::egress::EgressMonitor;
+use corral_egress::EgressMonitor;
 use corral_sandbox::ports::PortOpener;
 use corral_sandbox::{
     hit_rlimit_data, rlimit_data_message, ControlSocket, Egress, ExecutionResult, LanguageError,
@@ -31,8 +31,12 @@ const COMMAND_INTERRUPT_AGAIN: Duration = Duration::from_millis(100);
 /// Startup stderr kept for the error message of a kernel that failed to start.
 const STARTUP_STDERR: usize = 8 << 10;
 
-/// A language a session can speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// A language a session can speak: the one type of every face (`corral run --lang`, the API's
+/// and MCP's `language`), each face's derive behind a feature of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema), schemars(inline))]
 pub enum Language {
     Python,
     Javascript,
@@ -559,8 +563,8 @@ impl Session {
             }
             if report_ready {
                 let why = match self.kernel.host.read_report() {
-                    Report::SetupError(msg) => msg,
-                    Report::Exited(_) | Report::Closed => {
+                    Report::SetupError(failure) => failure.to_string(),
+                    Report::Exited(_) | Report::Closed | Report::Garbled => {
                         format!("it exited; stderr: {}", String::from_utf8_lossy(&stderr))
                     }
                 };

@@ -16,12 +16,13 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use corral_egress::{proxy_environment, EgressMonitor, EgressProxy};
 use corral_sandbox::cgroup::Cgroup;
-use corral_sandbox::egress::{proxy_environment, EgressMonitor, EgressProxy};
 use corral_sandbox::ids::{HostIds, IdLease};
 use corral_sandbox::session::{
     SessionPlan, MAX_PLAN_BYTES, MSG_AGENT, MSG_ERROR, MSG_EXIT, MSG_KERNEL, MSG_PROXY, MSG_READY,
 };
+use corral_sandbox::setup::ChildFailure;
 use corral_sandbox::{
     children_peak_memory, landlock_warning, recv_with_credentials, sandbox_cgroup, send_fds,
     Charge, ControlSocket, Egress, Finish, Limits, Owner, Policy, Report, Role, Rootfs, Sandbox,
@@ -206,7 +207,7 @@ impl Zygote {
             }
             if ready[2] {
                 let why = match sandbox.read_report() {
-                    Report::SetupError(m) => m,
+                    Report::SetupError(failure) => failure.to_string(),
                     _ => format!("it exited; stderr: {}", String::from_utf8_lossy(&stderr)),
                 };
                 return Err(fail(why));
@@ -479,15 +480,18 @@ impl Zygote {
                 (Some([MSG_KERNEL]), _, Some(pid)) => kernel_pid = Some(pid),
                 (Some([MSG_PROXY]), Some(fd), _) if proxy_endpoint && proxy.is_none() => {
                     proxy = Some(
-                        EgressProxy::start(fd, egress.clone(), &limits)
+                        EgressProxy::start(fd, egress.clone(), limits.proxy())
                             .map_err(|e| fork_failed(format!("starting the egress proxy: {e}")))?,
                     );
                 }
                 (Some([MSG_AGENT]), Some(fd), _) if want_agent && agent.is_none() => {
                     agent = Some(fd);
                 }
-                (Some([MSG_ERROR, msg @ ..]), _, _) => {
-                    return Err(fork_failed(String::from_utf8_lossy(msg).into_owned()))
+                (Some(msg @ [MSG_ERROR, ..]), _, _) => {
+                    return Err(fork_failed(ChildFailure::decode(msg).map_or_else(
+                        || "the forked session sent a garbled report".into(),
+                        |failure| failure.to_string(),
+                    )))
                 }
                 _ => return Err(fork_failed("the forked session exited during setup".into())),
             }
@@ -588,7 +592,8 @@ impl ForkedRun {
     }
 
     /// Waits until the kernel, locked down, reports ready on its protocol socket.
-    fn await_ready(&mut self) -> Result<(), String> {
+    fn await_ready(&mut self) -> Result<(), ForkedRunError> {
+        let not_ready = |why: &str| Err(ForkedRunError::NotReady(why.to_string()));
         let deadline = Instant::now() + FORK_TIMEOUT;
         let mut decoder = Decoder::with_limits(ResultLimits::of(&self.limits));
         let mut buf = [0u8; 4096];
@@ -602,26 +607,26 @@ impl ForkedRun {
                 &mut fds,
                 PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX),
             ) {
-                Ok(0) => return Err("no answer from the forked kernel".into()),
+                Ok(0) => return not_ready("no answer from the forked kernel"),
                 Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(ForkedRunError::Poll(e)),
             }
             if fds[1].revents().is_some_and(|r| !r.is_empty()) {
-                return Err(match self.kernel.read_report() {
-                    Report::SetupError(why) => why,
-                    _ => "the forked kernel exited before it was ready".into(),
-                });
+                return match self.kernel.read_report() {
+                    Report::SetupError(failure) => Err(ForkedRunError::Setup(failure)),
+                    _ => not_ready("the forked kernel exited before it was ready"),
+                };
             }
             if fds[0].revents().is_some_and(|r| !r.is_empty()) {
                 match nix::unistd::read(self.protocol.as_raw_fd(), &mut buf) {
-                    Ok(0) | Err(_) => return Err("the forked kernel exited".into()),
+                    Ok(0) | Err(_) => return not_ready("the forked kernel exited"),
                     Ok(n) => decoder.push(&buf[..n]),
                 }
                 match decoder.next_message() {
                     Ok(Some(KernelMessage::Ready { .. })) => return Ok(()),
-                    Ok(Some(_)) => return Err("the forked kernel spoke before it was ready".into()),
+                    Ok(Some(_)) => return not_ready("the forked kernel spoke before it was ready"),
                     Ok(None) => {}
-                    Err(e) => return Err(e.to_string()),
+                    Err(e) => return not_ready(&e.to_string()),
                 }
             }
         }
@@ -634,11 +639,9 @@ impl Supervised for ForkedRun {
     }
 
     fn start(&mut self) -> Result<(), SandboxError> {
-        let fail =
-            |why: String| SandboxError::Setup(format!("the forked run did not start: {why}"));
+        let fail = |e: ForkedRunError| SandboxError::Start(Box::new(e));
         self.await_ready().map_err(fail)?;
-        verify_isolation(self.kernel_pid)
-            .map_err(|e| fail(format!("isolation check failed: {e}")))?;
+        verify_isolation(self.kernel_pid).map_err(|e| fail(ForkedRunError::Isolation(e)))?;
         nix::sys::socket::send(
             self.protocol.as_raw_fd(),
             &encode(&HostMessage::Run {
@@ -646,7 +649,7 @@ impl Supervised for ForkedRun {
             }),
             nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
         )
-        .map_err(|e| fail(e.to_string()))?;
+        .map_err(|e| fail(ForkedRunError::Release(e)))?;
         Ok(())
     }
 
@@ -694,6 +697,22 @@ impl Supervised for ForkedRun {
     fn has_cgroup(&self) -> bool {
         self.kernel.cgroup.is_some()
     }
+}
+
+/// Why a run forked from a zygote did not start.
+#[derive(Debug, thiserror::Error)]
+enum ForkedRunError {
+    /// A setup step of the forked kernel failed, as it reported it.
+    #[error("the forked run did not start: {0}")]
+    Setup(#[source] ChildFailure),
+    #[error("the forked run did not start: {0}")]
+    NotReady(String),
+    #[error("the forked run did not start: {0}")]
+    Poll(#[source] nix::errno::Errno),
+    #[error("the forked run did not start: isolation check failed: {0}")]
+    Isolation(#[source] IsolationBreach),
+    #[error("the forked run did not start: {0}")]
+    Release(#[source] nix::errno::Errno),
 }
 
 fn fork_failed(reason: String) -> KernelError {
@@ -783,11 +802,8 @@ impl ForkedKernel {
             Ok((5, _)) if buf[0] == MSG_EXIT => {
                 Report::Exited(i32::from_le_bytes(buf[1..5].try_into().expect("4 bytes")))
             }
-            Ok((n, _)) if n > 0 && buf[0] == MSG_ERROR => {
-                Report::SetupError(String::from_utf8_lossy(&buf[1..n]).into_owned())
-            }
             Ok((n, _)) if n > 0 => {
-                Report::SetupError(String::from_utf8_lossy(&buf[..n]).into_owned())
+                ChildFailure::decode(&buf[..n]).map_or(Report::Garbled, Report::SetupError)
             }
             _ => Report::Closed,
         }

@@ -890,7 +890,7 @@ fn pooled_sessions_take_their_env_and_show_nothing_of_the_warm_up() {
 /// policy's operator opt-in lets the allowed name resolve to.
 #[test]
 fn sessions_with_a_network_policy_reach_their_allowed_names_only() {
-    use corral_sandbox::egress::FixedResolver;
+    use corral_egress::FixedResolver;
     use corral_sandbox::{Egress, NetworkPolicy};
     use std::io::{Read, Write};
 

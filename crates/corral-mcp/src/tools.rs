@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
+use corral_kernel::Language;
 use corral_sandbox::{ExecutionResult, Status};
 use corral_server::service::{
     CommandRequest, CreateSandboxRequest, ExecuteRequest, NetworkRequest, PolicyRequest,
@@ -137,25 +138,6 @@ fn plain_optionals(schema: &mut schemars::Schema) {
                     p.insert("anyOf".into(), serde_json::Value::Array(kept));
                 }
             }
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-#[schemars(inline)]
-pub enum Language {
-    Python,
-    Javascript,
-    Bash,
-}
-
-impl Language {
-    fn name(self) -> &'static str {
-        match self {
-            Language::Python => "python",
-            Language::Javascript => "javascript",
-            Language::Bash => "bash",
         }
     }
 }
@@ -891,6 +873,28 @@ impl ServerHandler for CorralMcp {
 mod tests {
     use super::*;
     use corral_sandbox::{LanguageError, RichResult};
+
+    #[test]
+    fn a_language_is_one_of_three_plain_strings_in_the_tools_schemas() {
+        let schema = serde_json::to_value(schemars::schema_for!(RunCodeParams)).unwrap();
+        assert_eq!(
+            schema["properties"]["language"],
+            serde_json::json!({
+                "description": "python (default), javascript (Node.js) or bash; each language \
+                                has its own session.",
+                "type": "string",
+                "enum": ["python", "javascript", "bash"],
+            })
+        );
+        let params: RunCodeParams =
+            serde_json::from_value(serde_json::json!({"code": "1", "language": "javascript"}))
+                .unwrap();
+        assert_eq!(params.language, Some(Language::Javascript));
+        assert!(serde_json::from_value::<RunCodeParams>(
+            serde_json::json!({"code": "1", "language": "ruby"})
+        )
+        .is_err());
+    }
 
     #[test]
     fn ansi_codes_are_removed() {

@@ -3,7 +3,7 @@
 //! privilege, forks a session kernel's process agent, then execs the program).
 //!
 //! Everything a child needs is prepared by the host process before `fork` ([`ChildPlan`]),
-//! and every failure is reported over the report socket as `E<message>` before exiting.
+//! and every failure is reported over the report socket ([`crate::setup`]) before exiting.
 
 use std::ffi::CString;
 use std::io;
@@ -19,13 +19,13 @@ use nix::unistd::{chdir, pivot_root, ForkResult, Gid, Pid, Uid};
 use crate::lockdown::Lockdown;
 use crate::rootfs::{self, Op, NEW_ROOT, SANDBOX_GID, SANDBOX_UID};
 use crate::seccomp;
+use crate::setup::{ChildFailure, Step};
 use crate::sys;
 
 /// Messages on the report socket (child → host). One SEQPACKET message each.
 pub(crate) const MSG_INIT_PID: u8 = b'P';
 /// Stage 1 has made the namespaces and waits for the host to map its ids ([`ChildPlan::host_maps`]).
 pub(crate) const MSG_UNSHARED: u8 = b'U';
-pub(crate) const MSG_ERROR: u8 = b'E';
 pub(crate) const MSG_READY: u8 = b'R';
 pub(crate) const MSG_EXIT: u8 = b'X';
 /// Host → workload, once: the membership files of the sandbox's cgroup (one per hierarchy) as
@@ -37,7 +37,7 @@ pub(crate) const MSG_EXIT: u8 = b'X';
 /// and its namespaces are still being torn down.
 pub(crate) const MSG_CGROUP: u8 = b'C';
 /// init → host, once, when the sandbox has a network policy: the egress proxy's listening
-/// socket ([`crate::egress::listen`]), made in the sandbox's network namespace before the
+/// socket ([`corral_egress::listen`]), made in the sandbox's network namespace before the
 /// program runs; init keeps no copy.
 pub(crate) const MSG_PROXY: u8 = b'N';
 /// Most cgroup hierarchies a sandbox joins (v1: memory, pids, cpu, cpuacct, freezer).
@@ -113,9 +113,15 @@ impl ChildPlan {
         unsafe { BorrowedFd::borrow_raw(self.report) }
     }
 
-    fn fail(&self, what: &str, err: impl std::fmt::Display) -> ! {
-        let msg = format!("{}{what}: {err}", MSG_ERROR as char);
-        let _ = sys::send_message(self.report(), msg.as_bytes(), None);
+    /// Reports `err` failing `step` to the host and exits.
+    fn fail(&self, step: Step, err: impl std::error::Error + 'static) -> ! {
+        self.fail_on(step, "", err)
+    }
+
+    /// [`ChildPlan::fail`], for a step that names what it acted on.
+    fn fail_on(&self, step: Step, subject: &str, err: impl std::error::Error + 'static) -> ! {
+        let msg = ChildFailure::encode(step, subject, &err);
+        let _ = sys::send_message(self.report(), &msg, None);
         // SAFETY: _exit ends this child without running the parent's atexit handlers or
         // flushing its copied stdio buffers.
         unsafe { libc::_exit(126) }
@@ -186,7 +192,7 @@ impl ChildPlan {
         ) {
             // SAFETY: open returned a new descriptor that nothing else owns.
             Ok(fd) => Some(unsafe { OwnedFd::from_raw_fd(fd) }),
-            Err(e) => self.fail(&format!("opening {}", dir.display()), e),
+            Err(e) => self.fail_on(Step::RuntimeDir, &dir.display().to_string(), e),
         }
     }
 
@@ -203,7 +209,7 @@ pub(crate) fn stage1(plan: &ChildPlan) -> ! {
     plan.close_host_descriptors();
     if let Some((uid, gid)) = plan.switch_to.filter(|_| !plan.host_userns) {
         if let Err(e) = become_user(uid, gid) {
-            plan.fail("switching to the unprivileged sandbox user", e);
+            plan.fail(Step::SwitchUser, e);
         }
         // Changing credentials made us non-dumpable, which would make /proc/self/uid_map
         // belong to root and unwritable for us.
@@ -214,34 +220,34 @@ pub(crate) fn stage1(plan: &ChildPlan) -> ! {
     let runtime_dir;
     if plan.host_userns {
         if let Err(e) = unshare(NAMESPACES.difference(CloneFlags::CLONE_NEWUSER)) {
-            plan.fail(NAMESPACES_FAILED, e);
+            plan.fail(Step::Namespaces, e);
         }
         runtime_dir = plan.open_runtime_dir();
     } else {
         if let Err(e) = unshare(NAMESPACES) {
-            plan.fail(NAMESPACES_FAILED, e);
+            plan.fail(Step::Namespaces, e);
         }
         runtime_dir = plan.open_runtime_dir();
         if plan.host_maps {
             if let Err(e) = sys::send_message(plan.report(), &[MSG_UNSHARED], None) {
-                plan.fail("reporting the user namespace", e);
+                plan.fail(Step::ReportNamespace, e);
             }
             if !plan.await_maps() {
-                // SAFETY: see `ChildPlan::fail`.
+                // SAFETY: see `ChildPlan::fail_on`.
                 unsafe { libc::_exit(0) }
             }
             if let Err(e) = become_user(Uid::from_raw(SANDBOX_UID), Gid::from_raw(SANDBOX_GID)) {
-                plan.fail("switching to the sandbox user", e);
+                plan.fail(Step::SandboxUser, e);
             }
         } else if let Err(e) =
             write_id_maps("/proc/self", host_uid.as_raw(), host_gid.as_raw(), true)
         {
-            plan.fail("mapping the sandbox user", e);
+            plan.fail(Step::MapUser, e);
         }
     }
     // SAFETY: stage 1 is single-threaded (it is a fresh fork).
     match unsafe { sys::clone_process(libc::CLONE_PARENT) } {
-        Err(e) => plan.fail("starting the sandbox init", e),
+        Err(e) => plan.fail(Step::StartInit, e),
         Ok(0) => init(plan, runtime_dir),
         Ok(pid) => {
             let mut msg = vec![MSG_INIT_PID];
@@ -262,13 +268,13 @@ pub(crate) fn init_in_namespaces(plan: &ChildPlan) -> ! {
     plan.close_host_descriptors();
     if !plan.await_maps() {
         // The host gave up on this sandbox.
-        // SAFETY: see `ChildPlan::fail`.
+        // SAFETY: see `ChildPlan::fail_on`.
         unsafe { libc::_exit(0) }
     }
     let runtime_dir = plan.open_runtime_dir();
     if plan.switch_to.is_some() || plan.host_maps {
         if let Err(e) = become_user(Uid::from_raw(SANDBOX_UID), Gid::from_raw(SANDBOX_GID)) {
-            plan.fail("switching to the sandbox user", e);
+            plan.fail(Step::SandboxUser, e);
         }
     }
     init(plan, runtime_dir)
@@ -347,7 +353,7 @@ fn init(plan: &ChildPlan, runtime_dir: Option<OwnedFd>) -> ! {
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     if let Err(e) = sys::scrub_args_and_environment() {
-        plan.fail("hiding the host command line", e);
+        plan.fail(Step::HideCommandLine, e);
     }
     let _ = nix::unistd::setsid();
 
@@ -356,14 +362,14 @@ fn init(plan: &ChildPlan, runtime_dir: Option<OwnedFd>) -> ! {
     let mut sigchld = nix::sys::signal::SigSet::empty();
     sigchld.add(nix::sys::signal::Signal::SIGCHLD);
     if let Err(e) = sigchld.thread_block() {
-        plan.fail("blocking SIGCHLD", e);
+        plan.fail(Step::BlockSigchld, e);
     }
     let children = match nix::sys::signalfd::SignalFd::with_flags(
         &sigchld,
         nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
     ) {
         Ok(fd) => fd,
-        Err(e) => plan.fail("creating a signalfd", e),
+        Err(e) => plan.fail(Step::Signalfd, e),
     };
 
     // The workload starts now, makes the network namespace and locks itself down (cgroup,
@@ -371,7 +377,7 @@ fn init(plan: &ChildPlan, runtime_dir: Option<OwnedFd>) -> ! {
     // anything of the program's.
     let (go_r, go_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
         Ok(pipe) => pipe,
-        Err(e) => plan.fail("creating the start pipe", e),
+        Err(e) => plan.fail(Step::StartPipe, e),
     };
     // The workload sends the network namespace it made here.
     let (network_in, network_out) = match nix::sys::socket::socketpair(
@@ -381,11 +387,11 @@ fn init(plan: &ChildPlan, runtime_dir: Option<OwnedFd>) -> ! {
         nix::sys::socket::SockFlag::SOCK_CLOEXEC,
     ) {
         Ok(pair) => pair,
-        Err(e) => plan.fail("creating a socket pair", e),
+        Err(e) => plan.fail(Step::SocketPair, e),
     };
     // SAFETY: init is single-threaded.
     let workload_pid = match unsafe { nix::unistd::fork() } {
-        Err(e) => plan.fail("starting the workload", e),
+        Err(e) => plan.fail(Step::StartWorkload, e),
         Ok(ForkResult::Child) => {
             drop((go_w, network_in, runtime_dir));
             workload(plan, go_r, network_out)
@@ -402,30 +408,30 @@ fn init(plan: &ChildPlan, runtime_dir: Option<OwnedFd>) -> ! {
 
     if let Some((instances, watches)) = plan.inotify_limits {
         if let Err(e) = crate::lockdown::limit_inotify(instances, watches) {
-            plan.fail("limiting the sandbox's inotify use", e);
+            plan.fail(Step::Inotify, e);
         }
     }
     if let Err(e) = build_root(plan, runtime_dir) {
-        plan.fail("building the sandbox root filesystem", e);
+        plan.fail(Step::BuildRoot, e);
     }
     let mut byte = [0u8; 1];
     let Ok((1, Some(network))) = sys::recv_message(network_in.as_fd(), &mut byte) else {
         // The workload failed and has reported why.
-        // SAFETY: see `ChildPlan::fail`.
+        // SAFETY: see `ChildPlan::fail_on`.
         unsafe { libc::_exit(126) }
     };
     drop(network_in);
     // Nothing of the sandbox may stay in the host's network namespace: the program can read
     // /proc/1/net.
     if let Err(e) = nix::sched::setns(network, CloneFlags::CLONE_NEWNET) {
-        plan.fail("joining the sandbox's network namespace", e);
+        plan.fail(Step::JoinNetwork, e);
     }
     if plan.proxy_endpoint {
-        let sent = crate::egress::listen().and_then(|endpoint| {
+        let sent = corral_egress::listen().and_then(|endpoint| {
             sys::send_message(plan.report(), &[MSG_PROXY], Some(endpoint.as_raw_fd()))
         });
         if let Err(e) = sent {
-            plan.fail("opening the egress proxy's endpoint", e);
+            plan.fail(Step::ProxyEndpoint, e);
         }
     }
     let workspace = match nix::fcntl::open(
@@ -434,10 +440,10 @@ fn init(plan: &ChildPlan, runtime_dir: Option<OwnedFd>) -> ! {
         nix::sys::stat::Mode::empty(),
     ) {
         Ok(fd) => fd,
-        Err(e) => plan.fail("opening /workspace", e),
+        Err(e) => plan.fail(Step::OpenWorkspace, e),
     };
     if let Err(e) = sys::send_message(plan.report(), &[MSG_READY], Some(workspace)) {
-        plan.fail("reporting readiness", e);
+        plan.fail(Step::ReportReady, e);
     }
     let _ = nix::unistd::close(workspace);
 
@@ -450,7 +456,7 @@ fn init(plan: &ChildPlan, runtime_dir: Option<OwnedFd>) -> ! {
         unsafe { libc::_exit(0) }
     }
     if nix::unistd::write(&go_w, b"g") != Ok(1) {
-        plan.fail("starting the workload", io::Error::last_os_error());
+        plan.fail(Step::StartWorkload, io::Error::last_os_error());
     }
     drop(go_w);
     for fd in [plan.stdout, plan.stderr]
@@ -462,11 +468,11 @@ fn init(plan: &ChildPlan, runtime_dir: Option<OwnedFd>) -> ! {
     }
     if let Some((uid, gid)) = plan.switch_to.filter(|_| plan.host_userns) {
         if let Err(e) = become_user(uid, gid) {
-            plan.fail("switching to the unprivileged sandbox user", e);
+            plan.fail(Step::SwitchUser, e);
         }
     }
     if let Err(e) = crate::lockdown::init(plan.init_filters) {
-        plan.fail("locking down init", e);
+        plan.fail(e.step(), e);
     }
 
     // A zygote's sessions live in pid namespaces below its own, as init's children once their
@@ -626,18 +632,18 @@ pub(crate) fn supervise(
 fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd::OwnedFd) -> ! {
     let network = match make_network() {
         Ok(ns) => ns,
-        Err(e) => plan.fail("creating the network namespace", e),
+        Err(e) => plan.fail(Step::CreateNetwork, e),
     };
     if let Err(e) = sys::send_message(network_out.as_fd(), b"n", Some(network.as_raw_fd())) {
-        plan.fail("passing the network namespace to init", e);
+        plan.fail(Step::PassNetwork, e);
     }
     drop(network);
     drop(network_out);
     if let Err(e) = redirect_stdio(plan.stdin, plan.stdout, plan.stderr, plan.socket) {
-        plan.fail("setting up standard streams", e);
+        plan.fail(Step::Stdio, e);
     }
     if let Err(e) = nix::sys::signal::SigSet::empty().thread_set_mask() {
-        plan.fail("restoring the signal mask", e);
+        plan.fail(Step::SignalMask, e);
     }
     // Neither Corral's runtime (which ignores SIGPIPE) nor whoever started it decides how the
     // program reacts to signals: without this, `yes | head -1` would print "Broken pipe".
@@ -645,7 +651,7 @@ fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd
     sys::cloexec_from(if plan.socket.is_some() { 4 } else { 3 });
     let in_cgroup = match join_cgroup(plan) {
         Ok(joined) => joined,
-        Err(e) => plan.fail("joining the sandbox cgroup", e),
+        Err(e) => plan.fail(Step::JoinCgroup, e),
     };
     // The zygote's sessions mount their own filesystems, which a Landlock domain forbids;
     // each session applies Landlock itself before running any code.
@@ -667,28 +673,28 @@ fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd
     };
     if let Some((uid, gid)) = plan.switch_to.filter(|_| plan.host_userns) {
         if let Err(e) = become_user_keeping_capabilities(uid, gid) {
-            plan.fail("switching to the unprivileged sandbox user", e);
+            plan.fail(Step::SwitchUser, e);
         }
     }
     if let Err(e) = lockdown.privileges() {
-        plan.fail("locking the workload down", e);
+        plan.fail(e.step(), e);
     }
 
     let mut byte = [0u8; 1];
     if !matches!(nix::unistd::read(go.as_raw_fd(), &mut byte), Ok(1)) {
         // init gave up (and the sandbox is being torn down).
-        // SAFETY: see `ChildPlan::fail`.
+        // SAFETY: see `ChildPlan::fail_on`.
         unsafe { libc::_exit(0) }
     }
     drop(go);
     // Undoes init's `move_off_this_cpu`.
     if let Some(cpus) = &plan.cpus {
         if let Err(e) = nix::sched::sched_setaffinity(Pid::from_raw(0), cpus) {
-            plan.fail("restoring the CPU affinity", e);
+            plan.fail(Step::CpuAffinity, e);
         }
     }
     if let Err(e) = chdir("/workspace") {
-        plan.fail("entering /workspace", e);
+        plan.fail(Step::EnterWorkspace, e);
     }
     if let Some(env) = &plan.agent_env {
         let started = crate::agent_fork::start(
@@ -698,11 +704,11 @@ fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd
             plan.report(),
         );
         if let Err(e) = started {
-            plan.fail("starting the process agent", e);
+            plan.fail(Step::ProcessAgent, e);
         }
     }
     if let Err(e) = lockdown.confine() {
-        plan.fail("locking the workload down", e);
+        plan.fail(e.step(), e);
     }
     let argv: Vec<*const libc::c_char> = plan
         .argv
@@ -727,8 +733,9 @@ fn workload(plan: &ChildPlan, go: std::os::fd::OwnedFd, network_out: std::os::fd
         }
     }
     let program = plan.argv[0].to_string_lossy();
-    plan.fail(
-        &format!("executing {program} (is it installed in this image?)"),
+    plan.fail_on(
+        Step::Exec,
+        &format!("{program} (is it installed in this image?)"),
         last,
     )
 }

@@ -6,7 +6,8 @@ use nix::unistd::ForkResult;
 
 use crate::cgroup::Cgroup;
 use crate::ids::HostIds;
-use crate::seccomp::{self, Role};
+use crate::seccomp;
+use crate::spec::Role;
 use crate::spec::{Limits, Rootfs, SandboxSpec};
 use crate::{landlock_rules, sandbox, Status};
 
@@ -174,7 +175,7 @@ pub fn run_checks(rootfs: Rootfs) -> Vec<Check> {
     let seccomp_ok = std::fs::read_to_string("/proc/self/status")
         .map(|s| s.lines().any(|l| l.starts_with("Seccomp_filters:")))
         .unwrap_or(false);
-    let programs = seccomp::filters(Role::Workload).len() + seccomp::filters(Role::Init).len();
+    let programs = seccomp::filters(Role::Workload).len() + seccomp::init_filters().len();
     checks.push(check(
         "seccomp",
         seccomp_ok,

@@ -14,7 +14,6 @@ pub mod cgroup;
 mod charge;
 mod child;
 pub mod doctor;
-pub mod egress;
 pub mod env;
 pub mod ids;
 mod landlock_rules;
@@ -27,6 +26,7 @@ pub mod rootfs;
 mod sandbox;
 pub mod seccomp;
 pub mod session;
+pub mod setup;
 pub mod subids;
 pub use sys::{
     end_quietly_on_closed_pipe, recv_message, recv_with_credentials, send_fds, Received,
@@ -40,7 +40,7 @@ pub mod workspace;
 
 pub use budget::{Reservation, ResultBudget};
 pub use charge::Charge;
-pub use egress::{Egress, NetworkPolicy, NetworkReport};
+pub use corral_egress::{Egress, NetworkPolicy, NetworkReport};
 pub use ids::{caller_uid_warning, host_ids, HostIds, ROOT_MODE_ID_BASE};
 pub use limits::{LimitError, LimitField};
 pub use owner::Owner;

@@ -82,16 +82,7 @@ impl LimitError {
     }
 }
 
-/// `n` bytes for a person: in whole GiB, MiB or KiB when exact, else in bytes (never rounded,
-/// so that a value just outside a bound never reads as the bound).
-pub fn show_bytes(n: u64) -> String {
-    for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
-            return format!("{} {unit}", n >> shift);
-        }
-    }
-    format!("{n} bytes")
-}
+pub use corral_share::show_bytes;
 
 fn timeout_error(asked: String) -> LimitError {
     LimitError {
@@ -133,6 +124,14 @@ fn range_u64(
 }
 
 impl Limits {
+    /// What the sandbox's egress proxy may move and open.
+    pub fn proxy(&self) -> corral_egress::ProxyLimits {
+        corral_egress::ProxyLimits {
+            net_bytes: self.net_bytes,
+            net_connections: self.net_connections,
+        }
+    }
+
     /// Checks every limit a caller can set against the engine's bounds; the error names the
     /// first one out of range.
     pub fn validate(&self) -> Result<(), LimitError> {
@@ -347,15 +346,6 @@ mod tests {
             let e = timeout_from_secs(bad).unwrap_err();
             assert_eq!(e.field, LimitField::Timeout, "{bad}");
         }
-    }
-
-    #[test]
-    fn bytes_read_as_people_write_them() {
-        assert_eq!(show_bytes(64 << 30), "64 GiB");
-        assert_eq!(show_bytes(4 << 20), "4 MiB");
-        assert_eq!(show_bytes((4 << 20) - 1), "4194303 bytes");
-        assert_eq!(show_bytes(1536 << 20), "1536 MiB");
-        assert_eq!(show_bytes(12), "12 bytes");
     }
 
     #[test]

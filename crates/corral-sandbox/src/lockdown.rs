@@ -31,6 +31,20 @@ pub enum LockdownError {
     Landlock(#[source] LandlockError),
 }
 
+impl LockdownError {
+    /// The setup step this failure is reported as.
+    pub(crate) fn step(&self) -> crate::setup::Step {
+        use crate::setup::Step;
+        match self {
+            LockdownError::NoNewPrivs(_) => Step::NoNewPrivs,
+            LockdownError::Capabilities(_) => Step::Capabilities,
+            LockdownError::Seccomp(_) => Step::Seccomp,
+            LockdownError::Rlimit { .. } => Step::Rlimits,
+            LockdownError::Landlock(_) => Step::Landlock,
+        }
+    }
+}
+
 /// What locks one program down.
 #[derive(Debug)]
 pub struct Lockdown {

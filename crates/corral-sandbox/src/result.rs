@@ -15,18 +15,6 @@ pub enum Status {
     SandboxError,
 }
 
-impl Status {
-    /// The exit code `corral run` uses for this status when the program's own is not meaningful.
-    pub fn cli_exit_code(self, program_exit: Option<i32>) -> i32 {
-        match self {
-            Status::Timeout => 124,
-            Status::MemoryLimit => 137,
-            Status::SandboxError => 125,
-            Status::Success | Status::Error => program_exit.unwrap_or(1),
-        }
-    }
-}
-
 /// One rich result (a MIME bundle); keys are present only for the types that exist.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -118,7 +106,7 @@ pub struct ExecutionResult {
     pub warnings: Vec<String>,
     /// What the sandbox's egress proxy did during the execution; `null` without a network
     /// policy (docs/network.md).
-    pub network: Option<crate::egress::NetworkReport>,
+    pub network: Option<corral_egress::NetworkReport>,
     /// The room its results and error take in the host's budget of results held at once
     /// (none without a budget); not part of the result object. An answer made of the result
     /// takes it over, so that it is given back only once the answer is gone.

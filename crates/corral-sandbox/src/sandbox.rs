@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Once, OnceLock};
 use std::time::{Duration, Instant};
 
+use corral_egress::{proxy_environment, EgressProxy, NetworkReport};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
@@ -15,21 +16,20 @@ use nix::unistd::{ForkResult, Gid, Pid, Uid};
 
 use crate::cgroup::{Cgroup, Layout};
 use crate::charge::Charge;
-use crate::child::{
-    self, ChildPlan, MSG_CGROUP, MSG_ERROR, MSG_EXIT, MSG_INIT_PID, MSG_PROXY, MSG_READY,
-};
-use crate::egress::{proxy_environment, EgressProxy, NetworkReport};
+use crate::child::{self, ChildPlan, MSG_CGROUP, MSG_EXIT, MSG_INIT_PID, MSG_PROXY, MSG_READY};
 use crate::ids::{HostIds, IdLease, Subordinate};
 use crate::landlock_rules;
 use crate::owner::Owner;
 use crate::result::{ExecutionResult, Status};
 use crate::rootfs::{self, Entry};
-use crate::seccomp::{self, Role};
+use crate::seccomp;
 use crate::session::MSG_AGENT;
+use crate::setup::{ChildFailure, MSG_ERROR};
 use crate::spec::{
-    base_environment, workload_rlimits, zygote_rlimits, ControlSocket, Limits, Policy, SandboxSpec,
+    base_environment, workload_rlimits, zygote_rlimits, ControlSocket, Limits, Policy, Role,
+    SandboxSpec,
 };
-use crate::workspace::Workspace;
+use crate::workspace::{Workspace, WorkspaceError};
 
 /// Room in the root tmpfs for the synthetic files and mount points, beyond the program file.
 const ROOT_TMPFS_SLACK: u64 = 4 << 20;
@@ -108,18 +108,62 @@ pub fn children_peak_memory(init: Pid) -> Option<u64> {
         .max()
 }
 
+/// Why a sandbox was not made or its program did not start: one variant per step of the
+/// host's, and [`SandboxError::Child`] for a step of the sandbox's own processes.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     /// A protection cannot be applied and the policy does not allow running without it.
     #[error("refusing to run: {0}")]
     Refused(String),
-    /// A step of building the sandbox failed; the message says which.
-    #[error("sandbox setup failed: {0}")]
-    Setup(String),
+    /// The kernel would not make the sandbox's namespaces.
+    #[error("refusing to run: {}: {source}", child::NAMESPACES_FAILED)]
+    Namespaces {
+        #[source]
+        source: io::Error,
+    },
+    /// The host could not map the sandbox user into its user namespace (or tell init it has).
+    #[error("sandbox setup failed: mapping the sandbox user: {0}")]
+    UserMap(#[source] io::Error),
     /// Rootless with subordinate ids: a helper did not map the sandbox's ids. The sandbox is
     /// refused, never run as the caller instead.
     #[error("mapping the sandbox's subordinate ids: {0}")]
     IdMap(#[from] crate::subids::MapError),
+    /// No cgroup could be made for the sandbox, and the policy forbids running without.
+    #[error(
+        "refusing to run: cannot create a cgroup ({source}) and --strict forbids the rlimit \
+         fallback"
+    )]
+    NoCgroup {
+        #[source]
+        source: io::Error,
+    },
+    /// The sandbox's cgroup was made but could not be handed to it.
+    #[error("sandbox setup failed: {what}: {source}")]
+    Cgroup {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// A setup step of the sandbox's own processes failed, as they reported it.
+    #[error("sandbox setup failed: {0}")]
+    Child(#[from] ChildFailure),
+    /// The sandbox's setup processes ended (or sent something else) without a report.
+    #[error("sandbox setup failed: the sandbox's setup processes exited without reporting")]
+    Unreported,
+    #[error("sandbox setup failed: starting the egress proxy: {0}")]
+    EgressProxy(#[source] io::Error),
+    #[error("sandbox setup failed: copying an input file: {0}")]
+    InputFile(#[source] WorkspaceError),
+    /// The workload ended before it handed over its process agent.
+    #[error(
+        "sandbox setup failed: the sandbox's workload ended without starting its process agent"
+    )]
+    NoAgent,
+    /// A program started another way than [`Sandbox`]'s (see [`Supervised`]) did not start:
+    /// that way's own error.
+    #[error(transparent)]
+    Start(Box<dyn std::error::Error + Send + Sync>),
+    /// The host's own plumbing (pipes, sockets, a fork) failed.
     #[error("{what}: {source}")]
     Io {
         what: &'static str,
@@ -324,16 +368,15 @@ pub fn sandbox_cgroup(
     policy: crate::spec::Policy,
 ) -> Result<(Option<Cgroup>, Option<String>), SandboxError> {
     let cgroup = match cgroup_layout() {
-        Some(layout) => Cgroup::create(layout, &unique_name(), limits).map_err(|e| e.to_string()),
-        None => Err(
-            "no cgroup v1 or v2 hierarchy with the memory and pids controllers is mounted".into(),
-        ),
+        Some(layout) => Cgroup::create(layout, &unique_name(), limits),
+        None => Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "no cgroup v1 or v2 hierarchy with the memory and pids controllers is mounted",
+        )),
     };
     match cgroup {
         Ok(cg) => Ok((Some(cg), None)),
-        Err(reason) if policy.strict => Err(SandboxError::Refused(format!(
-            "cannot create a cgroup ({reason}) and --strict forbids the rlimit fallback"
-        ))),
+        Err(source) if policy.strict => Err(SandboxError::NoCgroup { source }),
         Err(reason) => Ok((
             None,
             Some(format!(
@@ -388,7 +431,9 @@ pub enum Report {
     /// The program exited with this raw wait status; init has killed everything else.
     Exited(i32),
     /// A setup step failed (e.g. the program could not be executed).
-    SetupError(String),
+    SetupError(ChildFailure),
+    /// init sent something else than a report.
+    Garbled,
     /// init is gone without a report.
     Closed,
 }
@@ -418,16 +463,13 @@ impl Sandbox {
     /// into the workspace first.
     fn build(spec: &SandboxSpec, start_at_once: bool) -> Result<Sandbox, SandboxError> {
         debug_assert!(!start_at_once || spec.input_files.is_empty());
-        if spec.process_agent && spec.role != crate::spec::Role::Workload {
+        if spec.process_agent && spec.role != Role::Workload {
             return Err(SandboxError::Refused(
                 "only a workload has a process agent (a zygote's sessions start their own)".into(),
             ));
         }
-        let workload_filters = seccomp::filters(match spec.role {
-            crate::spec::Role::Workload => Role::Workload,
-            crate::spec::Role::Zygote => Role::Zygote,
-        });
-        let init_filters = seccomp::filters(Role::Init);
+        let workload_filters = seccomp::filters(spec.role);
+        let init_filters = seccomp::init_filters();
         let host_ids = crate::ids::host_ids();
         let warnings: Vec<String> = landlock_warning(spec.policy)?
             .into_iter()
@@ -450,7 +492,7 @@ impl Sandbox {
             &spec.rootfs,
             limits.disk_bytes,
             &run_files,
-            spec.role == crate::spec::Role::Workload,
+            spec.role == Role::Workload,
             Entry::of,
         );
         let root_size =
@@ -532,7 +574,7 @@ impl Sandbox {
             .filter(|_| root_mode)
             .map(|lease| (Uid::from_raw(lease.uid()), Gid::from_raw(lease.gid())));
         // Root mode: a zygote stays in the host's user namespace (see ChildPlan::host_userns).
-        let host_userns = root_mode && spec.role == crate::spec::Role::Zygote;
+        let host_userns = root_mode && spec.role == Role::Zygote;
         let plan = ChildPlan {
             runtime_dir: spec.runtime_dir.clone(),
             ops,
@@ -540,7 +582,7 @@ impl Sandbox {
             host_userns,
             host_maps: subordinate.is_some(),
             // A zygote's sessions each set their own share, below the zygote's namespace.
-            inotify_limits: (!root_mode && spec.role == crate::spec::Role::Workload)
+            inotify_limits: (!root_mode && spec.role == Role::Workload)
                 .then_some(crate::spec::ROOTLESS_INOTIFY_LIMITS),
             report: report_child.as_raw_fd(),
             control: control_r.as_raw_fd(),
@@ -554,12 +596,12 @@ impl Sandbox {
             argv: cstrings(spec.argv.iter().cloned())?,
             envp: cstrings(env.iter().map(|(k, v)| format!("{k}={v}")))?,
             rlimits: match spec.role {
-                crate::spec::Role::Workload => workload_rlimits(&limits, true),
-                crate::spec::Role::Zygote => zygote_rlimits(),
+                Role::Workload => workload_rlimits(&limits, true),
+                Role::Zygote => zygote_rlimits(),
             },
             fallback_rlimits: match spec.role {
-                crate::spec::Role::Workload => workload_rlimits(&limits, false),
-                crate::spec::Role::Zygote => zygote_rlimits(),
+                Role::Workload => workload_rlimits(&limits, false),
+                Role::Zygote => zygote_rlimits(),
             },
             landlock_required: !spec.policy.allow_degraded,
             workload_filters,
@@ -595,12 +637,7 @@ impl Sandbox {
             }
             drop(as_owner);
             match cloned {
-                Err(e) => {
-                    return Err(SandboxError::Refused(format!(
-                        "{}: {e}",
-                        child::NAMESPACES_FAILED
-                    )))
-                }
+                Err(source) => return Err(SandboxError::Namespaces { source }),
                 Ok(0) => child::init_in_namespaces(&plan),
                 Ok(pid) => Pid::from_raw(pid),
             }
@@ -645,7 +682,7 @@ impl Sandbox {
                     source,
                 })?,
         };
-        let zygote = spec.role == crate::spec::Role::Zygote;
+        let zygote = spec.role == Role::Zygote;
         if direct {
             sandbox.init = first_child;
             sandbox.reaped = false;
@@ -670,14 +707,12 @@ impl Sandbox {
                         ),
                     };
                     child::write_id_maps(&format!("/proc/{first_child}"), uid, gid, deny_setgroups)
-                        .map_err(|e| {
-                            SandboxError::Setup(format!("mapping the sandbox user: {e}"))
-                        })?;
+                        .map_err(SandboxError::UserMap)?;
                 }
             }
             sandbox
                 .send_control(&[child::MAPS_WRITTEN])
-                .map_err(|e| SandboxError::Setup(format!("mapping the sandbox user: {e}")))?;
+                .map_err(SandboxError::UserMap)?;
         } else if let (Some(sub), Some(lease)) = (subordinate, &sandbox.id_lease) {
             // Stage 1 has made the namespaces (or failed to) and waits for its maps.
             let mut buf = [0u8; 4096];
@@ -685,19 +720,16 @@ impl Sandbox {
                 Ok((n, _)) => match &buf[..n] {
                     [child::MSG_UNSHARED] => map_subordinate(sub, first_child, lease, zygote)
                         .map(|userns| sandbox.userns = Some(userns)),
-                    [MSG_ERROR, msg @ ..] => Err(SandboxError::Setup(
-                        String::from_utf8_lossy(msg).into_owned(),
-                    )),
-                    _ => Err(SandboxError::Setup(
-                        "the sandbox's setup processes exited without reporting".into(),
-                    )),
+                    msg => {
+                        Err(ChildFailure::decode(msg).map_or(SandboxError::Unreported, Into::into))
+                    }
                 },
                 Err(e) => Err(e),
             }
             .and_then(|()| {
                 sandbox
                     .send_control(&[child::MAPS_WRITTEN])
-                    .map_err(|e| SandboxError::Setup(format!("mapping the sandbox user: {e}")))
+                    .map_err(SandboxError::UserMap)
             });
             if let Err(e) = mapped {
                 let _ = kill(first_child, Signal::SIGKILL);
@@ -766,31 +798,27 @@ impl Sandbox {
                             .as_ref()
                             .map(|cg| Charge::new(cg, limits.memory_bytes))
                             .transpose()
-                            .map_err(|source| SandboxError::Io {
+                            .map_err(|source| SandboxError::Cgroup {
                                 what: "opening the cgroup's membership files",
                                 source,
                             })?;
                         sandbox.workspace = Some(Workspace::new(fd, owner, charge));
                     }
-                    (Some([MSG_ERROR, msg @ ..]), _) => {
-                        return Err(SandboxError::Setup(
-                            String::from_utf8_lossy(msg).into_owned(),
-                        ))
+                    (Some(msg @ [MSG_ERROR, ..]), _) => {
+                        return Err(
+                            ChildFailure::decode(msg).map_or(SandboxError::Unreported, Into::into)
+                        )
                     }
                     (Some([MSG_PROXY]), Some(fd)) if proxy_endpoint && sandbox.egress.is_none() => {
-                        let proxy =
-                            EgressProxy::start(fd, spec.egress.clone(), &limits).map_err(|e| {
-                                SandboxError::Setup(format!("starting the egress proxy: {e}"))
-                            })?;
+                        let proxy = EgressProxy::start(fd, spec.egress.clone(), limits.proxy())
+                            .map_err(SandboxError::EgressProxy)?;
                         sandbox.egress = Some(proxy);
                     }
                     _ => {
                         if init_pid.is_none() {
                             child::reap(first_child);
                         }
-                        return Err(SandboxError::Setup(
-                            "the sandbox's setup processes exited without reporting".into(),
-                        ));
+                        return Err(SandboxError::Unreported);
                     }
                 }
             }
@@ -803,7 +831,7 @@ impl Sandbox {
             sandbox
                 .workspace()
                 .write_file(&input.dest, &mut source)
-                .map_err(|e| SandboxError::Setup(format!("copying an input file: {e}")))?;
+                .map_err(SandboxError::InputFile)?;
         }
         Ok(sandbox)
     }
@@ -815,7 +843,7 @@ impl Sandbox {
         self.cgroup = cgroup;
         self.warnings.extend(warning);
         let files = match &self.cgroup {
-            Some(cg) => cg.join_files().map_err(|source| SandboxError::Io {
+            Some(cg) => cg.join_files().map_err(|source| SandboxError::Cgroup {
                 what: "opening the cgroup's membership files",
                 source,
             })?,
@@ -823,7 +851,7 @@ impl Sandbox {
         };
         let raw: Vec<_> = files.iter().map(|f| f.as_raw_fd()).collect();
         crate::sys::send_fds(self.report.as_fd(), &[MSG_CGROUP], &raw).map_err(|source| {
-            SandboxError::Io {
+            SandboxError::Cgroup {
                 what: "sending the cgroup to the sandbox",
                 source,
             }
@@ -878,12 +906,7 @@ impl Sandbox {
         let (n, fd) = self.recv(&mut buf)?;
         match (&buf[..n], fd) {
             ([MSG_AGENT], Some(fd)) => Ok(Some(fd)),
-            ([MSG_ERROR, msg @ ..], _) => Err(SandboxError::Setup(
-                String::from_utf8_lossy(msg).into_owned(),
-            )),
-            _ => Err(SandboxError::Setup(
-                "the sandbox's workload ended without starting its process agent".into(),
-            )),
+            (msg, _) => Err(ChildFailure::decode(msg).map_or(SandboxError::NoAgent, Into::into)),
         }
     }
 
@@ -936,10 +959,7 @@ impl Sandbox {
                 [MSG_EXIT, status @ ..] if status.len() == 4 => {
                     Report::Exited(i32::from_le_bytes(status.try_into().expect("4 bytes")))
                 }
-                [MSG_ERROR, msg @ ..] => {
-                    Report::SetupError(String::from_utf8_lossy(msg).into_owned())
-                }
-                _ => Report::SetupError("init sent an unknown report".into()),
+                msg => ChildFailure::decode(msg).map_or(Report::Garbled, Report::SetupError),
             },
             _ => Report::Closed,
         }
@@ -978,7 +998,7 @@ impl Sandbox {
     }
 
     /// Reads what the egress proxy does (none without a network policy).
-    pub fn network_monitor(&self) -> Option<crate::egress::EgressMonitor> {
+    pub fn network_monitor(&self) -> Option<corral_egress::EgressMonitor> {
         self.egress.as_ref().map(EgressProxy::monitor)
     }
 
@@ -1273,7 +1293,8 @@ pub fn wait_for_program(
                         exit_status = Some(raw);
                         open[2] = false;
                     }
-                    Report::SetupError(msg) => setup_error = Some(msg),
+                    Report::SetupError(failure) => setup_error = Some(failure.to_string()),
+                    Report::Garbled => setup_error = Some("init sent an unknown report".into()),
                 }
                 continue;
             }

@@ -9,19 +9,10 @@ use nix::errno::Errno;
 
 pub use libc::sock_filter;
 
+use crate::spec::Role;
+
 mod programs {
     include!(concat!(env!("OUT_DIR"), "/seccomp_programs.rs"));
-}
-
-/// Which sandbox process a profile is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// The untrusted user code and everything it spawns.
-    Workload,
-    /// The sandbox's own pid-1 reaper, after its setup is done.
-    Init,
-    /// Corral's zygote and the sessions it forks, until each installs the workload filter.
-    Zygote,
 }
 
 /// `seccomp(SECCOMP_SET_MODE_FILTER)` failed; EACCES means no_new_privs was not set.
@@ -37,12 +28,18 @@ pub struct SeccompError(#[source] pub Errno);
 /// filter and only replaces its result with a strictly more severe one). So the `clone3` filter
 /// comes last for its ENOSYS to beat the allow-list's EPERM, while its default "allow" can
 /// never override a denial by the allow-list.
+/// The workload's are for the untrusted code and everything it spawns; the zygote's for
+/// Corral's zygote and the sessions it forks, until each installs the workload's.
 pub fn filters(role: Role) -> &'static [&'static [sock_filter]] {
     match role {
         Role::Workload => programs::WORKLOAD,
-        Role::Init => programs::INIT,
         Role::Zygote => programs::ZYGOTE,
     }
+}
+
+/// The programs of every sandbox's (and session's) own pid-1 reaper, once its setup is done.
+pub fn init_filters() -> &'static [&'static [sock_filter]] {
+    programs::INIT
 }
 
 /// Install them on the calling thread (requires no_new_privs already set, or CAP_SYS_ADMIN).
@@ -136,13 +133,11 @@ mod tests {
                     .all(|p| !p.is_empty() && p.len() <= BPF_MAX_LEN));
             }
         }
-        for role in [Role::Workload, Role::Init, Role::Zygote] {
-            let embedded = filters(role);
-            let profile = match role {
-                Role::Workload => &WORKLOAD,
-                Role::Init => &INIT,
-                Role::Zygote => &ZYGOTE,
-            };
+        for (embedded, profile) in [
+            (filters(Role::Workload), &WORKLOAD),
+            (init_filters(), &INIT),
+            (filters(Role::Zygote), &ZYGOTE),
+        ] {
             let fresh = compile(profile, HOST_ARCH).unwrap();
             assert_eq!(embedded.len(), fresh.len());
             for (e, f) in embedded.iter().zip(&fresh) {
@@ -1078,10 +1073,9 @@ mod tests {
     /// Exit code of a probe child that could not install the filter.
     const INSTALL_FAILED: i32 = 90;
 
-    /// Runs `probes` in a forked child under `role`'s filters; returns one result per probe:
-    /// 0 for success, else the errno.
-    fn run_probes(role: Role, probes: &[Probe]) -> Vec<i32> {
-        let programs = filters(role);
+    /// Runs `probes` in a forked child under `programs`; returns one result per probe: 0 for
+    /// success, else the errno.
+    fn run_probes(programs: &[&[sock_filter]], probes: &[Probe]) -> Vec<i32> {
         let mut results = vec![0i32; probes.len()];
         let (read_end, write_end) = pipe().unwrap();
         // SAFETY: the test binary is multi-threaded, so the child sticks to async-signal-safe
@@ -1130,8 +1124,8 @@ mod tests {
         }
     }
 
-    fn check_probes(role: Role, probes: &[Probe]) {
-        let results = run_probes(role, probes);
+    fn check_probes(what: &str, programs: &[&[sock_filter]], probes: &[Probe]) {
+        let results = run_probes(programs, probes);
         let failures: Vec<String> = probes
             .iter()
             .zip(&results)
@@ -1150,13 +1144,13 @@ mod tests {
             })
             .collect();
         eprintln!(
-            "{role:?}: {} probes, {} unexpected",
+            "{what}: {} probes, {} unexpected",
             probes.len(),
             failures.len()
         );
         assert!(
             failures.is_empty(),
-            "{role:?} filter:\n{}",
+            "{what} filter:\n{}",
             failures.join("\n")
         );
     }
@@ -1171,7 +1165,7 @@ mod tests {
             let probed = probes.iter().any(|p| p.name == *name);
             assert!(probed || !exists, "{name} is not probed");
         }
-        check_probes(Role::Workload, &probes);
+        check_probes("workload", filters(Role::Workload), &probes);
     }
 
     /// A zygote keeps CAP_SETUID and CAP_SETGID (as root in the host's user namespace,
@@ -1243,7 +1237,7 @@ mod tests {
                 open_socket(AF_INET, SOCK_STREAM, IPPROTO_TCP)
             ),
         ];
-        check_probes(Role::Zygote, &probes);
+        check_probes("zygote", filters(Role::Zygote), &probes);
     }
 
     #[test]
@@ -1330,7 +1324,7 @@ mod tests {
             ),
             deny!("ptrace", SYS_ptrace, [NONE, 0, 0, 0]),
         ];
-        check_probes(Role::Init, &probes);
+        check_probes("init", init_filters(), &probes);
     }
 
     /// Runs `cmd` under the workload filter (installed between fork and exec) with a timeout.

@@ -23,7 +23,7 @@
 //!
 //! init reports on the control socket as the one-shot init does on its report socket:
 //! `R` + the workspace descriptor, `K` with the kernel's pid (as credentials, which the kernel
-//! translates into the host's pid namespace), `E<message>` on failure, `X` + i32 wait status
+//! translates into the host's pid namespace), a [`crate::setup`] report on failure, `X` + i32 wait status
 //! when the kernel has exited; it takes `i` (interrupt) and EOF (the host is gone).
 
 use std::ffi::CString;
@@ -40,13 +40,14 @@ use crate::child;
 use crate::lockdown;
 use crate::rootfs::{self, SANDBOX_UID};
 use crate::seccomp;
+use crate::setup::{ChildFailure, Step};
 use crate::spec::{workload_rlimits, Limits};
 use crate::sys;
 
 /// Control messages (session init → host).
 pub const MSG_READY: u8 = b'R';
 pub const MSG_KERNEL: u8 = b'K';
-pub const MSG_ERROR: u8 = b'E';
+pub use crate::setup::MSG_ERROR;
 pub const MSG_EXIT: u8 = b'X';
 /// The egress proxy's listening socket, made in the session's network namespace before the
 /// kernel exists, when the plan asks for it; init keeps no copy.
@@ -131,9 +132,10 @@ impl SessionFds {
         unsafe { BorrowedFd::borrow_raw(self.control) }
     }
 
-    fn fail(&self, what: &str, err: impl std::fmt::Display) -> ! {
-        let msg = format!("{}{what}: {err}", MSG_ERROR as char);
-        let _ = sys::send_message(self.control(), msg.as_bytes(), None);
+    /// Reports `err` failing `step` to the host ([`crate::setup`]) and exits.
+    fn fail(&self, step: Step, err: impl std::error::Error + 'static) -> ! {
+        let msg = ChildFailure::encode(step, "", &err);
+        let _ = sys::send_message(self.control(), &msg, None);
         // SAFETY: _exit ends this child without running the zygote's exit handlers.
         unsafe { libc::_exit(126) }
     }
@@ -149,24 +151,27 @@ pub fn enter(fds: &SessionFds) -> Entered {
     sys::close_all_except(&keep);
     let (plan, program) = match read_plan(fds.control()) {
         Ok(read) => read,
-        Err(e) => fds.fail("reading the session plan", e),
+        Err(e) => fds.fail(Step::ReadPlan, e),
     };
     let program = match (&plan.program, program) {
         (None, None) => None,
         (Some(name), Some(text)) if is_file_name(name) => Some((name.clone(), text)),
         _ => fds.fail(
-            "reading the session plan",
-            "a program needs a plain file name and its text",
+            Step::ReadPlan,
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a program needs a plain file name and its text",
+            ),
         ),
     };
     for &fd in &fds.cgroup {
         if let Err(e) = join_cgroup_file(fd) {
-            fds.fail("joining the session's cgroup", e);
+            fds.fail(Step::JoinCgroup, e);
         }
     }
     if let Some((uid, gid)) = plan.host_ids {
         if let Err(e) = child::become_user(Uid::from_raw(uid), Gid::from_raw(gid)) {
-            fds.fail("switching to the session's host uid", e);
+            fds.fail(Step::SwitchUser, e);
         }
         // Changing credentials made us non-dumpable, which would make /proc/self/uid_map
         // belong to root and unwritable for us.
@@ -175,10 +180,10 @@ pub fn enter(fds: &SessionFds) -> Entered {
     }
     let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
     if let Err(e) = unshare(CloneFlags::CLONE_NEWUSER) {
-        fds.fail(child::NAMESPACES_FAILED, e);
+        fds.fail(Step::Namespaces, e);
     }
     if let Err(e) = child::write_id_maps("/proc/self", uid.as_raw(), gid.as_raw(), true) {
-        fds.fail("mapping the sandbox user", e);
+        fds.fail(Step::MapUser, e);
     }
     if let Err(e) = unshare(
         CloneFlags::CLONE_NEWNS
@@ -188,12 +193,12 @@ pub fn enter(fds: &SessionFds) -> Entered {
             | CloneFlags::CLONE_NEWUTS
             | CloneFlags::CLONE_NEWCGROUP,
     ) {
-        fds.fail(child::NAMESPACES_FAILED, e);
+        fds.fail(Step::Namespaces, e);
     }
     // The session's init is pid 1 of the new pid namespace; this process is done.
     // SAFETY: this process is single-threaded (a fresh fork).
     match unsafe { nix::unistd::fork() } {
-        Err(e) => fds.fail("starting the session's init", e),
+        Err(e) => fds.fail(Step::StartInit, e),
         Ok(ForkResult::Parent { .. }) => {
             // SAFETY: see `SessionFds::fail`.
             unsafe { libc::_exit(0) }
@@ -236,15 +241,15 @@ fn init(fds: &SessionFds, plan: SessionPlan, program: Option<(String, OwnedFd)>)
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     if let Some((instances, watches)) = plan.inotify_limits {
         if let Err(e) = lockdown::limit_inotify(instances, watches) {
-            fds.fail("limiting the session's inotify use", e);
+            fds.fail(Step::Inotify, e);
         }
     }
     if let Err(e) = build_filesystems(plan.disk_bytes) {
-        fds.fail("building the session's filesystems", e);
+        fds.fail(Step::BuildRoot, e);
     }
     if let Some((name, text)) = program {
         if let Err(e) = place_program(&name, text) {
-            fds.fail("placing the program", e);
+            fds.fail(Step::PlaceProgram, e);
         }
     }
     let workspace = match nix::fcntl::open(
@@ -253,18 +258,18 @@ fn init(fds: &SessionFds, plan: SessionPlan, program: Option<(String, OwnedFd)>)
         nix::sys::stat::Mode::empty(),
     ) {
         Ok(fd) => fd,
-        Err(e) => fds.fail("opening /workspace", e),
+        Err(e) => fds.fail(Step::OpenWorkspace, e),
     };
     if let Err(e) = send_with_pid(fds.control(), MSG_READY, Some(workspace), Pid::this()) {
-        fds.fail("reporting readiness", e);
+        fds.fail(Step::ReportReady, e);
     }
     let _ = nix::unistd::close(workspace);
     if plan.proxy_endpoint {
-        let sent = crate::egress::listen().and_then(|endpoint| {
+        let sent = corral_egress::listen().and_then(|endpoint| {
             sys::send_message(fds.control(), &[MSG_PROXY], Some(endpoint.as_raw_fd()))
         });
         if let Err(e) = sent {
-            fds.fail("opening the egress proxy's endpoint", e);
+            fds.fail(Step::ProxyEndpoint, e);
         }
     }
 
@@ -276,7 +281,7 @@ fn init(fds: &SessionFds, plan: SessionPlan, program: Option<(String, OwnedFd)>)
             fds.control(),
         );
         if let Err(e) = started {
-            fds.fail("starting the process agent", e);
+            fds.fail(Step::ProcessAgent, e);
         }
     }
 
@@ -284,18 +289,18 @@ fn init(fds: &SessionFds, plan: SessionPlan, program: Option<(String, OwnedFd)>)
     let mut sigchld = nix::sys::signal::SigSet::empty();
     sigchld.add(nix::sys::signal::Signal::SIGCHLD);
     if let Err(e) = sigchld.thread_block() {
-        fds.fail("blocking SIGCHLD", e);
+        fds.fail(Step::BlockSigchld, e);
     }
     let children = match nix::sys::signalfd::SignalFd::with_flags(
         &sigchld,
         nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
     ) {
         Ok(fd) => fd,
-        Err(e) => fds.fail("creating a signalfd", e),
+        Err(e) => fds.fail(Step::Signalfd, e),
     };
     // SAFETY: init is single-threaded.
     let kernel = match unsafe { nix::unistd::fork() } {
-        Err(e) => fds.fail("starting the kernel", e),
+        Err(e) => fds.fail(Step::StartWorkload, e),
         Ok(ForkResult::Child) => {
             drop(children);
             return kernel(fds, plan);
@@ -307,10 +312,10 @@ fn init(fds: &SessionFds, plan: SessionPlan, program: Option<(String, OwnedFd)>)
     }
     drop(plan);
     if let Err(e) = send_with_pid(fds.control(), MSG_KERNEL, None, kernel) {
-        fds.fail("reporting the kernel", e);
+        fds.fail(Step::ReportKernel, e);
     }
-    if let Err(e) = lockdown::init(seccomp::filters(seccomp::Role::Init)) {
-        fds.fail("locking down the session's init", e);
+    if let Err(e) = lockdown::init(seccomp::init_filters()) {
+        fds.fail(e.step(), e);
     }
     let status = child::supervise(fds.control, &children, kernel, true);
     let mut msg = vec![MSG_EXIT];
@@ -329,7 +334,7 @@ fn workload_lockdown(plan: &SessionPlan) -> lockdown::Lockdown {
         ..Limits::default()
     };
     lockdown::Lockdown {
-        filters: seccomp::filters(seccomp::Role::Workload),
+        filters: seccomp::filters(crate::spec::Role::Workload),
         rlimits: workload_rlimits(&limits, plan.in_cgroup),
         landlock: Some(plan.landlock_required),
         keep_capabilities: &[],
@@ -343,11 +348,11 @@ fn kernel(fds: &SessionFds, plan: SessionPlan) -> Entered {
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
     if let Err(e) = nix::sys::signal::SigSet::empty().thread_set_mask() {
-        fds.fail("restoring the signal mask", e);
+        fds.fail(Step::SignalMask, e);
     }
     let _ = nix::unistd::setsid();
     if let Err(e) = child::redirect_stdio(None, fds.stdout, fds.stderr, Some(fds.protocol)) {
-        fds.fail("setting up standard streams", e);
+        fds.fail(Step::Stdio, e);
     }
     sys::close_all_except(&[3]);
     if let Err(e) = workload_lockdown(&plan).apply() {

@@ -116,7 +116,7 @@ pub struct SandboxSpec {
     pub limits: Limits,
     pub policy: Policy,
     /// What the sandbox may reach beyond its own loopback, and how the host enforces it.
-    pub egress: crate::egress::Egress,
+    pub egress: corral_egress::Egress,
     /// A file placed read-only at `/run/corral/<name>` (the program text of a one-shot run).
     pub program_file: Option<(String, Vec<u8>)>,
     /// More read-only files under `/run/corral` (e.g. a kernel's runtime).
@@ -149,7 +149,7 @@ impl SandboxSpec {
             env: Vec::new(),
             limits: Limits::default(),
             policy: Policy::default(),
-            egress: crate::egress::Egress::default(),
+            egress: corral_egress::Egress::default(),
             program_file: None,
             support_files: Vec::new(),
             runtime_dir: None,

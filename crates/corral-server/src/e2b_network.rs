@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use corral_sandbox::egress::policy::Item;
+use corral_egress::policy::Item;
 use serde::Deserialize;
 use serde_json::Value;
 

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
+use corral_egress::{Decision, EgressObserver, EgressPools};
 use corral_image::{ImageError, ResolvedImage, Store};
 use corral_kernel::bytecode::BytecodeCache;
 use corral_kernel::oneshot;
@@ -16,7 +17,6 @@ use corral_kernel::{
     CodePolicy, Event, KernelError, Language, ManagerError, PolicyError, Pool, SessionManager,
     SessionOptions, Stopper, ZygoteKind, ZygoteStatus,
 };
-use corral_sandbox::egress::{Decision, EgressObserver, EgressPools};
 use corral_sandbox::limits::show_bytes;
 use corral_sandbox::limits::timeout_from_secs;
 use corral_sandbox::workspace::EntryInfo;

@@ -380,9 +380,30 @@ impl Drop for Grant {
     }
 }
 
+/// `n` bytes for a person: in whole GiB, MiB or KiB when exact, else in bytes (never rounded,
+/// so that a value just outside a bound never reads as the bound). How every bound on bytes
+/// (a pool's, a sandbox's) is written in the refusals that name it.
+pub fn show_bytes(n: u64) -> String {
+    for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
+            return format!("{} {unit}", n >> shift);
+        }
+    }
+    format!("{n} bytes")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_read_as_people_write_them() {
+        assert_eq!(show_bytes(64 << 30), "64 GiB");
+        assert_eq!(show_bytes(4 << 20), "4 MiB");
+        assert_eq!(show_bytes((4 << 20) - 1), "4194303 bytes");
+        assert_eq!(show_bytes(1536 << 20), "1536 MiB");
+        assert_eq!(show_bytes(12), "12 bytes");
+    }
 
     fn pool(total: u64, per_key: u64, floor: u64, reserve: u64) -> Arc<Pool> {
         Pool::new(

@@ -8,10 +8,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
+use corral_egress::PolicyError;
 use corral_image::{ImageError, Recipe, ResolvedImage, Store};
 use corral_kernel::bytecode::BytecodeCache;
 use corral_kernel::policy::{CodePolicy, PolicyField};
+use corral_kernel::Language;
 use corral_sandbox::workspace::{CopyError, CopyLimits, OutDir, MAX_ENTRIES};
 use corral_sandbox::{
     Egress, ExecutionResult, InputFile, Limits, NetworkPolicy, Policy, SandboxSpec, Status, Stream,
@@ -28,77 +30,53 @@ macro_rules! tell {
     }};
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Language {
-    Python,
-    Javascript,
-    Bash,
+/// The language a program file's name says.
+fn language_of_path(path: &Path) -> Option<Language> {
+    match path.extension()?.to_str()? {
+        "py" => Some(Language::Python),
+        "js" | "mjs" | "cjs" => Some(Language::Javascript),
+        "sh" | "bash" => Some(Language::Bash),
+        _ => None,
+    }
 }
 
-impl Language {
-    fn from_path(path: &Path) -> Option<Language> {
-        match path.extension()?.to_str()? {
-            "py" => Some(Language::Python),
-            "js" | "mjs" | "cjs" => Some(Language::Javascript),
-            "sh" | "bash" => Some(Language::Bash),
-            _ => None,
-        }
+/// The language a `#!` first line names (`#!/usr/bin/env node`, `#!/bin/bash`,
+/// `#!/usr/bin/python3 -u`): `Ok(None)` without one, an error naming an interpreter Corral
+/// does not run.
+fn language_of_shebang(code: &[u8]) -> Result<Option<Language>> {
+    let Some(rest) = code.strip_prefix(b"#!") else {
+        return Ok(None);
+    };
+    let line = rest.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut words = line.split_whitespace();
+    let mut program = words.next().unwrap_or_default();
+    if program.rsplit('/').next() == Some("env") {
+        // `env [-S] [-i] [NAME=VALUE]... PROGRAM`
+        program = words
+            .find(|w| !w.starts_with('-') && !w.contains('='))
+            .unwrap_or_default();
     }
-
-    /// The language a `#!` first line names (`#!/usr/bin/env node`, `#!/bin/bash`,
-    /// `#!/usr/bin/python3 -u`): `Ok(None)` without one, an error naming an interpreter Corral
-    /// does not run.
-    fn from_shebang(code: &[u8]) -> Result<Option<Language>> {
-        let Some(rest) = code.strip_prefix(b"#!") else {
-            return Ok(None);
-        };
-        let line = rest.split(|&b| b == b'\n').next().unwrap_or_default();
-        let line = String::from_utf8_lossy(line);
-        let mut words = line.split_whitespace();
-        let mut program = words.next().unwrap_or_default();
-        if program.rsplit('/').next() == Some("env") {
-            // `env [-S] [-i] [NAME=VALUE]... PROGRAM`
-            program = words
-                .find(|w| !w.starts_with('-') && !w.contains('='))
-                .unwrap_or_default();
-        }
-        let name = program.rsplit('/').next().unwrap_or_default();
-        let base = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
-        match base {
-            "python" => Ok(Some(Language::Python)),
-            "node" | "nodejs" => Ok(Some(Language::Javascript)),
-            "bash" | "sh" | "dash" => Ok(Some(Language::Bash)),
-            _ => bail!(
-                "the program's #! line names `{}`, which Corral does not run: pass --lang \
-                 python, javascript or bash",
-                name.escape_debug()
-            ),
-        }
+    let name = program.rsplit('/').next().unwrap_or_default();
+    let base = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+    match base {
+        "python" => Ok(Some(Language::Python)),
+        "node" | "nodejs" => Ok(Some(Language::Javascript)),
+        "bash" | "sh" | "dash" => Ok(Some(Language::Bash)),
+        _ => bail!(
+            "the program's #! line names `{}`, which Corral does not run: pass --lang \
+             python, javascript or bash",
+            name.escape_debug()
+        ),
     }
+}
 
-    /// As in `--lang` and in an image's manifest.
-    fn name(self) -> &'static str {
-        match self {
-            Language::Python => "python",
-            Language::Javascript => "javascript",
-            Language::Bash => "bash",
-        }
-    }
-
-    fn kernel(self) -> corral_kernel::Language {
-        match self {
-            Language::Python => corral_kernel::Language::Python,
-            Language::Javascript => corral_kernel::Language::Javascript,
-            Language::Bash => corral_kernel::Language::Bash,
-        }
-    }
-
-    fn default_file_name(self) -> &'static str {
-        match self {
-            Language::Python => "main.py",
-            Language::Javascript => "main.js",
-            Language::Bash => "main.sh",
-        }
+/// The program's file name when the user gave none.
+fn default_file_name(lang: Language) -> &'static str {
+    match lang {
+        Language::Python => "main.py",
+        Language::Javascript => "main.js",
+        Language::Bash => "main.sh",
     }
 }
 
@@ -234,7 +212,7 @@ fn checked_limits(args: &RunArgs) -> Result<Limits> {
 fn checked_policy(args: &RunArgs, lang: Language) -> Result<CodePolicy> {
     let policy = policy_of_flags(&args.allow_modules, &args.deny_modules, args.max_code_bytes)?;
     policy
-        .check_language(lang.kernel())
+        .check_language(lang)
         .context("--allow-module and --deny-module")?;
     Ok(policy)
 }
@@ -265,12 +243,40 @@ struct PolicyFile {
     allow_private: Vec<String>,
 }
 
+/// Why a `--net` flag was refused.
+#[derive(Debug, thiserror::Error)]
+enum NetFlagError {
+    #[error("--net {0:?}: use `none` or `allow:HOST[,HOST...]`")]
+    Syntax(String),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+}
+
+/// `--net none` or `--net allow:ITEM[,ITEM...]`, with the `--net-allow-private` names.
+fn parse_net_flag(flag: &str, private_hosts: &[String]) -> Result<NetworkPolicy, NetFlagError> {
+    if flag == "none" {
+        if let Some(name) = private_hosts.first() {
+            return Err(PolicyError::PrivateNotAllowed { name: name.clone() }.into());
+        }
+        return Ok(NetworkPolicy::None);
+    }
+    let Some(list) = flag.strip_prefix("allow:") else {
+        return Err(NetFlagError::Syntax(flag.to_string()));
+    };
+    let items: Vec<&str> = list.split(',').filter(|s| !s.trim().is_empty()).collect();
+    if items.is_empty() {
+        return Err(NetFlagError::Syntax(flag.to_string()));
+    }
+    let private: Vec<&str> = private_hosts.iter().map(String::as_str).collect();
+    Ok(NetworkPolicy::from_items(&items, &private)?)
+}
+
 /// The network policy `--net`, `--net-policy` and `--net-allow-private` ask for. Its user is
 /// the operator of their own run: its ranges that name internal addresses are opted in.
 fn network_policy(args: &RunArgs) -> Result<NetworkPolicy> {
     let Some(path) = &args.net_policy else {
         let flag = args.net.as_deref().unwrap_or("none");
-        return NetworkPolicy::parse_flag(flag, &args.net_allow_private)
+        return parse_net_flag(flag, &args.net_allow_private)
             .map(NetworkPolicy::with_own_opt_ins)
             .map_err(|e| anyhow::anyhow!("--net: {e}"));
     };
@@ -393,10 +399,10 @@ fn build_spec(args: &RunArgs) -> Result<Prepared> {
     // --lang, else the file's extension, else a #! line, else Python.
     let lang = match args
         .lang
-        .or_else(|| file_name.and_then(|p| Language::from_path(p)))
+        .or_else(|| file_name.and_then(|p| language_of_path(p)))
     {
         Some(lang) => lang,
-        None => Language::from_shebang(&code)?.unwrap_or(Language::Python),
+        None => language_of_shebang(&code)?.unwrap_or(Language::Python),
     };
     let policy = checked_policy(args, lang)?;
     if !image.languages.iter().any(|l| l == lang.name()) {
@@ -419,7 +425,7 @@ fn build_spec(args: &RunArgs) -> Result<Prepared> {
                 && n.chars()
                     .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
         })
-        .unwrap_or(lang.default_file_name())
+        .unwrap_or(default_file_name(lang))
         .to_string();
 
     let mut input_files = Vec::new();
@@ -539,7 +545,7 @@ pub fn main(args: RunArgs) -> i32 {
     let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
     let (mut result, workspace) = corral_kernel::oneshot::run(
         spec,
-        prepared.language.kernel(),
+        prepared.language,
         &prepared.file_name,
         prepared.code,
         &prepared.policy,
@@ -737,9 +743,21 @@ fn report(args: &RunArgs, result: &ExecutionResult) -> i32 {
             }
         }
     }
-    result
-        .status
-        .cli_exit_code(result.exit_code.or(result.signal.map(|s| 128 + s)))
+    exit_code(result)
+}
+
+/// The exit code of `corral run`: the program's own (128 + the signal that killed it, as a
+/// shell says), else one that names the status, as `timeout(1)` and the shells do.
+fn exit_code(result: &ExecutionResult) -> i32 {
+    match result.status {
+        Status::Timeout => 124,
+        Status::MemoryLimit => 137,
+        Status::SandboxError => 125,
+        Status::Success | Status::Error => result
+            .exit_code
+            .or(result.signal.map(|s| 128 + s))
+            .unwrap_or(1),
+    }
 }
 
 /// `text` (which may carry names a sandbox chose) with its control characters escaped, for a
@@ -760,7 +778,54 @@ fn fail(args: &RunArgs, message: &str) -> i32 {
 
 #[cfg(test)]
 mod tests {
-    use super::Language;
+    use corral_egress::policy::NameRefusal;
+
+    use super::{
+        exit_code, language_of_shebang, parse_net_flag, ExecutionResult, Language, NetFlagError,
+        NetworkPolicy, PolicyError, Status,
+    };
+
+    #[test]
+    fn the_exit_code_is_the_programs_or_names_the_status() {
+        let result = |status, exit_code, signal| {
+            let mut result = ExecutionResult::sandbox_error("");
+            (result.status, result.exit_code, result.signal) = (status, exit_code, signal);
+            result
+        };
+        assert_eq!(exit_code(&result(Status::Success, Some(0), None)), 0);
+        assert_eq!(exit_code(&result(Status::Error, Some(7), None)), 7);
+        assert_eq!(exit_code(&result(Status::Error, None, Some(9))), 137);
+        assert_eq!(exit_code(&result(Status::Error, None, None)), 1);
+        assert_eq!(exit_code(&result(Status::Timeout, None, Some(9))), 124);
+        assert_eq!(exit_code(&result(Status::MemoryLimit, None, Some(9))), 137);
+        assert_eq!(exit_code(&result(Status::SandboxError, Some(0), None)), 125);
+    }
+
+    #[test]
+    fn the_flag_takes_none_or_an_allow_list() {
+        assert!(matches!(
+            parse_net_flag("none", &[]),
+            Ok(NetworkPolicy::None)
+        ));
+        assert!(matches!(
+            parse_net_flag("all", &[]),
+            Err(NetFlagError::Syntax(_))
+        ));
+        assert!(matches!(
+            parse_net_flag("allow:", &[]),
+            Err(NetFlagError::Syntax(_))
+        ));
+        let p = parse_net_flag("allow:a.com,b.com:22", &["a.com".into()]).unwrap();
+        assert_eq!(p.check_name("a.com", 443), Ok(true));
+        assert_eq!(p.check_name("b.com", 22), Ok(false));
+        assert_eq!(p.check_name("b.com", 443), Err(NameRefusal::Port));
+        assert_eq!(p.check_name("c.com", 443), Err(NameRefusal::NotListed));
+        assert!(matches!(
+            parse_net_flag("allow:a.com", &["b.com".into()]),
+            Err(NetFlagError::Policy(PolicyError::PrivateNotAllowed { .. }))
+        ));
+        assert!(parse_net_flag("none", &["a.com".into()]).is_err());
+    }
 
     #[test]
     fn a_shebang_names_the_language() {
@@ -786,13 +851,13 @@ mod tests {
         ];
         for (code, want) in cases {
             assert_eq!(
-                Language::from_shebang(code).unwrap(),
+                language_of_shebang(code).unwrap(),
                 want,
                 "{}",
                 String::from_utf8_lossy(code)
             );
         }
-        let err = Language::from_shebang(b"#!/usr/bin/env ruby\n").unwrap_err();
+        let err = language_of_shebang(b"#!/usr/bin/env ruby\n").unwrap_err();
         assert!(err.to_string().contains("`ruby`"), "{err}");
     }
 }

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub use policy::{CidrRule, HostPattern, HostRule, NetworkPolicy, PolicyError};
-pub use proxy::{EgressMonitor, EgressProxy};
+pub use proxy::{EgressMonitor, EgressProxy, ProxyLimits};
 pub use resolve::{FixedResolver, Resolve, SystemResolver};
 pub use share::{EgressPools, EgressShare};
 

@@ -5,7 +5,7 @@
 //! Stopping closes the endpoint and every connection and joins every thread.
 
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,17 +16,16 @@ use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{self, Shutdown, SockFlag, SockaddrStorage};
 
-use super::address::{canonical, host_addresses, vet_literal, vet_resolved};
-use super::head::{self, Host, Request, MAX_HEAD};
-use super::hello::{Hello, HelloReader};
-use super::policy::NameRefusal;
-use super::resolve::{resolve_within, ResolveError};
-use super::{check_listener, Decision, Denial, Egress, NetworkReport, Reason, Verdict};
-use crate::limits::show_bytes;
-use crate::spec::Limits;
+use crate::address::{canonical, host_addresses, vet_literal, vet_resolved};
+use crate::head::{self, Host, Request, MAX_HEAD};
+use crate::hello::{Hello, HelloReader};
+use crate::policy::NameRefusal;
+use crate::resolve::{resolve_within, ResolveError};
+use crate::{check_listener, Decision, Denial, Egress, NetworkReport, Reason, Verdict};
+use corral_share::show_bytes;
 
 /// Connections open at once through one sandbox's proxy; more are answered 503, as are those
-/// past its key's share of the process's ([`EgressShare`](super::EgressShare)).
+/// past its key's share of the process's ([`EgressShare`](crate::EgressShare)).
 pub const MAX_CONCURRENT: usize = 64;
 /// How long a client has to send its request head, and a tunnel's ClientHello.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
@@ -53,7 +52,7 @@ struct Shared {
     egress: Egress,
     /// The sandbox's endpoint; shut down (no longer listening: connections are refused) when
     /// the proxy stops, closed with the last reference.
-    listener: OwnedFd,
+    listener: TcpListener,
     net_bytes: u64,
     net_connections: u64,
     /// Readable (hung up) once the proxy is to stop: every thread polls it.
@@ -75,12 +74,26 @@ struct State {
     threads: Vec<JoinHandle<()>>,
 }
 
+/// What one sandbox's proxy may move and open, over the sandbox's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProxyLimits {
+    /// Bytes relayed either way.
+    pub net_bytes: u64,
+    /// Connections accepted.
+    pub net_connections: u64,
+}
+
 impl EgressProxy {
-    /// Serves `listener` (checked to be the sandbox's endpoint) with `egress`'s policy and the
-    /// egress limits of `limits`.
-    pub fn start(listener: OwnedFd, egress: Egress, limits: &Limits) -> io::Result<EgressProxy> {
+    /// Serves `listener` (checked to be the sandbox's endpoint) with `egress`'s policy, within
+    /// `limits`.
+    pub fn start(
+        listener: OwnedFd,
+        egress: Egress,
+        limits: ProxyLimits,
+    ) -> io::Result<EgressProxy> {
         check_listener(&listener)?;
-        set_nonblocking(&listener)?;
+        let listener = TcpListener::from(listener);
+        listener.set_nonblocking(true)?;
         let (stop_r, stop_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let shared = Arc::new(Shared {
             egress,
@@ -232,13 +245,6 @@ impl Shared {
     }
 }
 
-fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
-    use nix::fcntl::{fcntl, FcntlArg, OFlag};
-    let flags = OFlag::from_bits_truncate(fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL)?);
-    fcntl(fd.as_raw_fd(), FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
-    Ok(())
-}
-
 fn accept_loop(shared: &Arc<Shared>) {
     let listener = &shared.listener;
     loop {
@@ -253,13 +259,22 @@ fn accept_loop(shared: &Arc<Shared>) {
         if shared.stopped.load(Ordering::SeqCst) || ready(&fds[1]) {
             return;
         }
-        let conn = match socket::accept4(
-            listener.as_raw_fd(),
-            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-        ) {
-            // SAFETY: accept4 returned a new descriptor that nothing else owns.
-            Ok(fd) => unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) },
-            Err(Errno::EAGAIN | Errno::EINTR | Errno::ECONNABORTED) => continue,
+        // std's accept is accept4 with SOCK_CLOEXEC.
+        let accepted = listener
+            .accept()
+            .and_then(|(conn, _)| conn.set_nonblocking(true).map(|()| OwnedFd::from(conn)));
+        let conn = match accepted {
+            Ok(fd) => fd,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::Interrupted
+                        | io::ErrorKind::ConnectionAborted
+                ) =>
+            {
+                continue
+            }
             Err(_) => {
                 // Out of descriptors, say: wait a little rather than spin.
                 std::thread::sleep(Duration::from_millis(50));

@@ -4,7 +4,7 @@
 //! [`EgressShare`] of the process's pools; `corral run` has one key.
 //!
 //! A look-up holds two units. A **resolver slot**, from the moment it starts until it has an
-//! answer or the proxy stops waiting for one ([`RESOLVE_TIMEOUT`](super::resolve::RESOLVE_TIMEOUT)):
+//! answer or the proxy stops waiting for one ([`RESOLVE_TIMEOUT`](crate::resolve::RESOLVE_TIMEOUT)):
 //! this is what a key's sandboxes wait on, so it is what the key's share and floor are of. And
 //! a **resolver thread**, until the thread that calls the host's resolver returns, which the
 //! proxy cannot hasten (`getaddrinfo` cannot be cancelled; a name server that never answers
@@ -22,7 +22,7 @@ use corral_share::{Limits, Pool, Share};
 
 /// Connections open at once through the process's proxies: the total, one key's share (half,
 /// as a key's one-shot runs take at most half of the run slots), and the floor every key keeps
-/// (one sandbox's bound, [`MAX_CONCURRENT`](super::proxy::MAX_CONCURRENT)) out of a reserve of
+/// (one sandbox's bound, [`MAX_CONCURRENT`](crate::proxy::MAX_CONCURRENT)) out of a reserve of
 /// four floors.
 pub const CONNECTIONS: Limits = Limits::new(1024, 512, 64, 256);
 /// Names being resolved at once, waited on by a proxy.
@@ -91,7 +91,7 @@ impl Default for EgressShare {
 }
 
 const _: () = assert!(
-    CONNECTIONS.floor >= super::proxy::MAX_CONCURRENT as u64,
+    CONNECTIONS.floor >= crate::proxy::MAX_CONCURRENT as u64,
     "a key's floor of connections holds one sandbox's bound"
 );
 const _: () = assert!(

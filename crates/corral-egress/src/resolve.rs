@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use corral_share::Refusal;
 
-use super::share::EgressShare;
+use crate::share::EgressShare;
 
 /// How long a name may take to resolve.
 pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -67,7 +67,7 @@ pub enum ResolveError {
 /// Resolves `name` on a thread of its own, waiting at most [`RESOLVE_TIMEOUT`] (and no longer
 /// than until `stopped` is set): a resolver that hangs costs a thread until its own timeout,
 /// never the connection's caller. The look-up holds a resolver slot of `share` while it is
-/// waited on, and a resolver thread until the thread returns (see [`super::share`]).
+/// waited on, and a resolver thread until the thread returns (see [`crate::share`]).
 pub fn resolve_within(
     resolver: &Arc<dyn Resolve>,
     share: &EgressShare,
@@ -188,7 +188,7 @@ mod tests {
     /// its thread until the resolver returns: the key's stuck threads stop at their own share.
     #[test]
     fn a_key_that_never_gets_an_answer_holds_its_share_and_others_resolve() {
-        use super::super::share::EgressPools;
+        use crate::share::EgressPools;
         use corral_share::Limits;
         let pools = EgressPools::new(
             Limits::new(8, 4, 1, 1),

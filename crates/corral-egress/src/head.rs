@@ -5,7 +5,7 @@
 
 use std::net::IpAddr;
 
-use super::policy::normalize_name;
+use crate::policy::normalize_name;
 
 /// Longest request head and most header lines read.
 pub const MAX_HEAD: usize = 16 << 10;

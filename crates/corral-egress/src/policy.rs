@@ -12,7 +12,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::address::names_internal_addresses;
+use crate::address::names_internal_addresses;
 
 /// The ports an item allows when it names none.
 pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
@@ -41,7 +41,7 @@ pub enum NetworkPolicy {
         /// operator's range rules that lie within one internal block, or name one address alone
         /// (which may be the host's own). An operator's opt-in, never a client's: a client's
         /// rule reaches an internal address only when one of these holds it, on that port, too
-        /// ([`super::address::vet_literal`]).
+        /// ([`crate::address::vet_literal`]).
         private_ranges: Vec<CidrRule>,
     },
 }
@@ -85,8 +85,6 @@ pub enum PolicyError {
     NameAsCidr { item: String },
     #[error("too many {what} (at most {max})")]
     TooMany { what: &'static str, max: usize },
-    #[error("--net {0:?}: use `none` or `allow:HOST[,HOST...]`")]
-    Syntax(String),
     #[error("{name:?} may resolve to internal addresses but is not on the allow-list")]
     PrivateNotAllowed { name: String },
 }
@@ -420,25 +418,6 @@ impl NetworkPolicy {
         NetworkPolicy::from_items(&items, &private)
     }
 
-    /// `--net none` or `--net allow:ITEM[,ITEM...]`.
-    pub fn parse_flag(flag: &str, private_hosts: &[String]) -> Result<NetworkPolicy, PolicyError> {
-        if flag == "none" {
-            if let Some(name) = private_hosts.first() {
-                return Err(PolicyError::PrivateNotAllowed { name: name.clone() });
-            }
-            return Ok(NetworkPolicy::None);
-        }
-        let Some(list) = flag.strip_prefix("allow:") else {
-            return Err(PolicyError::Syntax(flag.to_string()));
-        };
-        let items: Vec<&str> = list.split(',').filter(|s| !s.trim().is_empty()).collect();
-        if items.is_empty() {
-            return Err(PolicyError::Syntax(flag.to_string()));
-        }
-        let private: Vec<&str> = private_hosts.iter().map(String::as_str).collect();
-        NetworkPolicy::from_items(&items, &private)
-    }
-
     pub fn is_none(&self) -> bool {
         matches!(self, NetworkPolicy::None)
     }
@@ -614,7 +593,7 @@ pub enum NameRefusal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::egress::address::{canonical, classify, vet_literal, Class};
+    use crate::address::{canonical, classify, vet_literal, Class};
     use proptest::prelude::*;
 
     /// Addresses of every internal kind, in every form.
@@ -728,26 +707,6 @@ mod tests {
             NetworkPolicy::from_items(&many, &[]),
             Err(PolicyError::TooMany { .. })
         ));
-    }
-
-    #[test]
-    fn the_flag_takes_none_or_an_allow_list() {
-        assert_eq!(
-            NetworkPolicy::parse_flag("none", &[]),
-            Ok(NetworkPolicy::None)
-        );
-        assert!(NetworkPolicy::parse_flag("all", &[]).is_err());
-        assert!(NetworkPolicy::parse_flag("allow:", &[]).is_err());
-        let p = NetworkPolicy::parse_flag("allow:a.com,b.com:22", &["a.com".into()]).unwrap();
-        assert_eq!(p.check_name("a.com", 443), Ok(true));
-        assert_eq!(p.check_name("b.com", 22), Ok(false));
-        assert_eq!(p.check_name("b.com", 443), Err(NameRefusal::Port));
-        assert_eq!(p.check_name("c.com", 443), Err(NameRefusal::NotListed));
-        assert!(matches!(
-            NetworkPolicy::parse_flag("allow:a.com", &["b.com".into()]),
-            Err(PolicyError::PrivateNotAllowed { .. })
-        ));
-        assert!(NetworkPolicy::parse_flag("none", &["a.com".into()]).is_err());
     }
 
     #[test]
@@ -905,11 +864,11 @@ mod tests {
             &[]
         ));
         // The CLI user names their own ranges.
-        let run = NetworkPolicy::parse_flag("allow:127.0.0.1/32:8080", &[])
+        let run = NetworkPolicy::from_items(&["127.0.0.1/32:8080"], &[])
             .unwrap()
             .with_own_opt_ins();
         assert!(reaches(&run, ip("127.0.0.1"), 8080, &[]));
-        let run = NetworkPolicy::parse_flag("allow:0.0.0.0/0", &[])
+        let run = NetworkPolicy::from_items(&["0.0.0.0/0"], &[])
             .unwrap()
             .with_own_opt_ins();
         assert!(!reaches(&run, ip("127.0.0.1"), 80, &[]));
