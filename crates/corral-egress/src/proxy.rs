@@ -4,11 +4,12 @@
 //! on threads: one accepting, one per connection (bounded per sandbox and per process).
 //! Stopping closes the endpoint and every connection and joins every thread.
 
+use parking_lot::Mutex;
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -136,7 +137,7 @@ impl EgressProxy {
         if let Some(accept) = self.accept.take() {
             let _ = accept.join();
         }
-        let threads = std::mem::take(&mut self.shared.state.lock().expect("lock").threads);
+        let threads = std::mem::take(&mut self.shared.state.lock().threads);
         for t in threads {
             let _ = t.join();
         }
@@ -168,7 +169,7 @@ impl Drop for EgressProxy {
 
 impl Shared {
     fn report(&self) -> NetworkReport {
-        let mut report = self.state.lock().expect("lock").report.clone();
+        let mut report = self.state.lock().report.clone();
         report.bytes_up = self.bytes_up.load(Ordering::SeqCst);
         report.bytes_down = self.bytes_down.load(Ordering::SeqCst);
         report
@@ -178,13 +179,13 @@ impl Shared {
     /// it, which the report says.
     fn cut(&self, limit: Option<String>) {
         if let Some(why) = limit {
-            let mut state = self.state.lock().expect("lock");
+            let mut state = self.state.lock();
             state.report.limit_reached.get_or_insert(why);
         }
         self.stopped.store(true, Ordering::SeqCst);
         // At once: a connection made after this is refused, whatever the threads are doing.
         let _ = socket::shutdown(self.listener.as_raw_fd(), Shutdown::Both);
-        drop(self.stop_w.lock().expect("lock").take());
+        drop(self.stop_w.lock().take());
     }
 
     fn stop_fd(&self) -> BorrowedFd<'_> {
@@ -194,7 +195,7 @@ impl Shared {
     /// Records `decision` (and tells the observer).
     fn decide(&self, decision: Decision) {
         {
-            let mut state = self.state.lock().expect("lock");
+            let mut state = self.state.lock();
             let r = &mut state.report;
             match decision.verdict {
                 Verdict::Allowed => r.connections += 1,
@@ -281,7 +282,7 @@ fn accept_loop(shared: &Arc<Shared>) {
                 continue;
             }
         };
-        let mut state = shared.state.lock().expect("lock");
+        let mut state = shared.state.lock();
         state.threads.retain(|t| !t.is_finished());
         state.accepted += 1;
         if state.accepted > shared.net_connections {
@@ -322,7 +323,7 @@ fn accept_loop(shared: &Arc<Shared>) {
             .spawn(move || {
                 let _place = place;
                 serve(&serving, conn);
-                serving.state.lock().expect("lock").active -= 1;
+                serving.state.lock().active -= 1;
             });
         match spawned {
             Ok(t) => state.threads.push(t),

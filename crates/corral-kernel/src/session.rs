@@ -1,9 +1,10 @@
 //! A stateful interpreter session: one kernel in one sandbox, executions streamed as events.
 
+use parking_lot::Mutex;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use corral_egress::EgressMonitor;
@@ -211,7 +212,7 @@ enum RunState {
 impl Stopper {
     /// Stops the command; false when it had already ended (nothing was stopped).
     pub fn stop(&self) -> bool {
-        let mut s = self.0.lock().expect("stopper lock");
+        let mut s = self.0.lock();
         match &s.run {
             RunState::Ended => return false,
             // Sent under the lock, so never after the run has ended (see `end`).
@@ -225,7 +226,7 @@ impl Stopper {
     /// The command starts, in the session `interrupter` interrupts; false (and it does not
     /// start) when it was stopped before.
     fn begin(&self, interrupter: Interrupter) -> bool {
-        let mut s = self.0.lock().expect("stopper lock");
+        let mut s = self.0.lock();
         if s.stopped {
             s.run = RunState::Ended;
             return false;
@@ -238,7 +239,7 @@ impl Stopper {
     /// sent before is either seen by the command or drained by the next run); whether it
     /// was stopped.
     fn end(&self) -> bool {
-        let mut s = self.0.lock().expect("stopper lock");
+        let mut s = self.0.lock();
         s.run = RunState::Ended;
         s.stopped
     }

@@ -1,7 +1,8 @@
 //! The MCP tools of docs/mcp.md and the per-connection state behind them (the default session).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use base64::Engine as _;
 use corral_kernel::Language;
@@ -226,7 +227,7 @@ pub struct Conn {
 impl Conn {
     /// Binds the connection to the first caller that uses it; another caller is refused.
     fn bind(&self, caller: &Caller) -> Result<(), String> {
-        let mut bound = self.caller.lock().expect("lock");
+        let mut bound = self.caller.lock();
         match &*bound {
             None => {
                 *bound = Some(caller.clone());
@@ -240,8 +241,8 @@ impl Conn {
     /// Forgets every session of this connection; returns them, with their caller.
     fn drain(&self) -> Option<(Caller, Vec<String>)> {
         self.processes.forget(None);
-        let caller = self.caller.lock().expect("lock").clone()?;
-        let mut ids: Vec<String> = std::mem::take(&mut *self.created.lock().expect("lock"));
+        let caller = self.caller.lock().clone()?;
+        let mut ids: Vec<String> = std::mem::take(&mut *self.created.lock());
         if let Ok(mut defaults) = self.defaults.try_lock() {
             ids.extend(defaults.drain().map(|(_, id)| id));
         }
@@ -256,12 +257,7 @@ pub struct Conns(Mutex<HashMap<String, Arc<Conn>>>);
 
 impl Conns {
     fn for_tenant(&self, tenant: &Tenant) -> Arc<Conn> {
-        self.0
-            .lock()
-            .expect("lock")
-            .entry(tenant.0.clone())
-            .or_default()
-            .clone()
+        self.0.lock().entry(tenant.0.clone()).or_default().clone()
     }
 }
 
@@ -285,14 +281,7 @@ impl Shared {
 
     /// Closes the sessions of every stateless connection (at shutdown).
     pub async fn close_stateless(&self) {
-        let conns: Vec<Arc<Conn>> = self
-            .stateless
-            .0
-            .lock()
-            .expect("lock")
-            .drain()
-            .map(|(_, c)| c)
-            .collect();
+        let conns: Vec<Arc<Conn>> = self.stateless.0.lock().drain().map(|(_, c)| c).collect();
         for conn in conns {
             close_conn(self.backend.clone(), &conn).await;
         }
@@ -493,7 +482,7 @@ impl CorralMcp {
     }
 
     fn record(conn: &Conn, id: &str) {
-        conn.created.lock().expect("lock").push(id.to_string());
+        conn.created.lock().push(id.to_string());
     }
 
     /// The default session of `language` for `conn`, created when there is none yet (or the
@@ -692,10 +681,7 @@ impl CorralMcp {
             Ok(c) => c,
             Err(e) => return Ok(e),
         };
-        conn.created
-            .lock()
-            .expect("lock")
-            .retain(|id| *id != p.session_id);
+        conn.created.lock().retain(|id| *id != p.session_id);
         conn.defaults
             .lock()
             .await

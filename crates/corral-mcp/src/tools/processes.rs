@@ -7,9 +7,10 @@
 //! [`MAX_FOLLOWED`] programs per connection, [`LOG_KEEP`] bytes each, [`READ_MAX`] bytes per
 //! read, waits of at most [`WAIT_MAX_S`].
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use corral_kernel::agent::{ProcessEvent, ProcessExit};
@@ -107,7 +108,7 @@ pub struct Chunk {
 
 impl ProcessLog {
     fn push(&self, data: &[u8]) {
-        let mut s = self.state.lock().expect("lock");
+        let mut s = self.state.lock();
         s.kept.extend(data);
         let over = s.kept.len().saturating_sub(LOG_KEEP);
         s.kept.drain(..over);
@@ -116,30 +117,30 @@ impl ProcessLog {
     }
 
     fn lose(&self, bytes: u64) {
-        self.state.lock().expect("lock").lost += bytes;
+        self.state.lock().lost += bytes;
     }
 
     fn finish(&self, exit: Option<ProcessExit>) {
-        let mut s = self.state.lock().expect("lock");
+        let mut s = self.state.lock();
         s.end.get_or_insert(exit);
         self.changed.notify_all();
     }
 
     fn ended(&self) -> bool {
-        self.state.lock().expect("lock").end.is_some()
+        self.state.lock().end.is_some()
     }
 
     /// At most `max` bytes from `cursor` on, waiting up to `wait` for output past `cursor`
     /// (or the end) when there is none yet.
     pub fn read(&self, cursor: u64, max: usize, wait: Duration) -> Chunk {
         let deadline = Instant::now() + wait;
-        let mut s = self.state.lock().expect("lock");
+        let mut s = self.state.lock();
         while s.total() <= cursor && s.end.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
             }
-            s = self.changed.wait_timeout(s, left).expect("lock").0;
+            self.changed.wait_for(&mut s, left);
         }
         let from = cursor.clamp(s.first, s.total());
         let start = (from - s.first) as usize;
@@ -157,13 +158,13 @@ impl ProcessLog {
     /// Waits up to `wait` for the program's end.
     fn wait_end(&self, wait: Duration) -> Option<Option<ProcessExit>> {
         let deadline = Instant::now() + wait;
-        let mut s = self.state.lock().expect("lock");
+        let mut s = self.state.lock();
         while s.end.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
             }
-            s = self.changed.wait_timeout(s, left).expect("lock").0;
+            self.changed.wait_for(&mut s, left);
         }
         s.end
     }
@@ -188,7 +189,7 @@ pub struct Followers {
 
 impl Followers {
     fn log(&self, session: &str, pid: i32) -> Option<Arc<ProcessLog>> {
-        let map = self.map.lock().expect("lock");
+        let map = self.map.lock();
         map.1
             .get(&(session.to_string(), pid))
             .map(|f| f.log.clone())
@@ -196,7 +197,7 @@ impl Followers {
 
     /// Whether another program can be followed: fewer than [`MAX_FOLLOWED`], or one ended.
     fn has_room(&self) -> bool {
-        let map = self.map.lock().expect("lock");
+        let map = self.map.lock();
         map.1.len() < MAX_FOLLOWED || map.1.values().any(|f| f.log.ended())
     }
 
@@ -208,7 +209,7 @@ impl Followers {
         pid: i32,
         mut source: Box<dyn OutputSource>,
     ) -> Result<Arc<ProcessLog>, String> {
-        let mut map = self.map.lock().expect("lock");
+        let mut map = self.map.lock();
         if map.1.len() >= MAX_FOLLOWED {
             let oldest_ended = map
                 .1
@@ -264,12 +265,12 @@ impl Followers {
 
     /// The followed programs of `session` that have ended, with how.
     fn ended(&self, session: &str) -> Vec<(i32, Option<ProcessExit>)> {
-        let map = self.map.lock().expect("lock");
+        let map = self.map.lock();
         map.1
             .iter()
             .filter(|((s, _), _)| s == session)
             .filter_map(|((_, pid), f)| {
-                let end = f.log.state.lock().expect("lock").end?;
+                let end = f.log.state.lock().end?;
                 Some((*pid, end))
             })
             .collect()
@@ -277,7 +278,7 @@ impl Followers {
 
     /// Stops following the programs of `session` (`None`: of every session).
     pub fn forget(&self, session: Option<&str>) {
-        let mut map = self.map.lock().expect("lock");
+        let mut map = self.map.lock();
         map.1.retain(|(s, _), f| {
             let keep = session.is_some_and(|session| s != session);
             if !keep {
@@ -702,7 +703,7 @@ mod tests {
         assert_eq!((c.from, c.skipped), (11, 11));
         assert_eq!(c.data.len(), READ_MAX);
         assert_eq!(c.more, (LOG_KEEP - READ_MAX) as u64);
-        assert_eq!(log.state.lock().unwrap().kept.len(), LOG_KEEP);
+        assert_eq!(log.state.lock().kept.len(), LOG_KEEP);
         log.lose(3);
         log.finish(Some(ProcessExit {
             exit_code: Some(0),
