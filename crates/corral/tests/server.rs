@@ -963,25 +963,9 @@ fn keep_alive_post(addr: &str, path: &str, key: Option<&str>, body: &str) -> (St
 /// One GET of `path` with exactly the header lines given (raw bytes, so that they can be
 /// malformed), on a connection of its own: the status and the body, parsed as JSON when it is.
 fn get_with(addr: &str, path: &str, headers: &[&[u8]]) -> (u16, Value, String) {
-    let mut request = format!("GET {path} HTTP/1.1\r\nConnection: close\r\n").into_bytes();
-    for h in headers {
-        request.extend_from_slice(h);
-        request.extend_from_slice(b"\r\n");
-    }
-    request.extend_from_slice(b"\r\n");
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream.write_all(&request).unwrap();
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).unwrap();
-    let answer = String::from_utf8_lossy(&answer).into_owned();
-    let status = answer
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|rest| rest.get(..3))
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no status line: {answer:?}"));
-    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    let json = serde_json::from_str(body).unwrap_or(Value::Null);
-    (status, json, body.to_string())
+    let (status, _, body) = get_head(addr, path, headers);
+    let json = serde_json::from_str(&body).unwrap_or(Value::Null);
+    (status, json, body)
 }
 
 /// A GET of `path` with `headers`: the status, the head (lowercased) and the body.
