@@ -1,28 +1,23 @@
 //! Corral's HTTP server: the native API and the E2B-compatible face (docs/api.md),
-//! API keys and tenancy, metrics, and the lifecycle of the sessions it owns. The engine is
-//! synchronous; [`service::Service`] holds the logic and the HTTP layer calls it from
-//! blocking threads.
+//! over the service of corral-service (API keys and tenancy, metrics, the sessions it owns).
+//! The engine is synchronous; [`service::Service`] holds the logic and the HTTP layer calls
+//! it from blocking threads.
 
-pub mod admission;
-pub mod config;
 pub mod connect;
 pub mod console;
-pub mod db;
 mod docs_page;
 pub mod e2b;
 mod e2b_network;
 pub mod error;
 pub mod files_api;
 pub mod http;
-pub mod metrics;
-pub mod network;
 pub mod operator;
-pub mod persist;
 pub mod ports;
-pub mod service;
 mod shutdown;
 pub mod threads;
-pub mod watch;
+
+// The service's modules, by the names the faces here use.
+pub use corral_service::{admission, config, db, metrics, network, persist, service, watch};
 
 use std::sync::Arc;
 use std::time::Duration;

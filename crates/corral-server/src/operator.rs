@@ -10,14 +10,13 @@ use axum::routing::{delete, get};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
-use crate::db::{AuditQuery, AuditRecord, Db, DbError, EgressQuery, EgressRecord};
+use crate::db::{
+    AuditQuery, AuditRecord, Db, DbError, EgressQuery, EgressRecord, AUDIT_DEFAULT, AUDIT_LIMIT,
+};
 use crate::error::ApiError;
 use crate::http::{blocking, ApiJson, AppState};
 use crate::service::{ListQuery, SandboxInfo, SandboxMetric, Tenant};
 
-/// The most audit-log lines one page holds, and the default.
-pub const AUDIT_LIMIT: usize = 1000;
-pub const AUDIT_DEFAULT: usize = 100;
 /// The longest key name, in bytes.
 pub const KEY_NAME_BYTES: usize = 64;
 /// The largest body these routes read (`{"name": ...}` is all they take).

@@ -177,7 +177,8 @@ impl From<WorkspaceError> for ServiceError {
 
 /// Resource limits as requests give them; absent fields take the defaults of `corral run`
 /// (docs/cli.md#corral-run).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LimitsRequest {
     /// Wall-clock limit in seconds (sessions: the default per-execution timeout).
@@ -271,7 +272,8 @@ fn limits_error(e: LimitError) -> ServiceError {
 
 /// What a sandbox may reach beyond its loopback (docs/network.md). Absent, or with nothing
 /// in it: nothing. Every item must lie within the server's `[network]` settings.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NetworkRequest {
     /// Host names, `NAME[:PORT]` or `*.SUFFIX[:PORT]` (ports 80 and 443 when none is given).
@@ -288,7 +290,8 @@ pub struct NetworkRequest {
 /// A code policy as requests and the server's settings give it (docs/code-policy.md): what
 /// the code may import and how long it may be. Defence in depth, never a boundary. A
 /// request's policy can only narrow its key's (403 otherwise); what it leaves out is the key's.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PolicyRequest {
     /// The only modules the code may import (with their submodules); absent: any module. An
@@ -357,7 +360,8 @@ impl CodePolicies {
 }
 
 /// A file for a one-shot run's workspace: text in `content`, or bytes in `content_base64`.
-#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct InputFileRequest {
     /// Relative to `/workspace`.
@@ -366,7 +370,8 @@ pub struct InputFileRequest {
     pub content_base64: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {
     pub code: String,
@@ -382,7 +387,8 @@ pub struct RunRequest {
     pub network: Option<NetworkRequest>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandboxRequest {
     pub image: Option<String>,
@@ -460,7 +466,8 @@ pub struct ListPage {
 }
 
 /// One reading of a session's usage, as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxMetric {
     /// RFC 3339, UTC.
     pub timestamp: String,
@@ -479,7 +486,8 @@ pub struct SandboxMetric {
     pub disk_total_bytes: u64,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ExecuteRequest {
     pub code: String,
@@ -496,7 +504,8 @@ pub struct ExecuteRequest {
     pub context: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CommandRequest {
     /// A shell command line (run by `bash -c`), or the program when `args` is given.
@@ -510,7 +519,8 @@ pub struct CommandRequest {
 }
 
 /// A session as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxInfo {
     pub id: String,
     pub image: String,
