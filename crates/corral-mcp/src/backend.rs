@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use corral_kernel::Stopper;
 use corral_sandbox::{ExecutionResult, FileEntry};
-use corral_server::service::{
+use corral_service::service::{
     CommandRequest, CreateSandboxRequest, ExecuteRequest, SandboxInfo, ServiceError,
 };
-use corral_server::{Service, Tenant};
+use corral_service::{Service, Tenant};
 use serde::Deserialize;
 
 mod processes;

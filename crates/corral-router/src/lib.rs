@@ -97,7 +97,7 @@ pub async fn serve(config: RouterConfig) -> Result<(), RouterError> {
             addr: config.listen,
             source,
         })?;
-    serve_on(config, listener, corral_server::shutdown_signal()).await
+    serve_on(config, listener, corral_wire::shutdown_signal()).await
 }
 
 /// As [`serve`], on a bound listener, until `stop` completes.

@@ -53,6 +53,7 @@ use crate::service::{
     LIST_LIMIT,
 };
 use crate::watch::{Snapshot, MAX_WATCHERS};
+pub use corral_wire::e2b::{E2bError, SANDBOX_ID_HEADER};
 
 mod watch_dir;
 use watch_dir::{create_watcher, event_json, poll_watcher, Watcher};
@@ -69,72 +70,12 @@ const DEFAULT_IMAGE_TEMPLATES: &[&str] = &["code-interpreter-v1", "code-interpre
 /// E2B's home directory, and Corral's workspace that stands for it.
 const E2B_HOME: &str = "/home/user";
 const WORKSPACE: &str = "/workspace";
-pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 /// The sandbox's token on the code interpreter's `/contexts…` requests.
 const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 const CONNECT_JSON: &str = "application/connect+json";
 const PROCESS_SERVICE: &str = "process.Process";
 const FILESYSTEM_SERVICE: &str = "filesystem.Filesystem";
-
-/// An error in E2B's shape: `{"code": <HTTP status>, "message": "..."}`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct E2bError {
-    status: StatusCode,
-    message: String,
-    retry_after_s: Option<u64>,
-}
-
-impl E2bError {
-    pub fn new(status: StatusCode, message: impl Into<String>) -> E2bError {
-        E2bError {
-            status,
-            message: message.into(),
-            retry_after_s: None,
-        }
-    }
-
-    fn bad_request(message: impl Into<String>) -> E2bError {
-        E2bError::new(StatusCode::BAD_REQUEST, message)
-    }
-
-    /// A sandbox that is unknown, killed or expired, as E2B's edge proxy says it.
-    fn not_running(id: &str) -> E2bError {
-        E2bError::new(
-            StatusCode::BAD_GATEWAY,
-            format!("The sandbox {id} was not found"),
-        )
-    }
-}
-
-impl From<ApiError> for E2bError {
-    fn from(e: ApiError) -> E2bError {
-        E2bError {
-            status: e.status,
-            message: e.message,
-            retry_after_s: e.retry_after_s,
-        }
-    }
-}
-
-impl From<ServiceError> for E2bError {
-    fn from(e: ServiceError) -> E2bError {
-        ApiError::from(e).into()
-    }
-}
-
-impl IntoResponse for E2bError {
-    fn into_response(self) -> Response {
-        let body = json!({"code": self.status.as_u16(), "message": self.message});
-        let mut response = (self.status, Json(body)).into_response();
-        if let Some(s) = self.retry_after_s {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(s));
-        }
-        response
-    }
-}
 
 /// The E2B SDK calls Corral does not serve. Each is answered as E2B answers an operation it
 /// does not implement, never as something missing (which the SDK would report as a missing

@@ -8,23 +8,23 @@ pub mod console;
 mod docs_page;
 pub mod e2b;
 mod e2b_network;
-pub mod error;
 pub mod files_api;
 pub mod http;
 pub mod operator;
 pub mod ports;
-mod shutdown;
 pub mod threads;
 
 // The service's modules, by the names the faces here use.
 pub use corral_service::{admission, config, db, metrics, network, persist, service, watch};
+// The wire items this crate shares with the other faces.
+pub use corral_wire::error;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use config::Config;
+pub use corral_wire::shutdown_signal;
 pub use service::{Service, ServiceError, Tenant};
-pub use shutdown::shutdown_signal;
 
 /// Serves `service` on `listener` until SIGTERM or SIGINT, then shuts down: no new work is
 /// accepted, running executions get the configured grace period and are then interrupted,

@@ -1165,7 +1165,7 @@ fn after_kill_9_a_restart_leaves_nothing_of_the_old_server() {
     wait_until("stale cgroups are removed", Duration::from_secs(10), || {
         cgroups_of(pid).is_empty()
     });
-    let db = corral_server::db::Db::open(&db_dir.join("corral.db")).unwrap();
+    let db = corral_service::db::Db::open(&db_dir.join("corral.db")).unwrap();
     for id in &ids {
         let reason = db.session_end_reason(id).unwrap();
         assert!(
@@ -1279,7 +1279,7 @@ fn idle_sessions_expire_and_are_recorded() {
     wait_until("the idle session expires", Duration::from_secs(15), || {
         s.call("GET", &format!("/v1/sandboxes/{id}"), None, None).0 == 404
     });
-    let db = corral_server::db::Db::open(&s.db).unwrap();
+    let db = corral_service::db::Db::open(&s.db).unwrap();
     wait_until("its end is recorded", Duration::from_secs(5), || {
         db.session_end_reason(&id)
             .unwrap()
@@ -1292,7 +1292,7 @@ fn idle_sessions_expire_and_are_recorded() {
 /// kept, `GET /v1/audit` pages over exactly them, and `/metrics` counts what was removed.
 #[test]
 fn the_audit_log_is_held_to_its_bound_and_keeps_the_newest_lines() {
-    use corral_server::db::{Log, Retention};
+    use corral_service::db::{Log, Retention};
     let s = Server::start("audit_max_rows = 20");
     let key = s.key("busy");
     let bound = Retention {
@@ -1302,7 +1302,7 @@ fn the_audit_log_is_held_to_its_bound_and_keeps_the_newest_lines() {
     .bound();
     assert_eq!(bound, 21);
     let id = s.create(Some(&key));
-    let db = corral_server::db::Db::open(&s.db).unwrap();
+    let db = corral_service::db::Db::open(&s.db).unwrap();
     for n in 1..=60 {
         let (status, answer) = s.execute(&id, Some(&key), &format!("{n}"));
         assert_eq!(status, 200, "{answer}");

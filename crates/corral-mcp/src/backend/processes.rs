@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use corral_kernel::agent::{OutputStream, ProcessEvent, ProcessExit, ProcessSpec, Subscription};
-use corral_server::http::OutputEvent;
-use corral_server::service::ServiceError;
+use corral_service::service::ServiceError;
+use corral_wire::output::OutputEvent;
 use serde::{Deserialize, Serialize};
 
 use super::{encode_path, BackendError, Caller, InProcess, Remote};
