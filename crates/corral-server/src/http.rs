@@ -31,8 +31,8 @@ use utoipa::OpenApi;
 
 use crate::error::{ApiError, ErrorBody};
 use crate::service::{
-    CommandRequest, CreateSandboxRequest, ExecuteRequest, ListQuery, RunRequest, SandboxInfo,
-    SandboxMetric, Service, ServiceError, Tenant, Upload,
+    Admitted, CommandRequest, CreateSandboxRequest, ExecuteRequest, ListQuery, RunRequest,
+    SandboxInfo, SandboxMetric, Service, ServiceError, Tenant, Upload,
 };
 
 /// Events buffered per stream: a client that reads slowly holds at most this many.
@@ -56,13 +56,26 @@ impl AppState {
     }
 }
 
-/// Runs blocking engine work off the async runtime, on the thread `thread` admits (get it
-/// from [`Service::admit_thread`] before the work's inputs move into it).
+/// Runs an admitted call's engine work off the async runtime, on a blocking thread that holds
+/// the call until the work is done (admit it with [`Service::admit`] before the work's inputs
+/// move into it).
 pub async fn blocking<T: Send + 'static>(
-    thread: crate::threads::ThreadPermit,
-    f: impl FnOnce() -> Result<T, ServiceError> + Send + 'static,
+    call: Admitted,
+    f: impl FnOnce(&Admitted) -> Result<T, ServiceError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    crate::threads::spawn(thread, f)
+    crate::threads::run(call, move |call| f(&call))
+        .await
+        .map_err(|e| ApiError::internal(format!("internal error: {e}")))?
+        .map_err(ApiError::from)
+}
+
+/// [`blocking`] for the first step of a call that carries on (a stream after its checks): the
+/// call comes back with the step's result, to hold the thread for the rest.
+pub async fn blocking_step<T: Send + 'static>(
+    call: Admitted,
+    f: impl FnOnce(&Admitted) -> Result<T, ServiceError> + Send + 'static,
+) -> Result<(Admitted, T), ApiError> {
+    crate::threads::run(call, move |call| f(&call).map(|t| (call, t)))
         .await
         .map_err(|e| ApiError::internal(format!("internal error: {e}")))?
         .map_err(ApiError::from)
@@ -320,15 +333,15 @@ fn json_response(body: Bytes) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// Runs blocking `work` that emits frames and streams them as the response body; when the
-/// client goes away, `on_gone` runs (it interrupts the work). What `work` returns (the room of
-/// the results it streamed) is held by the body until it is dropped: a client that does not
-/// read keeps holding it.
+/// Runs the blocking `work` of admitted `call` that emits frames and streams them as the
+/// response body; when the client goes away, `on_gone` runs (it interrupts the work). What
+/// `work` returns (the room of the results it streamed) is held by the body until it is
+/// dropped: a client that does not read keeps holding it.
 pub fn stream_frames(
     content_type: &'static str,
-    thread: crate::threads::ThreadPermit,
-    work: impl FnOnce(&mut dyn FnMut(Bytes)) -> Reservation + Send + 'static,
-    on_gone: impl FnOnce() + Send + 'static,
+    call: Admitted,
+    work: impl FnOnce(&Admitted, &mut dyn FnMut(Bytes)) -> Reservation + Send + 'static,
+    on_gone: impl FnOnce(&Admitted) + Send + 'static,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(STREAM_BUFFER);
     let held = Arc::new(Mutex::new(Reservation::default()));
@@ -336,19 +349,19 @@ pub fn stream_frames(
     let (done_tx, done_rx) = oneshot::channel::<()>();
     let watcher = tx.clone();
     // The stop runs on a thread of no key's budget: there is one per admitted stream.
-    let gone_thread = thread.unmetered_later();
+    let gone_call = call.unmetered_later();
     tokio::spawn(async move {
         tokio::select! {
             _ = watcher.closed() => {
-                let _ = crate::threads::spawn(gone_thread(), on_gone).await;
+                let _ = crate::threads::run(gone_call(), move |call| on_gone(&call)).await;
             }
             _ = done_rx => {}
         }
     });
     let runtime = tokio::runtime::Handle::current();
-    crate::threads::spawn(thread, move || {
+    crate::threads::run(call, move |call| {
         let mut open = true;
-        let reservation = work(&mut |frame| {
+        let reservation = work(&call, &mut |frame| {
             if open {
                 let sent =
                     runtime.block_on(tokio::time::timeout(SLOW_CLIENT_LIMIT, tx.send(frame)));
@@ -399,7 +412,7 @@ impl std::io::Read for QueuedBody {
 /// can read it.
 pub(crate) async fn stream_upload<S, E>(
     upload: Upload,
-    thread: crate::threads::ThreadPermit,
+    call: Admitted,
     mut body: S,
     max_body_bytes: u64,
 ) -> (Result<FileEntry, ServiceError>, Option<E>)
@@ -408,7 +421,7 @@ where
     E: std::fmt::Display,
 {
     let (tx, frames) = mpsc::channel(UPLOAD_QUEUE);
-    let writing = crate::threads::spawn(thread, move || {
+    let writing = crate::threads::run(call, move |_call| {
         upload.write(&mut QueuedBody {
             frames,
             current: Bytes::new(),
@@ -519,22 +532,24 @@ fn end_line(result: &ExecutionResult, with_exit_code: bool) -> Vec<u8> {
 }
 
 type Work = Box<
-    dyn FnOnce(&mut dyn FnMut(&Event)) -> Result<ExecutionResult, ServiceError> + Send + 'static,
+    dyn FnOnce(&Admitted, &mut dyn FnMut(&Event)) -> Result<ExecutionResult, ServiceError>
+        + Send
+        + 'static,
 >;
 
 /// Runs `work` on a blocking thread and streams its events as NDJSON; when the client goes
 /// away, `on_gone` interrupts the work.
 pub fn ndjson_stream(
-    thread: crate::threads::ThreadPermit,
+    call: Admitted,
     work: Work,
-    on_gone: impl FnOnce() + Send + 'static,
+    on_gone: impl FnOnce(&Admitted) + Send + 'static,
     with_exit_code: bool,
 ) -> Response {
     stream_frames(
         "application/x-ndjson",
-        thread,
-        move |send| {
-            let outcome = work(&mut |event| {
+        call,
+        move |call, send| {
+            let outcome = work(call, &mut |event| {
                 // The end line is written from the final result (it may carry the exit code).
                 if !matches!(event, Event::End { .. }) {
                     send(Bytes::from(json_line(event)));
@@ -577,9 +592,9 @@ async fn run(
     // A slot and the memory the run's limits promise (bounded wait; see admission.rs).
     let permit = state.service.admit_run(&tenant, &req).await?;
     let service = state.service.clone();
-    let answer = blocking(service.admit_thread(&tenant)?, move || {
+    let answer = blocking(service.admit(&tenant)?, move |call| {
         service
-            .run(&tenant, &req, permit, &mut |_, _| {})
+            .run(call, &req, permit, &mut |_, _| {})
             .map(result_answer)
     })
     .await?;
@@ -606,8 +621,8 @@ async fn create_sandbox(
         parse_json(&body).map_err(ApiError::bad_request)?
     };
     let service = state.service.clone();
-    let info = blocking(service.admit_thread(&tenant)?, move || {
-        service.create_session(&tenant, &req)
+    let info = blocking(service.admit(&tenant)?, move |call| {
+        service.create_session(call, &req)
     })
     .await?;
     Ok((StatusCode::CREATED, Json(info)))
@@ -696,8 +711,8 @@ async fn sandbox_metrics(
     Path(id): Path<String>,
 ) -> Result<Json<MetricList>, ApiError> {
     let service = state.service.clone();
-    let metrics = blocking(service.admit_thread(&tenant)?, move || {
-        service.metrics(&tenant, &id)
+    let metrics = blocking(service.admit(&tenant)?, move |call| {
+        service.metrics(call, &id)
     })
     .await?;
     Ok(Json(MetricList { metrics }))
@@ -729,8 +744,8 @@ async fn pause_sandbox(
 ) -> Result<Json<SandboxInfo>, ApiError> {
     let service = state.service.clone();
     Ok(Json(
-        blocking(service.admit_thread(&tenant)?, move || {
-            service.pause(&tenant, &id)
+        blocking(service.admit(&tenant)?, move |call| {
+            service.pause(call, &id)
         })
         .await?,
     ))
@@ -747,8 +762,8 @@ async fn resume_sandbox(
 ) -> Result<Json<SandboxInfo>, ApiError> {
     let service = state.service.clone();
     Ok(Json(
-        blocking(service.admit_thread(&tenant)?, move || {
-            service.resume(&tenant, &id)
+        blocking(service.admit(&tenant)?, move |call| {
+            service.resume(call, &id)
         })
         .await?,
     ))
@@ -765,8 +780,8 @@ async fn restart_sandbox(
 ) -> Result<Json<SandboxInfo>, ApiError> {
     let service = state.service.clone();
     Ok(Json(
-        blocking(service.admit_thread(&tenant)?, move || {
-            service.restart(&tenant, &id)
+        blocking(service.admit(&tenant)?, move |call| {
+            service.restart(call, &id)
         })
         .await?,
     ))
@@ -781,8 +796,9 @@ async fn kill_sandbox(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let service = state.service.clone();
-    blocking(service.unmetered_thread(), move || {
-        service.kill(&tenant, &id)
+    // Never refused: a key can close its sandboxes while its calls hold its every thread.
+    blocking(service.admit_unmetered(&tenant), move |call| {
+        service.kill(call, &id)
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)
@@ -803,29 +819,28 @@ async fn execute(
     ApiJson(req): ApiJson<ExecuteRequest>,
 ) -> Result<Response, ApiError> {
     let service = state.service.clone();
+    // One admission and one check of the session, on the thread the execution then runs on.
+    let call = service.admit(&tenant)?;
     if wants_json(&headers) {
-        let answer = blocking(service.admit_thread(&tenant)?, move || {
+        let answer = blocking(call, move |call| {
+            let prepared = service.prepare_execute(call, &id, req)?;
             service
-                .execute(&tenant, &id, &req, &mut |_| {})
+                .execute(call, prepared, &mut |_| {})
                 .map(result_answer)
         })
         .await?;
         return Ok(json_response(answer));
     }
-    let req = {
-        let (service, tenant, id) = (service.clone(), tenant.clone(), id.clone());
-        blocking(service.admit_thread(&tenant)?, move || {
-            service.prepare_execute(&tenant, &id, &req).map(|_| req)
-        })
-        .await?
+    let (call, prepared) = {
+        let (service, id) = (service.clone(), id.clone());
+        blocking_step(call, move |call| service.prepare_execute(call, &id, req)).await?
     };
-    let thread = service.admit_thread(&tenant)?;
-    let (gone_service, gone_tenant, gone_id) = (service.clone(), tenant.clone(), id.clone());
+    let gone_service = service.clone();
     Ok(ndjson_stream(
-        thread,
-        Box::new(move |on_event| service.execute(&tenant, &id, &req, on_event)),
-        move || {
-            let _ = gone_service.interrupt(&gone_tenant, &gone_id);
+        call,
+        Box::new(move |call, on_event| service.execute(call, prepared, on_event)),
+        move |call| {
+            let _ = gone_service.interrupt(call, &id);
         },
         false,
     ))
@@ -846,30 +861,28 @@ async fn commands(
     ApiJson(req): ApiJson<CommandRequest>,
 ) -> Result<Response, ApiError> {
     let service = state.service.clone();
+    let call = service.admit(&tenant)?;
     if wants_json(&headers) {
-        let answer = blocking(service.admit_thread(&tenant)?, move || {
+        let answer = blocking(call, move |call| {
+            let prepared = service.prepare_command(call, &id, req)?;
             service
-                .run_command(&tenant, &id, &req, &Stopper::default(), &mut |_| {})
+                .run_command(call, prepared, &Stopper::default(), &mut |_| {})
                 .map(result_answer)
         })
         .await?;
         return Ok(json_response(answer));
     }
-    let req = {
-        let (service, tenant, id) = (service.clone(), tenant.clone(), id.clone());
-        blocking(service.admit_thread(&tenant)?, move || {
-            service.prepare_command(&tenant, &id, &req).map(|_| req)
-        })
-        .await?
+    let (call, prepared) = {
+        let service = service.clone();
+        blocking_step(call, move |call| service.prepare_command(call, &id, req)).await?
     };
     // A client that goes away stops its command, and no other execution of the session.
     let stop = Stopper::default();
     let gone = stop.clone();
-    let thread = service.admit_thread(&tenant)?;
     Ok(ndjson_stream(
-        thread,
-        Box::new(move |on_event| service.run_command(&tenant, &id, &req, &stop, on_event)),
-        move || {
+        call,
+        Box::new(move |call, on_event| service.run_command(call, prepared, &stop, on_event)),
+        move |_| {
             gone.stop();
         },
         true,
@@ -897,10 +910,8 @@ async fn write_file(
     let service = state.service.clone();
     let max_body_bytes = state.service.config().max_body_bytes as u64;
     let prepared = async {
-        let thread = service.admit_thread(&tenant)?;
-        let tenant = tenant.clone();
-        blocking(thread, move || {
-            service.prepare_upload(&tenant, &id, &path, announced)
+        blocking(service.admit(&tenant)?, move |call| {
+            service.prepare_upload(call, &id, &path, announced)
         })
         .await
     };
@@ -920,7 +931,7 @@ async fn write_file(
     };
     let _slot = state.service.admit_upload(&tenant).await?;
     // The writer's thread, once the upload has its slot (refused like the slot: body unread).
-    let write = state.service.admit_thread(&tenant)?;
+    let write = state.service.admit(&tenant)?;
     let (written, failed) =
         stream_upload(upload, write, body.into_data_stream(), max_body_bytes).await;
     match (written, failed) {
@@ -942,8 +953,8 @@ async fn read_file(
     Path((id, path)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let service = state.service.clone();
-    let file = blocking(service.admit_thread(&tenant)?, move || {
-        service.open_file(&tenant, &id, &path)
+    let file = blocking(service.admit(&tenant)?, move |call| {
+        service.open_file(call, &id, &path)
     })
     .await?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
@@ -963,8 +974,8 @@ async fn remove_file(
     Path((id, path)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let service = state.service.clone();
-    blocking(service.admit_thread(&tenant)?, move || {
-        service.remove_file(&tenant, &id, &path)
+    blocking(service.admit(&tenant)?, move |call| {
+        service.remove_file(call, &id, &path)
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)
@@ -994,8 +1005,8 @@ async fn list_files(
 ) -> Result<Json<FileList>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let service = state.service.clone();
-    let files = blocking(service.admit_thread(&tenant)?, move || {
-        service.list_files(&tenant, &id, query.dir.as_deref())
+    let files = blocking(service.admit(&tenant)?, move |call| {
+        service.list_files(call, &id, query.dir.as_deref())
     })
     .await?;
     Ok(Json(FileList { files }))

@@ -50,7 +50,7 @@ async fn with_db<T: Send + 'static>(
     f: impl FnOnce(&Db) -> Result<T, DbError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let service = state.service.clone();
-    crate::threads::spawn(state.service.admit_thread(tenant)?, move || f(service.db()))
+    crate::threads::run(state.service.admit(tenant)?, move |_call| f(service.db()))
         .await
         .map_err(|e| ApiError::internal(format!("internal error: {e}")))?
         .map_err(|e| ApiError::internal(e.to_string()))
@@ -388,7 +388,7 @@ pub(crate) async fn all_sandboxes(
 ) -> Result<Json<OwnedSandboxList>, ApiError> {
     let Query(params) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let service = state.service.clone();
-    let list = blocking(service.admit_thread(&operator.0)?, move || {
+    let list = blocking(service.admit(&operator.0)?, move |call| {
         let key = params.key.map(Tenant);
         let page = service.list_owned(
             key.as_ref(),
@@ -405,10 +405,7 @@ pub(crate) async fn all_sandboxes(
                 // A sandbox that ended meanwhile has no reading: it is listed without one.
                 let usage = match sandbox.state.as_str() {
                     "dead" => None,
-                    _ => service
-                        .metrics(&tenant, &sandbox.id)
-                        .ok()
-                        .and_then(|mut samples| samples.pop()),
+                    _ => service.latest_usage(call, &tenant, &sandbox.id),
                 };
                 OwnedSandbox {
                     key_id: tenant.0,

@@ -299,10 +299,10 @@ async fn forward(
     path: String,
     mut req: Request,
 ) -> Result<Response, ApiError> {
-    let opener = app.service.port_opener(&tenant, &id)?;
+    let call = app.service.admit(&tenant)?;
+    let opener = app.service.port_opener(&call, &id)?;
     let slot = proxy.slot(&id)?;
-    let thread = app.service.admit_thread(&tenant)?;
-    let stream = crate::threads::spawn(thread, move || opener.connect(port, CONNECT_TIMEOUT))
+    let stream = crate::threads::run(call, move |_call| opener.connect(port, CONNECT_TIMEOUT))
         .await
         .map_err(|e| ApiError::internal(format!("internal error: {e}")))?
         .map_err(|e| port_error(&id, e))?;

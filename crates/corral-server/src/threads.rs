@@ -1,15 +1,28 @@
-//! The one door of the server onto tokio's blocking pool: [`spawn`] runs work that holds a
-//! permit of the blocking-thread budgets ([`corral_service::threads`]).
+//! The one door of the server onto tokio's blocking pool: [`run`] runs an admitted call's
+//! work ([`corral_service::Service::admit`]), [`spawn`] the work that is no key's; both hold
+//! a permit of the blocking-thread budgets ([`corral_service::threads`]) while it runs.
 
 pub use corral_service::threads::*;
+use corral_service::Admitted;
 
-/// Runs `work` on a blocking thread, holding `permit` until it has finished (even when the
-/// caller stops waiting for it). The only door of the server onto tokio's blocking pool.
+/// Runs the work of an admitted call on a blocking thread; the call (with its thread of the
+/// key's budget) is held until the work has finished, even when the caller stops waiting for
+/// it, or until the work hands it on (to the stream that carries on with it).
+pub fn run<T: Send + 'static>(
+    call: Admitted,
+    work: impl FnOnce(Admitted) -> T + Send + 'static,
+) -> tokio::task::JoinHandle<T> {
+    #[allow(clippy::disallowed_methods)] // this is one of the two places allowed to
+    tokio::task::spawn_blocking(move || work(call))
+}
+
+/// Runs `work` that is no key's call on a blocking thread, holding `permit` until it has
+/// finished (even when the caller stops waiting for it).
 pub fn spawn<T: Send + 'static>(
     permit: ThreadPermit,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> tokio::task::JoinHandle<T> {
-    #[allow(clippy::disallowed_methods)] // this is the one place allowed to
+    #[allow(clippy::disallowed_methods)] // this is one of the two places allowed to
     tokio::task::spawn_blocking(move || {
         let _held_until_done = permit;
         work()

@@ -15,4 +15,4 @@ pub mod threads;
 pub mod watch;
 
 pub use config::Config;
-pub use service::{Service, ServiceError, Tenant};
+pub use service::{Admitted, Service, ServiceError, Tenant};

@@ -143,8 +143,8 @@ pub async fn start(
         stdin: req.stdin,
     };
     let service = state.service.clone();
-    let (_, sub) = blocking(service.admit_thread(&tenant)?, move || {
-        service.start_process(&tenant, &id, spec)
+    let (_, sub) = blocking(service.admit(&tenant)?, move |call| {
+        service.start_process(call, &id, spec)
     })
     .await?;
     Ok(output_stream(sub))
@@ -178,8 +178,8 @@ pub async fn list(
     Path(id): Path<String>,
 ) -> Result<Json<ProcessList>, ApiError> {
     let service = state.service.clone();
-    let agent = blocking(service.admit_thread(&tenant)?, move || {
-        service.process_agent(&tenant, &id)
+    let agent = blocking(service.admit(&tenant)?, move |call| {
+        service.process_agent(call, &id)
     })
     .await?;
     let processes: Vec<ProcessJson> = agent
@@ -209,8 +209,8 @@ async fn with_agent<T: Send + 'static>(
     call: impl FnOnce(&ProcessAgent) -> Result<T, ServiceError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let service = state.service.clone();
-    blocking(service.admit_thread(&tenant)?, move || {
-        let agent = service.process_agent(&tenant, &id)?;
+    blocking(service.admit(&tenant)?, move |admitted| {
+        let agent = service.process_agent(admitted, &id)?;
         call(&agent)
     })
     .await
