@@ -680,6 +680,49 @@ fn execution_streams_events_and_a_disconnected_client_interrupts_it() {
     );
 }
 
+/// Issue 32: every call of a key goes through one admission, and work is not checked twice. A
+/// streamed execution, a streamed command, a folded execution and a program's start each
+/// take exactly one admission (one blocking thread of the key's budget) and one check that
+/// the sandbox is the key's. The streams took two admissions and four checks before.
+#[test]
+fn an_execution_and_a_process_start_take_one_admission_and_one_ownership_check() {
+    let s = Server::start("");
+    let id = s.create(None);
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let counts = || {
+        let of = |name| metric(&s, name).unwrap_or_else(|| panic!("no {name} in /metrics"));
+        (
+            of("corral_calls_admitted_total"),
+            of("corral_ownership_checks_total"),
+        )
+    };
+    let taken = |before: (f64, f64)| {
+        let after = counts();
+        (after.0 - before.0, after.1 - before.1)
+    };
+
+    let before = counts();
+    let body = json!({"code": "6*7"}).to_string();
+    let lines = ndjson(&addr, &format!("/v1/sandboxes/{id}/execute"), &body);
+    assert_eq!(lines.last().unwrap()["status"], "success", "{lines:?}");
+    assert_eq!(taken(before), (1.0, 1.0), "a streamed execution");
+
+    let before = counts();
+    let body = json!({"cmd": "exit 3"}).to_string();
+    let lines = ndjson(&addr, &format!("/v1/sandboxes/{id}/commands"), &body);
+    assert_eq!(lines.last().unwrap()["exit_code"], 3, "{lines:?}");
+    assert_eq!(taken(before), (1.0, 1.0), "a streamed command");
+
+    let before = counts();
+    let (status, answer) = s.execute(&id, None, "6*7");
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(taken(before), (1.0, 1.0), "a folded execution");
+
+    let before = counts();
+    assert_eq!(run_process(&s, None, &id, "true", &[]).0, 0);
+    assert_eq!(taken(before), (1.0, 1.0), "a program's start");
+}
+
 /// Sends a streamed POST of `body` to `path` on a connection of its own; its reader.
 fn post_stream(addr: &str, path: &str, body: &str) -> (TcpStream, BufReader<TcpStream>) {
     let mut stream = TcpStream::connect(addr).unwrap();
