@@ -1605,7 +1605,7 @@ impl Service {
         self.get(call.tenant(), id)
     }
 
-    /// Opens connections to the listeners of session `id` (the port proxy, crate::ports);
+    /// Opens connections to the listeners of session `id` (corral-server's port proxy);
     /// refused while it is paused.
     pub fn port_opener(
         &self,

@@ -13,10 +13,11 @@
 //! on threads is admitted even when other keys together hold all of `max_blocking_calls`,
 //! so that keys which fill the budget between them still leave each other key served.
 //!
-//! corral-server's `threads::spawn` is the only way the server puts work on the blocking pool
-//! (its `clippy.toml` forbids `tokio::task::spawn_blocking` elsewhere), and it takes a
-//! [`ThreadPermit`], which only [`Threads::admit`] (or, for the work that is no key's,
-//! [`Threads::unmetered`]) makes.
+//! A key's call is admitted by [`crate::Service::admit`], whose [`crate::Admitted`] holds
+//! the [`ThreadPermit`] that only [`Threads::admit`] (or, for the work that is no key's,
+//! [`Threads::unmetered`]) makes. corral-server's `threads::run` and `threads::spawn` are the
+//! only ways the server puts work on the blocking pool (its `clippy.toml` forbids
+//! `tokio::task::spawn_blocking` elsewhere).
 
 use std::sync::Arc;
 
