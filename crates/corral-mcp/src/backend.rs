@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use corral_kernel::Stopper;
 use corral_sandbox::{ExecutionResult, FileEntry};
-use corral_server::service::{
+use corral_service::service::{
     CommandRequest, CreateSandboxRequest, ExecuteRequest, SandboxInfo, ServiceError,
 };
-use corral_server::{Service, Tenant};
+use corral_service::{Admitted, Service, Tenant};
 use serde::Deserialize;
 
 mod processes;
@@ -124,6 +124,12 @@ impl InProcess {
     pub fn new(service: Arc<Service>) -> InProcess {
         InProcess { service }
     }
+
+    /// Admits a call of `caller`'s (its key's budget of blocking calls, as `corral serve`
+    /// admits each request's): the thread it runs on is the tool call's.
+    fn admit(&self, caller: &Caller) -> Result<Admitted, ServiceError> {
+        self.service.admit(&caller.tenant)
+    }
 }
 
 impl Backend for InProcess {
@@ -132,19 +138,22 @@ impl Backend for InProcess {
         caller: &Caller,
         req: &CreateSandboxRequest,
     ) -> Result<SandboxInfo, BackendError> {
-        Ok(self.service.create_session(&caller.tenant, req)?)
+        Ok(self.service.create_session(&self.admit(caller)?, req)?)
     }
 
     fn close_session(&self, caller: &Caller, id: &str) -> Result<(), BackendError> {
-        Ok(self.service.kill(&caller.tenant, id)?)
+        // Never refused, as `corral serve`'s kill: a key can close its sandboxes while its calls
+        // hold its every thread.
+        let call = self.service.admit_unmetered(&caller.tenant);
+        Ok(self.service.kill(&call, id)?)
     }
 
     fn pause_session(&self, caller: &Caller, id: &str) -> Result<SandboxInfo, BackendError> {
-        Ok(self.service.pause(&caller.tenant, id)?)
+        Ok(self.service.pause(&self.admit(caller)?, id)?)
     }
 
     fn resume_session(&self, caller: &Caller, id: &str) -> Result<SandboxInfo, BackendError> {
-        Ok(self.service.resume(&caller.tenant, id)?)
+        Ok(self.service.resume(&self.admit(caller)?, id)?)
     }
 
     fn execute(
@@ -153,7 +162,9 @@ impl Backend for InProcess {
         id: &str,
         req: &ExecuteRequest,
     ) -> Result<ExecutionResult, BackendError> {
-        Ok(self.service.execute(&caller.tenant, id, req, &mut |_| {})?)
+        let call = self.admit(caller)?;
+        let prepared = self.service.prepare_execute(&call, id, req.clone())?;
+        Ok(self.service.execute(&call, prepared, &mut |_| {})?)
     }
 
     fn run_command(
@@ -162,9 +173,11 @@ impl Backend for InProcess {
         id: &str,
         req: &CommandRequest,
     ) -> Result<ExecutionResult, BackendError> {
+        let call = self.admit(caller)?;
+        let prepared = self.service.prepare_command(&call, id, req.clone())?;
         Ok(self
             .service
-            .run_command(&caller.tenant, id, req, &Stopper::default(), &mut |_| {})?)
+            .run_command(&call, prepared, &Stopper::default(), &mut |_| {})?)
     }
 
     fn write_file(
@@ -174,7 +187,9 @@ impl Backend for InProcess {
         path: &str,
         data: &[u8],
     ) -> Result<FileEntry, BackendError> {
-        Ok(self.service.write_file(&caller.tenant, id, path, data)?)
+        Ok(self
+            .service
+            .write_file(&self.admit(caller)?, id, path, data)?)
     }
 
     fn read_file(
@@ -184,7 +199,8 @@ impl Backend for InProcess {
         path: &str,
         limit: u64,
     ) -> Result<(Vec<u8>, bool), BackendError> {
-        let file = self.service.open_file(&caller.tenant, id, path)?;
+        let call = self.admit(caller)?;
+        let file = self.service.open_file(&call, id, path)?;
         read_limited(file, limit).map_err(|e| BackendError::Other(format!("reading {path}: {e}")))
     }
 
@@ -194,7 +210,7 @@ impl Backend for InProcess {
         id: &str,
         dir: Option<&str>,
     ) -> Result<Vec<FileEntry>, BackendError> {
-        Ok(self.service.list_files(&caller.tenant, id, dir)?)
+        Ok(self.service.list_files(&self.admit(caller)?, id, dir)?)
     }
 }
 

@@ -1,7 +1,7 @@
 //! The tools over streamable HTTP at `/mcp`, with the server's key rule: bound to anything but
 //! loopback, every request needs `Authorization: Bearer KEY`; on loopback a request without a
 //! key from a local program acts as the local tenant, and one with a key must carry a valid one.
-//! The key is read as `corral serve` reads it ([`corral_server::http::presented_key`]): an
+//! The key is read as `corral serve` reads it ([`corral_wire::keys::presented_key`]): an
 //! `Authorization` header that is not `Bearer KEY` is 401, never "no key".
 
 use std::future::Future;
@@ -11,7 +11,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use corral_server::Tenant;
+use corral_service::Tenant;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 
@@ -44,7 +44,7 @@ fn refuse(status: StatusCode, code: &str, message: &str) -> Response {
 async fn authenticate(State(auth): State<Auth>, mut req: Request, next: Next) -> Response {
     // The native API's rule: an `Authorization` that is not `Bearer KEY` is refused, never
     // taken for a request without a key.
-    let key = match corral_server::http::presented_key(req.headers()) {
+    let key = match corral_wire::keys::presented_key(req.headers()) {
         Ok(key) => key,
         Err(e) => return refuse(e.status, e.code, &e.message),
     };
@@ -78,7 +78,7 @@ async fn authenticate(State(auth): State<Auth>, mut req: Request, next: Next) ->
             )
         }
         // As for `corral serve`: a web page the user visits cannot use a keyless server.
-        None if !corral_server::http::from_local_program(req.headers()) => {
+        None if !corral_wire::keys::from_local_program(req.headers()) => {
             return refuse(
                 StatusCode::FORBIDDEN,
                 "forbidden",
@@ -115,9 +115,7 @@ pub async fn serve(
     let app = axum::Router::new()
         .nest_service("/mcp", mcp)
         .layer(axum::middleware::from_fn_with_state(auth, authenticate))
-        .layer(axum::middleware::from_fn(
-            corral_server::http::close_if_body_unread,
-        ));
+        .layer(axum::middleware::from_fn(corral_wire::close_if_body_unread));
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.await;

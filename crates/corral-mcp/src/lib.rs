@@ -1,5 +1,5 @@
 //! Corral's MCP server (docs/mcp.md): sandbox tools for agents over stdio and streamable HTTP,
-//! backed by an in-process [`corral_server::Service`] or a running `corral serve`, plus the
+//! backed by an in-process [`corral_service::Service`] or a running `corral serve`, plus the
 //! same tools as function-calling definitions for OpenAI- and Anthropic-style APIs.
 
 pub mod backend;

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use base64::Engine as _;
 use corral_kernel::Language;
 use corral_sandbox::{ExecutionResult, Status};
-use corral_server::service::{
+use corral_service::service::{
     CommandRequest, CreateSandboxRequest, ExecuteRequest, NetworkRequest, PolicyRequest,
     SandboxInfo,
 };
-use corral_server::Tenant;
+use corral_service::Tenant;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{

@@ -103,7 +103,7 @@ pub async fn serve(config: RouterConfig) -> Result<(), RouterError> {
             addr: config.listen,
             source,
         })?;
-    serve_on(config, listener, corral_server::shutdown_signal()).await
+    serve_on(config, listener, corral_wire::shutdown_signal()).await
 }
 
 /// As [`serve`], on a bound listener, until `stop` completes.
@@ -122,7 +122,7 @@ pub async fn serve_on(
     let probing = tokio::spawn(nodes.clone().probe_forever());
     let header_timeout = config.header_timeout;
     let app = app(config, nodes);
-    corral_server::serve_app(listener, app, header_timeout, stop).await;
+    corral_wire::serve_app(listener, app, header_timeout, stop).await;
     probing.abort();
     Ok(())
 }

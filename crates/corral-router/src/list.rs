@@ -8,7 +8,7 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use corral_kernel::NodeName;
-use corral_server::service::LIST_LIMIT;
+use corral_service::service::LIST_LIMIT;
 use serde::Deserialize;
 use serde_json::Value;
 

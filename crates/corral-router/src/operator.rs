@@ -23,8 +23,8 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use corral_kernel::NodeName;
-use corral_server::operator::{AUDIT_DEFAULT, AUDIT_LIMIT};
-use corral_server::service::LIST_LIMIT;
+use corral_service::db::{AUDIT_DEFAULT, AUDIT_LIMIT};
+use corral_service::service::LIST_LIMIT;
 use serde::Deserialize;
 use serde_json::{json, Value};
 

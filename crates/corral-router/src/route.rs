@@ -10,9 +10,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use corral_kernel::node::node_of;
 use corral_kernel::NodeName;
-use corral_server::e2b::{E2bError, SANDBOX_ID_HEADER};
-use corral_server::error::ApiError;
 use corral_share::{Limits, Pool};
+use corral_wire::e2b::{E2bError, SANDBOX_ID_HEADER};
+use corral_wire::error::ApiError;
 use http_body_util::BodyExt as _;
 
 use crate::nodes::{Lookup, Nodes};
@@ -195,8 +195,8 @@ fn body_limits(max_create_bytes: usize) -> Limits {
 /// A hash of the API key a request presents (the nodes check it; the router only tells keys
 /// apart), or none when it presents none, or one the nodes will refuse.
 fn in_flight_key(headers: &HeaderMap) -> Option<String> {
-    match corral_server::http::presented_key(headers) {
-        Ok(Some(key)) => Some(corral_server::db::hash_key(&key)),
+    match corral_wire::keys::presented_key(headers) {
+        Ok(Some(key)) => Some(corral_service::db::hash_key(&key)),
         Ok(None) | Err(_) => None,
     }
 }

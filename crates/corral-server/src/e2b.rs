@@ -49,10 +49,11 @@ use crate::connect::{self, Code, Decoder, FLAG_END_STREAM};
 use crate::error::ApiError;
 use crate::http::{authenticate, blocking, parse_json, stream_frames, stream_upload, AppState};
 use crate::service::{
-    CreateSandboxRequest, ExecuteRequest, ListQuery, SandboxInfo, Service, ServiceError, Tenant,
-    LIST_LIMIT,
+    Admitted, CreateSandboxRequest, ExecuteRequest, ListQuery, SandboxInfo, Service, ServiceError,
+    Tenant, LIST_LIMIT,
 };
 use crate::watch::{Snapshot, MAX_WATCHERS};
+pub use corral_wire::e2b::{E2bError, SANDBOX_ID_HEADER};
 
 mod watch_dir;
 use watch_dir::{create_watcher, event_json, poll_watcher, Watcher};
@@ -69,72 +70,12 @@ const DEFAULT_IMAGE_TEMPLATES: &[&str] = &["code-interpreter-v1", "code-interpre
 /// E2B's home directory, and Corral's workspace that stands for it.
 const E2B_HOME: &str = "/home/user";
 const WORKSPACE: &str = "/workspace";
-pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 /// The sandbox's token on the code interpreter's `/contexts…` requests.
 const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 const CONNECT_JSON: &str = "application/connect+json";
 const PROCESS_SERVICE: &str = "process.Process";
 const FILESYSTEM_SERVICE: &str = "filesystem.Filesystem";
-
-/// An error in E2B's shape: `{"code": <HTTP status>, "message": "..."}`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct E2bError {
-    status: StatusCode,
-    message: String,
-    retry_after_s: Option<u64>,
-}
-
-impl E2bError {
-    pub fn new(status: StatusCode, message: impl Into<String>) -> E2bError {
-        E2bError {
-            status,
-            message: message.into(),
-            retry_after_s: None,
-        }
-    }
-
-    fn bad_request(message: impl Into<String>) -> E2bError {
-        E2bError::new(StatusCode::BAD_REQUEST, message)
-    }
-
-    /// A sandbox that is unknown, killed or expired, as E2B's edge proxy says it.
-    fn not_running(id: &str) -> E2bError {
-        E2bError::new(
-            StatusCode::BAD_GATEWAY,
-            format!("The sandbox {id} was not found"),
-        )
-    }
-}
-
-impl From<ApiError> for E2bError {
-    fn from(e: ApiError) -> E2bError {
-        E2bError {
-            status: e.status,
-            message: e.message,
-            retry_after_s: e.retry_after_s,
-        }
-    }
-}
-
-impl From<ServiceError> for E2bError {
-    fn from(e: ServiceError) -> E2bError {
-        ApiError::from(e).into()
-    }
-}
-
-impl IntoResponse for E2bError {
-    fn into_response(self) -> Response {
-        let body = json!({"code": self.status.as_u16(), "message": self.message});
-        let mut response = (self.status, Json(body)).into_response();
-        if let Some(s) = self.retry_after_s {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(s));
-        }
-        response
-    }
-}
 
 /// The E2B SDK calls Corral does not serve. Each is answered as E2B answers an operation it
 /// does not implement, never as something missing (which the SDK would report as a missing
@@ -458,8 +399,8 @@ async fn create_sandbox(
         network,
     };
     let (service, owner) = (state.service.clone(), tenant.clone());
-    let info = blocking(service.admit_thread(&owner)?, move || {
-        service.create_session(&owner, &create)
+    let info = blocking(service.admit(&owner)?, move |call| {
+        service.create_session(call, &create)
     })
     .await?;
     let service = state.service.clone();
@@ -490,8 +431,8 @@ async fn connect_sandbox(
     if info.state == "paused" {
         let service = state.service.clone();
         let (owner, sandbox) = (tenant.clone(), id.clone());
-        info = blocking(service.admit_thread(&owner)?, move || {
-            service.resume(&owner, &sandbox)
+        info = blocking(service.admit(&owner)?, move |call| {
+            service.resume(call, &sandbox)
         })
         .await?;
     }
@@ -529,8 +470,8 @@ async fn pause_sandbox(
 ) -> Result<StatusCode, E2bError> {
     let tenant = tenant_of(&state, &headers).await?;
     let service = state.service.clone();
-    blocking(service.admit_thread(&tenant)?, move || {
-        service.pause(&tenant, &id)
+    blocking(service.admit(&tenant)?, move |call| {
+        service.pause(call, &id)
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)
@@ -546,8 +487,8 @@ async fn resume_sandbox(
     let tenant = tenant_of(&state, &headers).await?;
     let service = state.service.clone();
     let (owner, sandbox) = (tenant.clone(), id.clone());
-    let info = blocking(service.admit_thread(&owner)?, move || {
-        service.resume(&owner, &sandbox)
+    let info = blocking(service.admit(&owner)?, move |call| {
+        service.resume(call, &sandbox)
     })
     .await?;
     Ok((
@@ -677,8 +618,8 @@ async fn sandbox_metrics(
     let tenant = tenant_of(&state, &headers).await?;
     let Query(params) = query.map_err(|e| E2bError::bad_request(e.body_text()))?;
     let service = state.service.clone();
-    let metrics = blocking(service.admit_thread(&tenant)?, move || {
-        service.metrics(&tenant, &id)
+    let metrics = blocking(service.admit(&tenant)?, move |call| {
+        service.metrics(call, &id)
     })
     .await?;
     let listed = metrics
@@ -713,8 +654,8 @@ async fn kill_sandbox(
     let tenant = tenant_of(&state, &headers).await?;
     let service = state.service.clone();
     let (owner, sandbox) = (tenant.clone(), id.clone());
-    let killed = blocking(service.unmetered_thread(), move || {
-        service.kill(&owner, &sandbox)
+    let killed = blocking(service.admit_unmetered(&owner), move |call| {
+        service.kill(call, &sandbox)
     })
     .await;
     if registry.lookup(&tenant, &id).is_some() {
@@ -740,8 +681,8 @@ async fn set_timeout(
     let tenant = tenant_of(&state, &headers).await?;
     let req: Timeout = parse_json(&body).map_err(E2bError::bad_request)?;
     let service = state.service.clone();
-    blocking(service.admit_thread(&tenant)?, move || {
-        service.set_idle_timeout(&tenant, &id, req.timeout)
+    blocking(service.admit(&tenant)?, move |call| {
+        service.set_idle_timeout(call, &id, req.timeout)
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)
@@ -847,8 +788,8 @@ async fn read_file(
         .ok_or_else(|| E2bError::bad_request("the path query parameter is required"))?;
     let rel = workspace_path(&path)?;
     let service = state.service.clone();
-    let file = blocking(service.admit_thread(&sandbox.tenant)?, move || {
-        service.open_file(&sandbox.tenant, &sandbox.id, &rel)
+    let file = blocking(service.admit(&sandbox.tenant)?, move |call| {
+        service.open_file(call, &sandbox.id, &rel)
     })
     .await?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
@@ -901,9 +842,9 @@ async fn write_files(
         let rel = workspace_path(&path)?;
         let service = state.service.clone();
         let (tenant, id) = (sandbox.tenant.clone(), sandbox.id.clone());
-        let write = service.admit_thread(&tenant)?;
-        let upload = blocking(service.admit_thread(&tenant)?, move || {
-            service.prepare_upload(&tenant, &id, &rel, None)
+        let write = service.admit(&tenant)?;
+        let upload = blocking(service.admit(&tenant)?, move |call| {
+            service.prepare_upload(call, &id, &rel, None)
         })
         .await?;
         let entry = match stream_upload(upload, write, field, max_body_bytes).await {
@@ -1053,15 +994,19 @@ async fn execute(
         env: req.env_vars.filter(|e| !e.is_empty()),
         context: req.context_id.clone(),
     };
-    let checked = {
-        let (service, tenant, id) = (state.service.clone(), tenant.clone(), id.clone());
-        blocking(service.admit_thread(&tenant)?, move || {
-            Ok(service.prepare_execute(&tenant, &id, &run).map(|_| run))
+    // One admission and one check of the session, on the thread the execution then runs on.
+    let call = state.service.admit(&tenant)?;
+    let (call, checked) = {
+        let (service, id) = (state.service.clone(), id.clone());
+        crate::threads::run(call, move |call| {
+            let checked = service.prepare_execute(&call, &id, run);
+            (call, checked)
         })
-        .await?
+        .await
+        .map_err(|e| ApiError::internal(format!("internal error: {e}")))?
     };
-    let run = match checked {
-        Ok(run) => run,
+    let prepared = match checked {
+        Ok(prepared) => prepared,
         Err(ServiceError::UnsupportedLanguage(reason)) => {
             let language = req.language.unwrap_or_default();
             return Err(Unsupported::Language { language, reason }.into());
@@ -1069,16 +1014,15 @@ async fn execute(
         Err(e) => return Err(e.into()),
     };
     let service = state.service.clone();
-    let thread = service.admit_thread(&tenant)?;
-    let (gone_service, gone_tenant, gone_id) = (service.clone(), tenant.clone(), id.clone());
+    let (gone_service, gone_id) = (service.clone(), id.clone());
     Ok(stream_frames(
         "application/x-ndjson",
-        thread,
-        move |emit| {
+        call,
+        move |call, emit| {
             // The run's `end` says how it ended: a status other than success becomes an
             // `error` line, unless the code raised one itself.
             let (mut saw_error, mut end) = (false, None);
-            let outcome = service.execute(&tenant, &id, &run, &mut |event| match event {
+            let outcome = service.execute(call, prepared, &mut |event| match event {
                 Event::End(e) => end = Some(e.clone()),
                 _ => {
                     if let Some(line) = execution_line(event) {
@@ -1113,8 +1057,8 @@ async fn execute(
             emit(json_line(&json!({"type": "end_of_execution"})));
             reservation
         },
-        move || {
-            let _ = gone_service.interrupt(&gone_tenant, &gone_id);
+        move |call| {
+            let _ = gone_service.interrupt(call, &gone_id);
         },
     ))
 }
@@ -1400,9 +1344,9 @@ async fn filesystem_rpc(
         }
     };
     let service = state.service.clone();
-    let thread = service.admit_thread(&sandbox.tenant)?;
-    let answer = crate::threads::spawn(thread, move || {
-        filesystem_call(&service, &registry, &sandbox, &method, req)
+    let call = service.admit(&sandbox.tenant)?;
+    let answer = crate::threads::run(call, move |call| {
+        filesystem_call(&service, &call, &registry, &sandbox, &method, req)
     })
     .await
     .map_err(|e| ApiError::internal(format!("internal error: {e}")))?;
@@ -1414,56 +1358,58 @@ async fn filesystem_rpc(
 
 fn filesystem_call(
     service: &Service,
+    call: &Admitted,
     registry: &Registry,
     sandbox: &PlaneSandbox,
     method: &str,
     req: FilesystemRequest,
 ) -> Result<Value, RpcError> {
-    let PlaneSandbox { id, tenant } = sandbox;
-    let user = || service.sandbox_user(tenant, id).map_err(RpcError::from);
+    let PlaneSandbox { id, .. } = sandbox;
+    let user = || service.sandbox_user(call, id).map_err(RpcError::from);
     match method {
         "Stat" => {
-            let entry = service.stat(tenant, id, &rpc_path(&req.path)?)?;
+            let entry = service.stat(call, id, &rpc_path(&req.path)?)?;
             Ok(json!({"entry": entry_json(&entry, user()?)}))
         }
         "ListDir" => {
             let dir = rpc_path(&req.path)?;
             let depth = (req.depth as usize).max(1);
-            let entries = service.list_dir(tenant, id, &dir, depth)?;
+            let entries = service.list_dir(call, id, &dir, depth)?;
             let user = user()?;
             let entries: Vec<Value> = entries.iter().map(|e| entry_json(e, user)).collect();
             Ok(json!({"entries": entries}))
         }
         "MakeDir" => {
             let path = rpc_path(&req.path)?;
-            if !service.make_dir(tenant, id, &path)? {
+            if !service.make_dir(call, id, &path)? {
                 return Err(RpcError(
                     Code::AlreadyExists,
                     format!("directory already exists: {}", req.path),
                 ));
             }
-            let entry = service.stat(tenant, id, &path)?;
+            let entry = service.stat(call, id, &path)?;
             Ok(json!({"entry": entry_json(&entry, user()?)}))
         }
         "Move" => {
             let (from, to) = (rpc_path(&req.source)?, rpc_path(&req.destination)?);
-            let entry = service.move_path(tenant, id, &from, &to)?;
+            let entry = service.move_path(call, id, &from, &to)?;
             Ok(json!({"entry": entry_json(&entry, user()?)}))
         }
-        "Remove" => match service.remove_path(tenant, id, &rpc_path(&req.path)?) {
+        "Remove" => match service.remove_path(call, id, &rpc_path(&req.path)?) {
             // As envd (`os.RemoveAll`): nothing there is nothing to do.
             Ok(()) | Err(ServiceError::FileNotFound(_)) => Ok(json!({})),
             Err(e) => Err(e.into()),
         },
         "CreateWatcher" => {
-            let watcher_id = create_watcher(service, registry, sandbox, &req.path, req.recursive)?;
+            let watcher_id =
+                create_watcher(service, call, registry, sandbox, &req.path, req.recursive)?;
             Ok(json!({"watcherId": watcher_id}))
         }
         "GetWatcherEvents" => {
             let turn = service
                 .watch_scans()
                 .turn_within(&sandbox.tenant.0, watch_dir::TURN_WAIT);
-            let events = poll_watcher(service, registry, sandbox, &req.watcher_id, turn)?;
+            let events = poll_watcher(service, call, registry, sandbox, &req.watcher_id, turn)?;
             let events: Vec<Value> = events.iter().map(|(n, k)| event_json(n, *k)).collect();
             Ok(json!({"events": events}))
         }

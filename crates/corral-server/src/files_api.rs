@@ -148,8 +148,8 @@ async fn stat(
 ) -> Result<Json<Entry>, ApiError> {
     let q = query(q)?;
     let service = state.service.clone();
-    let entry = blocking(service.admit_thread(&tenant)?, move || {
-        service.stat(&tenant, &id, &q.path)
+    let entry = blocking(service.admit(&tenant)?, move |call| {
+        service.stat(call, &id, &q.path)
     })
     .await?;
     Ok(Json(Entry::from(&entry)))
@@ -174,8 +174,8 @@ async fn list(
         )));
     }
     let service = state.service.clone();
-    let entries = blocking(service.admit_thread(&tenant)?, move || {
-        service.list_dir(&tenant, &id, &q.path, depth)
+    let entries = blocking(service.admit(&tenant)?, move |call| {
+        service.list_dir(call, &id, &q.path, depth)
     })
     .await?;
     Ok(Json(EntryList {
@@ -196,9 +196,9 @@ async fn make_dir(
     ApiJson(body): ApiJson<PathBody>,
 ) -> Result<(StatusCode, Json<Entry>), ApiError> {
     let service = state.service.clone();
-    let (made, entry) = blocking(service.admit_thread(&tenant)?, move || {
-        let made = service.make_dir(&tenant, &id, &body.path)?;
-        Ok((made, service.stat(&tenant, &id, &body.path)?))
+    let (made, entry) = blocking(service.admit(&tenant)?, move |call| {
+        let made = service.make_dir(call, &id, &body.path)?;
+        Ok((made, service.stat(call, &id, &body.path)?))
     })
     .await?;
     let status = if made {
@@ -222,8 +222,8 @@ async fn move_entry(
     ApiJson(body): ApiJson<MoveBody>,
 ) -> Result<Json<Entry>, ApiError> {
     let service = state.service.clone();
-    let entry = blocking(service.admit_thread(&tenant)?, move || {
-        service.move_path(&tenant, &id, &body.from, &body.to)
+    let entry = blocking(service.admit(&tenant)?, move |call| {
+        service.move_path(call, &id, &body.from, &body.to)
     })
     .await?;
     Ok(Json(Entry::from(&entry)))
@@ -241,8 +241,8 @@ async fn remove(
     ApiJson(body): ApiJson<PathBody>,
 ) -> Result<StatusCode, ApiError> {
     let service = state.service.clone();
-    blocking(service.admit_thread(&tenant)?, move || {
-        service.remove_path(&tenant, &id, &body.path)
+    blocking(service.admit(&tenant)?, move |call| {
+        service.remove_path(call, &id, &body.path)
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)

@@ -6,18 +6,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod contexts;
-mod linger;
 mod openapi;
 mod processes;
 pub(crate) mod pump;
 
-pub use linger::close_if_body_unread;
+pub use corral_wire::close_if_body_unread;
+pub use corral_wire::keys::{from_local_program, presented_key};
 pub use processes::OutputEvent;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderName, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -31,8 +31,8 @@ use utoipa::OpenApi;
 
 use crate::error::{ApiError, ErrorBody};
 use crate::service::{
-    CommandRequest, CreateSandboxRequest, ExecuteRequest, ListQuery, RunRequest, SandboxInfo,
-    SandboxMetric, Service, ServiceError, Tenant, Upload,
+    Admitted, CommandRequest, CreateSandboxRequest, ExecuteRequest, ListQuery, RunRequest,
+    SandboxInfo, SandboxMetric, Service, ServiceError, Tenant, Upload,
 };
 
 /// Events buffered per stream: a client that reads slowly holds at most this many.
@@ -56,133 +56,29 @@ impl AppState {
     }
 }
 
-/// Runs blocking engine work off the async runtime, on the thread `thread` admits (get it
-/// from [`Service::admit_thread`] before the work's inputs move into it).
+/// Runs an admitted call's engine work off the async runtime, on a blocking thread that holds
+/// the call until the work is done (admit it with [`Service::admit`] before the work's inputs
+/// move into it).
 pub async fn blocking<T: Send + 'static>(
-    thread: crate::threads::ThreadPermit,
-    f: impl FnOnce() -> Result<T, ServiceError> + Send + 'static,
+    call: Admitted,
+    f: impl FnOnce(&Admitted) -> Result<T, ServiceError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    crate::threads::spawn(thread, f)
+    crate::threads::run(call, move |call| f(&call))
         .await
         .map_err(|e| ApiError::internal(format!("internal error: {e}")))?
         .map_err(ApiError::from)
 }
 
-/// The API key of a request: `Authorization: Bearer KEY`, or `X-API-KEY: KEY` (E2B's control
-/// plane). `None` when it carries neither header. Any other `Authorization` (another scheme, no
-/// key, bytes that are not text, the header twice) is refused with 401, never read as "no key".
-pub fn presented_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let refused = || {
-        ApiError::unauthorized(
-            "the Authorization header must be `Bearer KEY` (make a key with `corral key create`)",
-        )
-    };
-    let mut authorization = headers.get_all(header::AUTHORIZATION).iter();
-    if let Some(value) = authorization.next() {
-        if authorization.next().is_some() {
-            return Err(refused());
-        }
-        let value = value.to_str().map_err(|_| refused())?;
-        let (scheme, key) = value.trim().split_once(' ').ok_or_else(refused)?;
-        let key = key.trim();
-        if !scheme.eq_ignore_ascii_case("bearer") || key.is_empty() || key.contains(' ') {
-            return Err(refused());
-        }
-        return Ok(Some(key.to_string()));
-    }
-    let mut api_key = headers.get_all("x-api-key").iter();
-    match (api_key.next(), api_key.next()) {
-        (None, _) => Ok(None),
-        (Some(value), None) => value
-            .to_str()
-            .map(|v| Some(v.trim().to_string()))
-            .map_err(|_| ApiError::unauthorized("the X-API-KEY header is not a key")),
-        (Some(_), Some(_)) => Err(ApiError::unauthorized("more than one X-API-KEY header")),
-    }
-}
-
-/// Whether `authority` (`host[:port]`, as in `Host` or in an origin) names loopback:
-/// `localhost`, an address of 127.0.0.0/8 or `[::1]`, with or without a port. Anything that
-/// does not parse as exactly that is not loopback.
-fn loopback_authority(authority: &str) -> bool {
-    let (host, port) = match authority.strip_prefix('[') {
-        Some(rest) => match rest.split_once(']') {
-            Some((v6, "")) => (Ok(v6), None),
-            Some((v6, after)) => match after.strip_prefix(':') {
-                Some(port) => (Ok(v6), Some(port)),
-                None => return false,
-            },
-            None => return false,
-        },
-        None => match authority.split_once(':') {
-            Some((host, port)) => (Err(host), Some(port)),
-            None => (Err(authority), None),
-        },
-    };
-    let port_ok = port.is_none_or(|p| {
-        !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok()
-    });
-    let host_ok = match host {
-        Ok(v6) => v6
-            .parse::<std::net::Ipv6Addr>()
-            .is_ok_and(|ip| ip.is_loopback()),
-        Err(name) => {
-            name.eq_ignore_ascii_case("localhost")
-                || name
-                    .parse::<std::net::Ipv4Addr>()
-                    .is_ok_and(|ip| ip.is_loopback())
-        }
-    };
-    port_ok && host_ok
-}
-
-/// Whether `origin` is this server's own, whose `Host` is `host` (a loopback authority):
-/// `http` (Corral serves no TLS itself), `://`, the same authority, and nothing else (no
-/// path, no user information). `https://` with the same authority is another origin: a
-/// page served there (by a proxy in front, or another program) is not this server's.
-fn own_origin(origin: &str, host: &str) -> bool {
-    let Some((scheme, authority)) = origin.split_once("://") else {
-        return false;
-    };
-    scheme.eq_ignore_ascii_case("http")
-        && loopback_authority(authority)
-        && authority.eq_ignore_ascii_case(host)
-}
-
-/// Whether a keyless request can only have come from a local program or from the console. It
-/// fails closed: the request must carry exactly one `Host`, which parses to a loopback name or
-/// address (a DNS-rebound name does not); at most one `Origin`, which must be this server's
-/// own origin (the console's: `http` and the same loopback authority as `Host`), never another loopback
-/// page's (a dev server on another port, a sandbox's preview on its own origin, an opaque
-/// `null` origin of a sandboxed page); and a `Sec-Fetch-Site`, where a browser sends one, of
-/// `same-origin` or `none` (typed by the user). A missing `Host`, or a `Host` or `Origin`
-/// that cannot be parsed, is not local. A web page the user visits, and a page a sandbox
-/// serves, can neither read from nor post to a keyless server (docs/console.md#origins).
-pub fn from_local_program(headers: &HeaderMap) -> bool {
-    /// The header's only value as text; `Err` when it appears twice or is not text.
-    fn single(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<&str>, ()> {
-        let mut values = headers.get_all(name).iter();
-        match (values.next(), values.next()) {
-            (None, _) => Ok(None),
-            (Some(v), None) => v.to_str().map(Some).map_err(|_| ()),
-            (Some(_), Some(_)) => Err(()),
-        }
-    }
-    let host = match single(headers, header::HOST) {
-        Ok(Some(h)) if loopback_authority(h) => h,
-        _ => return false,
-    };
-    let origin_ok = match single(headers, header::ORIGIN) {
-        Ok(None) => true,
-        Ok(Some(o)) => own_origin(o, host),
-        Err(()) => false,
-    };
-    let fetch_site_ok = match single(headers, HeaderName::from_static("sec-fetch-site")) {
-        Ok(None) => true,
-        Ok(Some(site)) => site == "same-origin" || site == "none",
-        Err(()) => false,
-    };
-    origin_ok && fetch_site_ok
+/// [`blocking`] for the first step of a call that carries on (a stream after its checks): the
+/// call comes back with the step's result, to hold the thread for the rest.
+pub async fn blocking_step<T: Send + 'static>(
+    call: Admitted,
+    f: impl FnOnce(&Admitted) -> Result<T, ServiceError> + Send + 'static,
+) -> Result<(Admitted, T), ApiError> {
+    crate::threads::run(call, move |call| f(&call).map(|t| (call, t)))
+        .await
+        .map_err(|e| ApiError::internal(format!("internal error: {e}")))?
+        .map_err(ApiError::from)
 }
 
 /// The tenant of a request: its key's, or `local` for a keyless request to a loopback server
@@ -437,15 +333,15 @@ fn json_response(body: Bytes) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// Runs blocking `work` that emits frames and streams them as the response body; when the
-/// client goes away, `on_gone` runs (it interrupts the work). What `work` returns (the room of
-/// the results it streamed) is held by the body until it is dropped: a client that does not
-/// read keeps holding it.
+/// Runs the blocking `work` of admitted `call` that emits frames and streams them as the
+/// response body; when the client goes away, `on_gone` runs (it interrupts the work). What
+/// `work` returns (the room of the results it streamed) is held by the body until it is
+/// dropped: a client that does not read keeps holding it.
 pub fn stream_frames(
     content_type: &'static str,
-    thread: crate::threads::ThreadPermit,
-    work: impl FnOnce(&mut dyn FnMut(Bytes)) -> Reservation + Send + 'static,
-    on_gone: impl FnOnce() + Send + 'static,
+    call: Admitted,
+    work: impl FnOnce(&Admitted, &mut dyn FnMut(Bytes)) -> Reservation + Send + 'static,
+    on_gone: impl FnOnce(&Admitted) + Send + 'static,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(STREAM_BUFFER);
     let held = Arc::new(Mutex::new(Reservation::default()));
@@ -453,19 +349,19 @@ pub fn stream_frames(
     let (done_tx, done_rx) = oneshot::channel::<()>();
     let watcher = tx.clone();
     // The stop runs on a thread of no key's budget: there is one per admitted stream.
-    let gone_thread = thread.unmetered_later();
+    let gone_call = call.unmetered_later();
     tokio::spawn(async move {
         tokio::select! {
             _ = watcher.closed() => {
-                let _ = crate::threads::spawn(gone_thread(), on_gone).await;
+                let _ = crate::threads::run(gone_call(), move |call| on_gone(&call)).await;
             }
             _ = done_rx => {}
         }
     });
     let runtime = tokio::runtime::Handle::current();
-    crate::threads::spawn(thread, move || {
+    crate::threads::run(call, move |call| {
         let mut open = true;
-        let reservation = work(&mut |frame| {
+        let reservation = work(&call, &mut |frame| {
             if open {
                 let sent =
                     runtime.block_on(tokio::time::timeout(SLOW_CLIENT_LIMIT, tx.send(frame)));
@@ -516,7 +412,7 @@ impl std::io::Read for QueuedBody {
 /// can read it.
 pub(crate) async fn stream_upload<S, E>(
     upload: Upload,
-    thread: crate::threads::ThreadPermit,
+    call: Admitted,
     mut body: S,
     max_body_bytes: u64,
 ) -> (Result<FileEntry, ServiceError>, Option<E>)
@@ -525,7 +421,7 @@ where
     E: std::fmt::Display,
 {
     let (tx, frames) = mpsc::channel(UPLOAD_QUEUE);
-    let writing = crate::threads::spawn(thread, move || {
+    let writing = crate::threads::run(call, move |_call| {
         upload.write(&mut QueuedBody {
             frames,
             current: Bytes::new(),
@@ -600,25 +496,27 @@ fn json_line(value: &impl Serialize) -> Vec<u8> {
 }
 
 type Work = Box<
-    dyn FnOnce(&mut dyn FnMut(&Event)) -> Result<ExecutionResult, ServiceError> + Send + 'static,
+    dyn FnOnce(&Admitted, &mut dyn FnMut(&Event)) -> Result<ExecutionResult, ServiceError>
+        + Send
+        + 'static,
 >;
 
 /// Runs `work` on a blocking thread and streams its events as NDJSON; when the client goes
 /// away, `on_gone` interrupts the work.
 pub fn ndjson_stream(
-    thread: crate::threads::ThreadPermit,
+    call: Admitted,
     work: Work,
-    on_gone: impl FnOnce() + Send + 'static,
+    on_gone: impl FnOnce(&Admitted) + Send + 'static,
     with_exit_code: bool,
 ) -> Response {
     stream_frames(
         "application/x-ndjson",
-        thread,
-        move |send| {
+        call,
+        move |call, send| {
             // Every event is forwarded as it comes, the `end` the run's own; a run that ends
             // without one (a one-shot run, or an error) gets it from its outcome.
             let mut ended = false;
-            let outcome = work(&mut |event| {
+            let outcome = work(call, &mut |event| {
                 ended |= matches!(event, Event::End(_));
                 send(Bytes::from(json_line(event)));
             });
@@ -662,9 +560,9 @@ async fn run(
     // A slot and the memory the run's limits promise (bounded wait; see admission.rs).
     let permit = state.service.admit_run(&tenant, &req).await?;
     let service = state.service.clone();
-    let answer = blocking(service.admit_thread(&tenant)?, move || {
+    let answer = blocking(service.admit(&tenant)?, move |call| {
         service
-            .run(&tenant, &req, permit, &mut |_, _| {})
+            .run(call, &req, permit, &mut |_, _| {})
             .map(result_answer)
     })
     .await?;
@@ -691,8 +589,8 @@ async fn create_sandbox(
         parse_json(&body).map_err(ApiError::bad_request)?
     };
     let service = state.service.clone();
-    let info = blocking(service.admit_thread(&tenant)?, move || {
-        service.create_session(&tenant, &req)
+    let info = blocking(service.admit(&tenant)?, move |call| {
+        service.create_session(call, &req)
     })
     .await?;
     Ok((StatusCode::CREATED, Json(info)))
@@ -781,8 +679,8 @@ async fn sandbox_metrics(
     Path(id): Path<String>,
 ) -> Result<Json<MetricList>, ApiError> {
     let service = state.service.clone();
-    let metrics = blocking(service.admit_thread(&tenant)?, move || {
-        service.metrics(&tenant, &id)
+    let metrics = blocking(service.admit(&tenant)?, move |call| {
+        service.metrics(call, &id)
     })
     .await?;
     Ok(Json(MetricList { metrics }))
@@ -814,8 +712,8 @@ async fn pause_sandbox(
 ) -> Result<Json<SandboxInfo>, ApiError> {
     let service = state.service.clone();
     Ok(Json(
-        blocking(service.admit_thread(&tenant)?, move || {
-            service.pause(&tenant, &id)
+        blocking(service.admit(&tenant)?, move |call| {
+            service.pause(call, &id)
         })
         .await?,
     ))
@@ -832,8 +730,8 @@ async fn resume_sandbox(
 ) -> Result<Json<SandboxInfo>, ApiError> {
     let service = state.service.clone();
     Ok(Json(
-        blocking(service.admit_thread(&tenant)?, move || {
-            service.resume(&tenant, &id)
+        blocking(service.admit(&tenant)?, move |call| {
+            service.resume(call, &id)
         })
         .await?,
     ))
@@ -850,8 +748,8 @@ async fn restart_sandbox(
 ) -> Result<Json<SandboxInfo>, ApiError> {
     let service = state.service.clone();
     Ok(Json(
-        blocking(service.admit_thread(&tenant)?, move || {
-            service.restart(&tenant, &id)
+        blocking(service.admit(&tenant)?, move |call| {
+            service.restart(call, &id)
         })
         .await?,
     ))
@@ -866,8 +764,9 @@ async fn kill_sandbox(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let service = state.service.clone();
-    blocking(service.unmetered_thread(), move || {
-        service.kill(&tenant, &id)
+    // Never refused: a key can close its sandboxes while its calls hold its every thread.
+    blocking(service.admit_unmetered(&tenant), move |call| {
+        service.kill(call, &id)
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)
@@ -888,29 +787,28 @@ async fn execute(
     ApiJson(req): ApiJson<ExecuteRequest>,
 ) -> Result<Response, ApiError> {
     let service = state.service.clone();
+    // One admission and one check of the session, on the thread the execution then runs on.
+    let call = service.admit(&tenant)?;
     if wants_json(&headers) {
-        let answer = blocking(service.admit_thread(&tenant)?, move || {
+        let answer = blocking(call, move |call| {
+            let prepared = service.prepare_execute(call, &id, req)?;
             service
-                .execute(&tenant, &id, &req, &mut |_| {})
+                .execute(call, prepared, &mut |_| {})
                 .map(result_answer)
         })
         .await?;
         return Ok(json_response(answer));
     }
-    let req = {
-        let (service, tenant, id) = (service.clone(), tenant.clone(), id.clone());
-        blocking(service.admit_thread(&tenant)?, move || {
-            service.prepare_execute(&tenant, &id, &req).map(|_| req)
-        })
-        .await?
+    let (call, prepared) = {
+        let (service, id) = (service.clone(), id.clone());
+        blocking_step(call, move |call| service.prepare_execute(call, &id, req)).await?
     };
-    let thread = service.admit_thread(&tenant)?;
-    let (gone_service, gone_tenant, gone_id) = (service.clone(), tenant.clone(), id.clone());
+    let gone_service = service.clone();
     Ok(ndjson_stream(
-        thread,
-        Box::new(move |on_event| service.execute(&tenant, &id, &req, on_event)),
-        move || {
-            let _ = gone_service.interrupt(&gone_tenant, &gone_id);
+        call,
+        Box::new(move |call, on_event| service.execute(call, prepared, on_event)),
+        move |call| {
+            let _ = gone_service.interrupt(call, &id);
         },
         false,
     ))
@@ -931,30 +829,28 @@ async fn commands(
     ApiJson(req): ApiJson<CommandRequest>,
 ) -> Result<Response, ApiError> {
     let service = state.service.clone();
+    let call = service.admit(&tenant)?;
     if wants_json(&headers) {
-        let answer = blocking(service.admit_thread(&tenant)?, move || {
+        let answer = blocking(call, move |call| {
+            let prepared = service.prepare_command(call, &id, req)?;
             service
-                .run_command(&tenant, &id, &req, &Stopper::default(), &mut |_| {})
+                .run_command(call, prepared, &Stopper::default(), &mut |_| {})
                 .map(result_answer)
         })
         .await?;
         return Ok(json_response(answer));
     }
-    let req = {
-        let (service, tenant, id) = (service.clone(), tenant.clone(), id.clone());
-        blocking(service.admit_thread(&tenant)?, move || {
-            service.prepare_command(&tenant, &id, &req).map(|_| req)
-        })
-        .await?
+    let (call, prepared) = {
+        let service = service.clone();
+        blocking_step(call, move |call| service.prepare_command(call, &id, req)).await?
     };
     // A client that goes away stops its command, and no other execution of the session.
     let stop = Stopper::default();
     let gone = stop.clone();
-    let thread = service.admit_thread(&tenant)?;
     Ok(ndjson_stream(
-        thread,
-        Box::new(move |on_event| service.run_command(&tenant, &id, &req, &stop, on_event)),
-        move || {
+        call,
+        Box::new(move |call, on_event| service.run_command(call, prepared, &stop, on_event)),
+        move |_| {
             gone.stop();
         },
         true,
@@ -982,10 +878,8 @@ async fn write_file(
     let service = state.service.clone();
     let max_body_bytes = state.service.config().max_body_bytes as u64;
     let prepared = async {
-        let thread = service.admit_thread(&tenant)?;
-        let tenant = tenant.clone();
-        blocking(thread, move || {
-            service.prepare_upload(&tenant, &id, &path, announced)
+        blocking(service.admit(&tenant)?, move |call| {
+            service.prepare_upload(call, &id, &path, announced)
         })
         .await
     };
@@ -1005,7 +899,7 @@ async fn write_file(
     };
     let _slot = state.service.admit_upload(&tenant).await?;
     // The writer's thread, once the upload has its slot (refused like the slot: body unread).
-    let write = state.service.admit_thread(&tenant)?;
+    let write = state.service.admit(&tenant)?;
     let (written, failed) =
         stream_upload(upload, write, body.into_data_stream(), max_body_bytes).await;
     match (written, failed) {
@@ -1027,8 +921,8 @@ async fn read_file(
     Path((id, path)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let service = state.service.clone();
-    let file = blocking(service.admit_thread(&tenant)?, move || {
-        service.open_file(&tenant, &id, &path)
+    let file = blocking(service.admit(&tenant)?, move |call| {
+        service.open_file(call, &id, &path)
     })
     .await?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
@@ -1053,8 +947,8 @@ async fn remove_file(
     Path((id, path)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let service = state.service.clone();
-    blocking(service.admit_thread(&tenant)?, move || {
-        service.remove_file(&tenant, &id, &path)
+    blocking(service.admit(&tenant)?, move |call| {
+        service.remove_file(call, &id, &path)
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)
@@ -1084,8 +978,8 @@ async fn list_files(
 ) -> Result<Json<FileList>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let service = state.service.clone();
-    let files = blocking(service.admit_thread(&tenant)?, move || {
-        service.list_files(&tenant, &id, query.dir.as_deref())
+    let files = blocking(service.admit(&tenant)?, move |call| {
+        service.list_files(call, &id, query.dir.as_deref())
     })
     .await?;
     Ok(Json(FileList { files }))
@@ -1311,178 +1205,5 @@ mod tests {
         let (status, bytes) = answer("/run", vec![b' '; 4096]);
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
         assert!(is_api_error(&bytes, "payload_too_large"));
-    }
-
-    #[test]
-    fn keyless_requests_must_come_from_local_programs() {
-        let headers = |pairs: &[(header::HeaderName, &[u8])]| {
-            let mut h = HeaderMap::new();
-            for (k, v) in pairs {
-                h.append(k, header::HeaderValue::from_bytes(v).unwrap());
-            }
-            h
-        };
-        let (host, origin) = (header::HOST, header::ORIGIN);
-        let fetch_site = HeaderName::from_static("sec-fetch-site");
-        for ok in [
-            headers(&[(host.clone(), b"127.0.0.1:8420")]),
-            headers(&[(host.clone(), b"127.0.0.1")]),
-            headers(&[(host.clone(), b"127.255.0.9:1")]),
-            headers(&[(host.clone(), b"LOCALHOST")]),
-            // The console: its own origin.
-            headers(&[
-                (host.clone(), b"localhost:8420"),
-                (origin.clone(), b"http://localhost:8420"),
-            ]),
-            headers(&[
-                (host.clone(), b"[::1]:8420"),
-                (origin.clone(), b"HTTP://[::1]:8420"),
-            ]),
-            headers(&[(host.clone(), b"[::1]")]),
-            headers(&[
-                (host.clone(), b"127.0.0.1:8420"),
-                (fetch_site.clone(), b"same-origin"),
-            ]),
-            headers(&[
-                (host.clone(), b"127.0.0.1:8420"),
-                (fetch_site.clone(), b"none"),
-            ]),
-        ] {
-            assert!(from_local_program(&ok), "{ok:?}");
-        }
-        for bad in [
-            headers(&[]),
-            headers(&[(origin.clone(), b"http://localhost")]),
-            headers(&[(host.clone(), b"")]),
-            headers(&[(host.clone(), b"evil.example:8420")]),
-            headers(&[(host.clone(), b"127.0.0.1.evil.example")]),
-            headers(&[(host.clone(), b"localhost.")]),
-            headers(&[(host.clone(), b"127.1")]),
-            headers(&[(host.clone(), b"0x7f.0.0.1")]),
-            headers(&[(host.clone(), b"[::ffff:127.0.0.1]")]),
-            headers(&[(host.clone(), b"::1")]),
-            headers(&[(host.clone(), b"[::1")]),
-            headers(&[(host.clone(), b"[::1]x")]),
-            headers(&[(host.clone(), b"[::1]:")]),
-            headers(&[(host.clone(), b"localhost:")]),
-            headers(&[(host.clone(), b"localhost:+80")]),
-            headers(&[(host.clone(), b"localhost:65536")]),
-            headers(&[(host.clone(), b"localhost:80:80")]),
-            headers(&[(host.clone(), b"localhost/x")]),
-            headers(&[(host.clone(), b"localhost:80/x")]),
-            headers(&[(host.clone(), b"user@localhost")]),
-            headers(&[(host.clone(), b"127.0.0.1\xff")]),
-            headers(&[
-                (host.clone(), b"127.0.0.1"),
-                (host.clone(), b"evil.example"),
-            ]),
-            headers(&[
-                (host.clone(), b"127.0.0.1:8420"),
-                (origin.clone(), b"https://evil.example"),
-            ]),
-            headers(&[(host.clone(), b"127.0.0.1:8420"), (origin.clone(), b"null")]),
-            // Another page of this machine (issue 31: a dev server, a sandbox's preview on its
-            // own origin) is not the console: it may not drive a keyless server.
-            headers(&[
-                (host.clone(), b"localhost:8420"),
-                (origin.clone(), b"http://localhost:3000"),
-            ]),
-            headers(&[
-                (host.clone(), b"localhost:8420"),
-                (origin.clone(), b"http://8000-sbx-1.localhost:8420"),
-            ]),
-            headers(&[
-                (host.clone(), b"127.0.0.1:8420"),
-                (origin.clone(), b"http://localhost:8420"),
-            ]),
-            // The same authority in a scheme this server does not serve.
-            headers(&[
-                (host.clone(), b"127.0.0.1:8420"),
-                (origin.clone(), b"https://127.0.0.1:8420"),
-            ]),
-            headers(&[
-                (host.clone(), b"127.0.0.1:8420"),
-                (fetch_site.clone(), b"cross-site"),
-            ]),
-            headers(&[
-                (host.clone(), b"127.0.0.1:8420"),
-                (fetch_site.clone(), b"same-site"),
-            ]),
-            headers(&[
-                (host.clone(), b"127.0.0.1:8420"),
-                (origin.clone(), b"http://127.0.0.1:8420"),
-                (fetch_site.clone(), b"cross-site"),
-            ]),
-            headers(&[(host.clone(), b"127.0.0.1"), (origin.clone(), b"")]),
-            headers(&[(host.clone(), b"127.0.0.1"), (origin.clone(), b"localhost")]),
-            headers(&[
-                (host.clone(), b"127.0.0.1"),
-                (origin.clone(), b"file://localhost"),
-            ]),
-            headers(&[
-                (host.clone(), b"127.0.0.1"),
-                (origin.clone(), b"http://localhost/"),
-            ]),
-            headers(&[
-                (host.clone(), b"127.0.0.1"),
-                (origin.clone(), b"http://localhost:3000@evil.example"),
-            ]),
-            headers(&[
-                (host.clone(), b"127.0.0.1"),
-                (origin.clone(), b"http://localhost\xff"),
-            ]),
-            headers(&[
-                (host.clone(), b"127.0.0.1"),
-                (origin.clone(), b"http://localhost"),
-                (origin.clone(), b"http://evil.example"),
-            ]),
-        ] {
-            assert!(!from_local_program(&bad), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn keys_come_from_bearer_or_x_api_key() {
-        let with = |name: &str, value: &[u8]| {
-            let mut h = HeaderMap::new();
-            h.append(
-                header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                header::HeaderValue::from_bytes(value).unwrap(),
-            );
-            h
-        };
-        let key = |h: &HeaderMap| presented_key(h).map_err(|e| e.status);
-        assert_eq!(key(&HeaderMap::new()), Ok(None));
-        assert_eq!(
-            key(&with("authorization", b"Bearer  k1 ")),
-            Ok(Some("k1".into()))
-        );
-        assert_eq!(
-            key(&with("authorization", b"bearer k1")),
-            Ok(Some("k1".into()))
-        );
-        assert_eq!(key(&with("x-api-key", b"k2")), Ok(Some("k2".into())));
-        for refused in [
-            &b"Basic dXNlcjo="[..],
-            b"Bearer",
-            b"Bearer ",
-            b"Token k1",
-            b"Bearer k1 k2",
-            b"Bearer \xff",
-            b"",
-        ] {
-            assert_eq!(
-                key(&with("authorization", refused)),
-                Err(StatusCode::UNAUTHORIZED),
-                "{refused:?}"
-            );
-        }
-        let mut twice = with("authorization", b"Bearer k1");
-        twice.append(header::AUTHORIZATION, "Bearer k2".parse().unwrap());
-        assert_eq!(key(&twice), Err(StatusCode::UNAUTHORIZED));
-        // A Basic header beside a good X-API-KEY is still refused.
-        let mut both = with("x-api-key", b"k2");
-        both.append(header::AUTHORIZATION, "Basic dXNlcjo=".parse().unwrap());
-        assert_eq!(key(&both), Err(StatusCode::UNAUTHORIZED));
     }
 }

@@ -10,14 +10,13 @@ use axum::routing::{delete, get};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
-use crate::db::{AuditQuery, AuditRecord, Db, DbError, EgressQuery, EgressRecord};
+use crate::db::{
+    AuditQuery, AuditRecord, Db, DbError, EgressQuery, EgressRecord, AUDIT_DEFAULT, AUDIT_LIMIT,
+};
 use crate::error::ApiError;
 use crate::http::{blocking, ApiJson, AppState};
 use crate::service::{ListQuery, SandboxInfo, SandboxMetric, Tenant};
 
-/// The most audit-log lines one page holds, and the default.
-pub const AUDIT_LIMIT: usize = 1000;
-pub const AUDIT_DEFAULT: usize = 100;
 /// The longest key name, in bytes.
 pub const KEY_NAME_BYTES: usize = 64;
 /// The largest body these routes read (`{"name": ...}` is all they take).
@@ -51,7 +50,7 @@ async fn with_db<T: Send + 'static>(
     f: impl FnOnce(&Db) -> Result<T, DbError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let service = state.service.clone();
-    crate::threads::spawn(state.service.admit_thread(tenant)?, move || f(service.db()))
+    crate::threads::run(state.service.admit(tenant)?, move |_call| f(service.db()))
         .await
         .map_err(|e| ApiError::internal(format!("internal error: {e}")))?
         .map_err(|e| ApiError::internal(e.to_string()))
@@ -389,7 +388,7 @@ pub(crate) async fn all_sandboxes(
 ) -> Result<Json<OwnedSandboxList>, ApiError> {
     let Query(params) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let service = state.service.clone();
-    let list = blocking(service.admit_thread(&operator.0)?, move || {
+    let list = blocking(service.admit(&operator.0)?, move |call| {
         let key = params.key.map(Tenant);
         let page = service.list_owned(
             key.as_ref(),
@@ -406,10 +405,7 @@ pub(crate) async fn all_sandboxes(
                 // A sandbox that ended meanwhile has no reading: it is listed without one.
                 let usage = match sandbox.state.as_str() {
                     "dead" => None,
-                    _ => service
-                        .metrics(&tenant, &sandbox.id)
-                        .ok()
-                        .and_then(|mut samples| samples.pop()),
+                    _ => service.latest_usage(call, &tenant, &sandbox.id),
                 };
                 OwnedSandbox {
                     key_id: tenant.0,

@@ -37,56 +37,16 @@ use axum::routing::any;
 use axum::Router;
 use corral_sandbox::ports::PortError;
 use hyper_util::rt::TokioIo;
-use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{ApiError, ErrorBody};
 use crate::http::{authenticate, presented_key, AppState};
 use crate::service::Tenant;
+pub use corral_service::config::PortsConfig;
 
 /// How long the proxy waits for a sandbox's listener to accept a connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The operator's settings of the port proxy (a `[ports]` table).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PortsConfig {
-    /// The domain of host-routed ports (`{port}-{id}.{domain}`), returned to E2B's SDKs as the
-    /// sandbox's `domain`; `HOST[:PORT]` as clients write it. Unset: `localhost:{port}` for a
-    /// server that listens on loopback, else no host routing.
-    pub domain: Option<String>,
-    /// Host-routed ports answer without a key (as E2B's public ports do): anyone who can reach
-    /// the server and knows a sandbox's id can use its ports. The native route always needs
-    /// the owner's key.
-    pub public: bool,
-    /// Proxied connections to one sandbox at once; more are refused (429).
-    pub max_connections_per_sandbox: usize,
-    /// A proxied connection that moves no byte either way this long is closed.
-    pub idle_timeout_s: u64,
-}
-
-impl Default for PortsConfig {
-    fn default() -> Self {
-        PortsConfig {
-            domain: None,
-            public: false,
-            max_connections_per_sandbox: 64,
-            idle_timeout_s: 300,
-        }
-    }
-}
-
-impl PortsConfig {
-    /// The domain of host-routed ports for a server listening on `listen`.
-    pub fn domain_for(&self, listen: std::net::SocketAddr) -> Option<String> {
-        match &self.domain {
-            Some(domain) => Some(domain.to_ascii_lowercase()),
-            None if listen.ip().is_loopback() => Some(format!("localhost:{}", listen.port())),
-            None => None,
-        }
-    }
-}
 
 /// The domain of host-routed ports of a server with `config`, if it has one.
 pub fn domain_of(config: &crate::Config) -> Option<String> {
@@ -339,10 +299,10 @@ async fn forward(
     path: String,
     mut req: Request,
 ) -> Result<Response, ApiError> {
-    let opener = app.service.port_opener(&tenant, &id)?;
+    let call = app.service.admit(&tenant)?;
+    let opener = app.service.port_opener(&call, &id)?;
     let slot = proxy.slot(&id)?;
-    let thread = app.service.admit_thread(&tenant)?;
-    let stream = crate::threads::spawn(thread, move || opener.connect(port, CONNECT_TIMEOUT))
+    let stream = crate::threads::run(call, move |_call| opener.connect(port, CONNECT_TIMEOUT))
         .await
         .map_err(|e| ApiError::internal(format!("internal error: {e}")))?
         .map_err(|e| port_error(&id, e))?;

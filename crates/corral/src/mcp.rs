@@ -10,8 +10,9 @@ use clap::{Args, ValueEnum};
 use corral_mcp::http::{Auth, KeyCheck};
 use corral_mcp::schema::{function_tools, Format};
 use corral_mcp::{Backend, InProcess, Remote, Shared};
-use corral_server::service::PolicyRequest;
-use corral_server::{shutdown_signal, Config, Service, Tenant};
+use corral_service::service::PolicyRequest;
+use corral_service::{Config, Service, Tenant};
+use corral_wire::shutdown_signal;
 
 /// Warm sessions kept ready when neither `--pool-size` nor a config file says otherwise: an
 /// MCP server usually serves one user.
@@ -113,7 +114,7 @@ pub fn mcp(args: McpArgs) -> Result<()> {
                 Some(url) => {
                     // The server checks the keys: callers are told apart by their key.
                     let check: KeyCheck =
-                        Arc::new(|k| Ok(Some(Tenant(corral_server::db::hash_key(k)))));
+                        Arc::new(|k| Ok(Some(Tenant(corral_service::db::hash_key(k)))));
                     (
                         Arc::new(Remote::new(url, args.api_key.clone())),
                         None,

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use corral_server::db::{Db, KeyAdded};
-use corral_server::{Config, Service};
+use corral_service::db::{Db, KeyAdded};
+use corral_service::{Config, Service};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {

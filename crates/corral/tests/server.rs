@@ -680,6 +680,49 @@ fn execution_streams_events_and_a_disconnected_client_interrupts_it() {
     );
 }
 
+/// Issue 32: every call of a key goes through one admission, and work is not checked twice. A
+/// streamed execution, a streamed command, a folded execution and a program's start each
+/// take exactly one admission (one blocking thread of the key's budget) and one check that
+/// the sandbox is the key's. The streams took two admissions and four checks before.
+#[test]
+fn an_execution_and_a_process_start_take_one_admission_and_one_ownership_check() {
+    let s = Server::start("");
+    let id = s.create(None);
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let counts = || {
+        let of = |name| metric(&s, name).unwrap_or_else(|| panic!("no {name} in /metrics"));
+        (
+            of("corral_calls_admitted_total"),
+            of("corral_ownership_checks_total"),
+        )
+    };
+    let taken = |before: (f64, f64)| {
+        let after = counts();
+        (after.0 - before.0, after.1 - before.1)
+    };
+
+    let before = counts();
+    let body = json!({"code": "6*7"}).to_string();
+    let lines = ndjson(&addr, &format!("/v1/sandboxes/{id}/execute"), &body);
+    assert_eq!(lines.last().unwrap()["status"], "success", "{lines:?}");
+    assert_eq!(taken(before), (1.0, 1.0), "a streamed execution");
+
+    let before = counts();
+    let body = json!({"cmd": "exit 3"}).to_string();
+    let lines = ndjson(&addr, &format!("/v1/sandboxes/{id}/commands"), &body);
+    assert_eq!(lines.last().unwrap()["exit_code"], 3, "{lines:?}");
+    assert_eq!(taken(before), (1.0, 1.0), "a streamed command");
+
+    let before = counts();
+    let (status, answer) = s.execute(&id, None, "6*7");
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(taken(before), (1.0, 1.0), "a folded execution");
+
+    let before = counts();
+    assert_eq!(run_process(&s, None, &id, "true", &[]).0, 0);
+    assert_eq!(taken(before), (1.0, 1.0), "a program's start");
+}
+
 /// Sends a streamed POST of `body` to `path` on a connection of its own; its reader.
 fn post_stream(addr: &str, path: &str, body: &str) -> (TcpStream, BufReader<TcpStream>) {
     let mut stream = TcpStream::connect(addr).unwrap();
@@ -1361,7 +1404,7 @@ fn after_kill_9_a_restart_leaves_nothing_of_the_old_server() {
     wait_until("stale cgroups are removed", Duration::from_secs(10), || {
         cgroups_of(pid).is_empty()
     });
-    let db = corral_server::db::Db::open(&db_dir.join("corral.db")).unwrap();
+    let db = corral_service::db::Db::open(&db_dir.join("corral.db")).unwrap();
     for id in &ids {
         let reason = db.session_end_reason(id).unwrap();
         assert!(
@@ -1475,7 +1518,7 @@ fn idle_sessions_expire_and_are_recorded() {
     wait_until("the idle session expires", Duration::from_secs(15), || {
         s.call("GET", &format!("/v1/sandboxes/{id}"), None, None).0 == 404
     });
-    let db = corral_server::db::Db::open(&s.db).unwrap();
+    let db = corral_service::db::Db::open(&s.db).unwrap();
     wait_until("its end is recorded", Duration::from_secs(5), || {
         db.session_end_reason(&id)
             .unwrap()
@@ -1488,7 +1531,7 @@ fn idle_sessions_expire_and_are_recorded() {
 /// kept, `GET /v1/audit` pages over exactly them, and `/metrics` counts what was removed.
 #[test]
 fn the_audit_log_is_held_to_its_bound_and_keeps_the_newest_lines() {
-    use corral_server::db::{Log, Retention};
+    use corral_service::db::{Log, Retention};
     let s = Server::start("audit_max_rows = 20");
     let key = s.key("busy");
     let bound = Retention {
@@ -1498,7 +1541,7 @@ fn the_audit_log_is_held_to_its_bound_and_keeps_the_newest_lines() {
     .bound();
     assert_eq!(bound, 21);
     let id = s.create(Some(&key));
-    let db = corral_server::db::Db::open(&s.db).unwrap();
+    let db = corral_service::db::Db::open(&s.db).unwrap();
     for n in 1..=60 {
         let (status, answer) = s.execute(&id, Some(&key), &format!("{n}"));
         assert_eq!(status, 200, "{answer}");

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use corral_kernel::agent::{OutputStream, ProcessEvent, ProcessExit, ProcessSpec, Subscription};
-use corral_server::http::OutputEvent;
-use corral_server::service::ServiceError;
+use corral_service::service::ServiceError;
+use corral_wire::output::OutputEvent;
 use serde::{Deserialize, Serialize};
 
 use super::{encode_path, BackendError, Caller, InProcess, Remote};
@@ -147,7 +147,7 @@ impl ProcessBackend for InProcess {
             pty: None,
             stdin: req.stdin,
         };
-        let (_, sub) = self.service.start_process(&caller.tenant, id, spec)?;
+        let (_, sub) = self.service.start_process(&self.admit(caller)?, id, spec)?;
         Ok((sub.pid(), Box::new(sub)))
     }
 
@@ -157,7 +157,8 @@ impl ProcessBackend for InProcess {
         id: &str,
         pid: i32,
     ) -> Result<Box<dyn OutputSource>, BackendError> {
-        let agent = self.service.process_agent(&caller.tenant, id)?;
+        let call = self.admit(caller)?;
+        let agent = self.service.process_agent(&call, id)?;
         let share = self.service.output_share(&caller.tenant);
         Ok(Box::new(agent.subscribe(pid, &share).map_err(agent_error)?))
     }
@@ -167,7 +168,8 @@ impl ProcessBackend for InProcess {
         caller: &Caller,
         id: &str,
     ) -> Result<Vec<RunningProcess>, BackendError> {
-        let agent = self.service.process_agent(&caller.tenant, id)?;
+        let call = self.admit(caller)?;
+        let agent = self.service.process_agent(&call, id)?;
         Ok(agent
             .list()
             .into_iter()
@@ -190,12 +192,14 @@ impl ProcessBackend for InProcess {
         pid: i32,
         data: &[u8],
     ) -> Result<(), BackendError> {
-        let agent = self.service.process_agent(&caller.tenant, id)?;
+        let call = self.admit(caller)?;
+        let agent = self.service.process_agent(&call, id)?;
         agent.send_input(pid, data).map_err(agent_error)
     }
 
     fn close_process_stdin(&self, caller: &Caller, id: &str, pid: i32) -> Result<(), BackendError> {
-        let agent = self.service.process_agent(&caller.tenant, id)?;
+        let call = self.admit(caller)?;
+        let agent = self.service.process_agent(&call, id)?;
         agent.close_stdin(pid).map_err(agent_error)
     }
 
@@ -206,7 +210,8 @@ impl ProcessBackend for InProcess {
         pid: i32,
         signal: ProcessSignal,
     ) -> Result<(), BackendError> {
-        let agent = self.service.process_agent(&caller.tenant, id)?;
+        let call = self.admit(caller)?;
+        let agent = self.service.process_agent(&call, id)?;
         agent.signal(pid, signal.number()).map_err(agent_error)
     }
 }

@@ -48,8 +48,8 @@ pub(super) async fn create(
     let language = req.language.unwrap_or_else(|| "python".into());
     let cwd = Some(sandbox_cwd(req.cwd.as_deref().unwrap_or(E2B_HOME)));
     let service = state.service.clone();
-    let info = blocking(service.admit_thread(&tenant)?, move || {
-        service.create_context(&tenant, &id, &language, cwd)
+    let info = blocking(service.admit(&tenant)?, move |call| {
+        service.create_context(call, &id, &language, cwd)
     })
     .await?;
     Ok(Json(context_json(&info)))
@@ -62,8 +62,8 @@ pub(super) async fn list(
 ) -> Result<Json<Value>, E2bError> {
     let PlaneSandbox { id, tenant } = sandbox?;
     let service = state.service.clone();
-    let contexts = blocking(service.admit_thread(&tenant)?, move || {
-        service.list_contexts(&tenant, &id)
+    let contexts = blocking(service.admit(&tenant)?, move |call| {
+        service.list_contexts(call, &id)
     })
     .await?;
     Ok(Json(Value::Array(
@@ -80,8 +80,8 @@ pub(super) async fn restart(
 ) -> Result<StatusCode, E2bError> {
     let PlaneSandbox { id, tenant } = sandbox?;
     let service = state.service.clone();
-    blocking(service.admit_thread(&tenant)?, move || {
-        service.restart_context(&tenant, &id, &context)
+    blocking(service.admit(&tenant)?, move |call| {
+        service.restart_context(call, &id, &context)
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)
@@ -96,8 +96,8 @@ pub(super) async fn remove(
 ) -> Result<StatusCode, E2bError> {
     let PlaneSandbox { id, tenant } = sandbox?;
     let service = state.service.clone();
-    blocking(service.admit_thread(&tenant)?, move || {
-        service.remove_context(&tenant, &id, &context)
+    blocking(service.admit(&tenant)?, move |call| {
+        service.remove_context(call, &id, &context)
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)

@@ -272,12 +272,12 @@ pub(super) async fn start(
         stdin: start.stdin.unwrap_or(false),
     };
     let service = state.service.clone();
-    let thread = match service.admit_thread(&tenant) {
-        Ok(thread) => thread,
+    let call = match service.admit(&tenant) {
+        Ok(call) => call,
         Err(e) => return Ok(connect_failure(error_of(&e))),
     };
     let started =
-        crate::threads::spawn(thread, move || service.start_process(&tenant, &id, spec)).await;
+        crate::threads::run(call, move |call| service.start_process(&call, &id, spec)).await;
     let (_, sub) = match started {
         Ok(Ok(started)) => started,
         Ok(Err(e)) => return Ok(connect_failure(error_of(&e))),
@@ -315,8 +315,8 @@ pub(super) async fn connect(
         Err(error) => return Ok(connect_failure(error)),
     };
     let service = state.service.clone();
-    let subscribed = blocking(service.admit_thread(&tenant)?, move || {
-        let agent = service.process_agent(&tenant, &id)?;
+    let subscribed = blocking(service.admit(&tenant)?, move |call| {
+        let agent = service.process_agent(call, &id)?;
         Ok(match resolve(&agent, &selector) {
             Ok(pid) => agent
                 .subscribe(pid, &service.output_share(&tenant))
@@ -351,13 +351,13 @@ async fn unary<T: for<'de> Deserialize<'de> + Send + 'static>(
     };
     let PlaneSandbox { id, tenant } = sandbox;
     let service = state.service.clone();
-    let thread = match service.admit_thread(&tenant) {
-        Ok(thread) => thread,
+    let admitted = match service.admit(&tenant) {
+        Ok(admitted) => admitted,
         Err(e) => return unary_failure(error_of(&e)),
     };
-    let outcome = crate::threads::spawn(thread, move || {
+    let outcome = crate::threads::run(admitted, move |admitted| {
         let agent = service
-            .process_agent(&tenant, &id)
+            .process_agent(&admitted, &id)
             .map_err(|e| error_of(&e))?;
         call(&agent, request)
     })
@@ -616,11 +616,11 @@ pub(super) async fn stream_input(
                     Some((id, tenant)),
                 ) => {
                     let (service, id, tenant) = (state.service.clone(), id.clone(), tenant.clone());
-                    let found = match service.admit_thread(&tenant) {
+                    let found = match service.admit(&tenant) {
                         Err(e) => Err(error_of(&e)),
-                        Ok(thread) => crate::threads::spawn(thread, move || {
+                        Ok(call) => crate::threads::run(call, move |call| {
                             let agent = service
-                                .process_agent(&tenant, &id)
+                                .process_agent(&call, &id)
                                 .map_err(|e| error_of(&e))?;
                             let pid = resolve(&agent, &start.process.selector()?)?;
                             Ok::<_, Value>((agent, pid))
@@ -639,9 +639,9 @@ pub(super) async fn stream_input(
                 ) => {
                     let (agent, pid) = (agent.clone(), *pid);
                     let bytes = data.input.stdin.or(data.input.pty).unwrap_or_default();
-                    match state.service.admit_thread(tenant) {
+                    match state.service.admit(tenant) {
                         Err(e) => Err(error_of(&e)),
-                        Ok(thread) => crate::threads::spawn(thread, move || {
+                        Ok(call) => crate::threads::run(call, move |_call| {
                             let bytes = base64::engine::general_purpose::STANDARD
                                 .decode(bytes)
                                 .map_err(|e| {

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::*;
+use crate::service::Admitted;
 use crate::watch::{EventKind, ScanTurn};
 
 /// The shortest wait between two polls of a streaming watcher.
@@ -54,6 +55,7 @@ pub(super) struct Watcher {
 /// registry: its id. `path` must be a directory (never a link to one).
 pub(super) fn create_watcher(
     service: &Service,
+    call: &Admitted,
     registry: &Registry,
     sandbox: &PlaneSandbox,
     path: &str,
@@ -62,7 +64,7 @@ pub(super) fn create_watcher(
     let PlaneSandbox { id, tenant } = sandbox;
     let dir = rpc_path(path)?;
     let depth = if recursive { MAX_DEPTH } else { 1 };
-    if service.stat(tenant, id, &dir)?.kind != EntryKind::Dir {
+    if service.stat(call, id, &dir)?.kind != EntryKind::Dir {
         return Err(RpcError(
             Code::InvalidArgument,
             format!("path {path} is not a directory"),
@@ -79,7 +81,7 @@ pub(super) fn create_watcher(
                     .into(),
             )
         })?;
-    let entries = turn.scan(|| service.list_dir(tenant, id, &dir, depth))?;
+    let entries = turn.scan(|| service.list_dir(call, id, &dir, depth))?;
     let watcher = Watcher {
         seen: Mutex::new(Snapshot::of(std::path::Path::new(&dir), &entries)),
         sandbox: id.clone(),
@@ -93,18 +95,19 @@ pub(super) fn create_watcher(
 /// (none: nothing, and the next poll reports it).
 pub(super) fn poll_watcher(
     service: &Service,
+    call: &Admitted,
     registry: &Registry,
     sandbox: &PlaneSandbox,
     watcher_id: &str,
     turn: Option<ScanTurn>,
 ) -> Result<Vec<(std::path::PathBuf, EventKind)>, RpcError> {
-    let PlaneSandbox { id, tenant } = sandbox;
+    let PlaneSandbox { id, .. } = sandbox;
     let watcher = registry.watcher(id, watcher_id)?;
     let Some(turn) = turn else {
         return Ok(Vec::new());
     };
     let mut seen = watcher.seen.lock().expect("lock");
-    let entries = turn.scan(|| service.list_dir(tenant, id, &watcher.dir, watcher.depth))?;
+    let entries = turn.scan(|| service.list_dir(call, id, &watcher.dir, watcher.depth))?;
     let now = Snapshot::of(std::path::Path::new(&watcher.dir), &entries);
     let events = seen.events_to(&now);
     *seen = now;
@@ -179,13 +182,20 @@ pub(super) async fn watch_dir(
         let (service, registry) = (state.service.clone(), registry.clone());
         let id = sandbox.id.clone();
         let tenant = sandbox.tenant.clone();
-        let thread = match service.admit_thread(&tenant) {
-            Ok(thread) => thread,
+        let call = match service.admit(&tenant) {
+            Ok(call) => call,
             Err(e) => return Ok(connect_failure(connect_error_of(&e))),
         };
-        let made = crate::threads::spawn(thread, move || {
+        let made = crate::threads::run(call, move |call| {
             let sandbox = PlaneSandbox { id, tenant };
-            create_watcher(&service, &registry, &sandbox, &req.path, req.recursive)
+            create_watcher(
+                &service,
+                &call,
+                &registry,
+                &sandbox,
+                &req.path,
+                req.recursive,
+            )
         })
         .await
         .map_err(|e| ApiError::internal(format!("internal error: {e}")))?;
@@ -252,7 +262,7 @@ pub(super) async fn watch_dir(
                 wait = MIN_POLL;
                 continue;
             };
-            let Ok(thread) = service.admit_thread(&sandbox.tenant) else {
+            let Ok(call) = service.admit(&sandbox.tenant) else {
                 wait = MAX_POLL;
                 continue;
             };
@@ -260,8 +270,15 @@ pub(super) async fn watch_dir(
                 let (service, registry, sandbox) =
                     (service.clone(), registry.clone(), sandbox.clone());
                 let watcher_id = watcher_id.clone();
-                crate::threads::spawn(thread, move || {
-                    poll_watcher(&service, &registry, &sandbox, &watcher_id, Some(turn))
+                crate::threads::run(call, move |call| {
+                    poll_watcher(
+                        &service,
+                        &call,
+                        &registry,
+                        &sandbox,
+                        &watcher_id,
+                        Some(turn),
+                    )
                 })
                 .await
             };

@@ -63,8 +63,8 @@ pub async fn create(
     ApiJson(req): ApiJson<CreateContextRequest>,
 ) -> Result<(StatusCode, Json<Context>), ApiError> {
     let service = state.service.clone();
-    let info = blocking(service.admit_thread(&tenant)?, move || {
-        service.create_context(&tenant, &id, &req.language, req.cwd)
+    let info = blocking(service.admit(&tenant)?, move |call| {
+        service.create_context(call, &id, &req.language, req.cwd)
     })
     .await?;
     Ok((StatusCode::CREATED, Json(Context::from(&info))))
@@ -79,8 +79,8 @@ pub async fn list(
     Path(id): Path<String>,
 ) -> Result<Json<ContextList>, ApiError> {
     let service = state.service.clone();
-    let contexts = blocking(service.admit_thread(&tenant)?, move || {
-        service.list_contexts(&tenant, &id)
+    let contexts = blocking(service.admit(&tenant)?, move |call| {
+        service.list_contexts(call, &id)
     })
     .await?;
     let contexts = contexts.iter().map(Context::from).collect();
@@ -98,8 +98,8 @@ pub async fn restart(
     _body: Bytes,
 ) -> Result<StatusCode, ApiError> {
     let service = state.service.clone();
-    blocking(service.admit_thread(&tenant)?, move || {
-        service.restart_context(&tenant, &id, &context)
+    blocking(service.admit(&tenant)?, move |call| {
+        service.restart_context(call, &id, &context)
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)
@@ -115,8 +115,8 @@ pub async fn remove(
     Path((id, context)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let service = state.service.clone();
-    blocking(service.admit_thread(&tenant)?, move || {
-        service.remove_context(&tenant, &id, &context)
+    blocking(service.admit(&tenant)?, move |call| {
+        service.remove_context(call, &id, &context)
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)

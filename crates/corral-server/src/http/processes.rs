@@ -19,6 +19,7 @@ use serde_json::Value;
 use super::{blocking, pump, ApiJson, AppState};
 use crate::error::{ApiError, ErrorBody};
 use crate::service::{ServiceError, Tenant};
+pub use corral_wire::output::OutputEvent;
 
 /// How often an output stream without output sends a `keepalive` line.
 const KEEPALIVE: Duration = Duration::from_secs(20);
@@ -57,40 +58,6 @@ impl From<TerminalSize> for PtySize {
             cols: s.cols,
         }
     }
-}
-
-/// A line of a program's output stream (read back by `corral mcp --server`).
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum OutputEvent {
-    /// First: the program runs, with this pid inside the sandbox.
-    Start {
-        pid: i32,
-    },
-    /// Output, in base64.
-    Stdout {
-        data: String,
-    },
-    Stderr {
-        data: String,
-    },
-    /// A terminal's output (a program started with `pty`).
-    Pty {
-        data: String,
-    },
-    /// Output this stream did not read in time and that was dropped.
-    Lost {
-        bytes: u64,
-    },
-    /// Nothing happened for 20 s.
-    Keepalive,
-    /// Last: how the program ended; `error` when the sandbox's process agent went away first.
-    End {
-        exit_code: Option<i32>,
-        signal: Option<i32>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        error: Option<String>,
-    },
 }
 
 fn line(event: &OutputEvent) -> Bytes {
@@ -176,8 +143,8 @@ pub async fn start(
         stdin: req.stdin,
     };
     let service = state.service.clone();
-    let (_, sub) = blocking(service.admit_thread(&tenant)?, move || {
-        service.start_process(&tenant, &id, spec)
+    let (_, sub) = blocking(service.admit(&tenant)?, move |call| {
+        service.start_process(call, &id, spec)
     })
     .await?;
     Ok(output_stream(sub))
@@ -211,8 +178,8 @@ pub async fn list(
     Path(id): Path<String>,
 ) -> Result<Json<ProcessList>, ApiError> {
     let service = state.service.clone();
-    let agent = blocking(service.admit_thread(&tenant)?, move || {
-        service.process_agent(&tenant, &id)
+    let agent = blocking(service.admit(&tenant)?, move |call| {
+        service.process_agent(call, &id)
     })
     .await?;
     let processes: Vec<ProcessJson> = agent
@@ -242,8 +209,8 @@ async fn with_agent<T: Send + 'static>(
     call: impl FnOnce(&ProcessAgent) -> Result<T, ServiceError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let service = state.service.clone();
-    blocking(service.admit_thread(&tenant)?, move || {
-        let agent = service.process_agent(&tenant, &id)?;
+    blocking(service.admit(&tenant)?, move |admitted| {
+        let agent = service.process_agent(admitted, &id)?;
         call(&agent)
     })
     .await

@@ -25,7 +25,8 @@ fn cursor(created_at: SystemTime, id: &str) -> String {
 }
 
 impl Service {
-    /// `tenant`'s sessions that `query` asks for, in creation order, a page at a time.
+    /// `tenant`'s sessions that `query` asks for, in creation order, a page at a time. A
+    /// look-up that never waits for a sandbox: it takes no admission.
     pub fn list(&self, tenant: &Tenant, query: &ListQuery) -> Result<ListPage, ServiceError> {
         let page = self.list_owned(Some(tenant), query)?;
         Ok(ListPage {

@@ -122,7 +122,7 @@ pub struct Config {
     /// docs/network.md): by default nothing.
     pub network: NetworkConfig,
     /// The port proxy (a `[ports]` table; docs/api.md#ports).
-    pub ports: crate::ports::PortsConfig,
+    pub ports: PortsConfig,
     /// What the keys named NAME may ask for, instead of `[network]`'s `allow`, `cidrs` and
     /// `default` (`[key_network.NAME]` tables), within `[network]`'s `allow` and `cidrs`.
     pub key_network: std::collections::BTreeMap<String, crate::network::KeyNetworkConfig>,
@@ -438,6 +438,46 @@ fn parse_mem_total(meminfo: &str) -> Option<u64> {
         Some("kB") => n.checked_mul(1024),
         None => Some(n),
         Some(_) => None,
+    }
+}
+
+/// The operator's settings of the port proxy (a `[ports]` table).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PortsConfig {
+    /// The domain of host-routed ports (`{port}-{id}.{domain}`), returned to E2B's SDKs as the
+    /// sandbox's `domain`; `HOST[:PORT]` as clients write it. Unset: `localhost:{port}` for a
+    /// server that listens on loopback, else no host routing.
+    pub domain: Option<String>,
+    /// Host-routed ports answer without a key (as E2B's public ports do): anyone who can reach
+    /// the server and knows a sandbox's id can use its ports. The native route always needs
+    /// the owner's key.
+    pub public: bool,
+    /// Proxied connections to one sandbox at once; more are refused (429).
+    pub max_connections_per_sandbox: usize,
+    /// A proxied connection that moves no byte either way this long is closed.
+    pub idle_timeout_s: u64,
+}
+
+impl Default for PortsConfig {
+    fn default() -> Self {
+        PortsConfig {
+            domain: None,
+            public: false,
+            max_connections_per_sandbox: 64,
+            idle_timeout_s: 300,
+        }
+    }
+}
+
+impl PortsConfig {
+    /// The domain of host-routed ports for a server listening on `listen`.
+    pub fn domain_for(&self, listen: std::net::SocketAddr) -> Option<String> {
+        match &self.domain {
+            Some(domain) => Some(domain.to_ascii_lowercase()),
+            None if listen.ip().is_loopback() => Some(format!("localhost:{}", listen.port())),
+            None => None,
+        }
     }
 }
 

@@ -98,6 +98,10 @@ pub struct Metrics {
     pub blocking_threads_in_use: Gauge,
     /// Calls refused a blocking thread, by the budget that was used up.
     pub blocking_refusals: Family<RefusalLabels, Counter>,
+    /// Calls of keys admitted ([`crate::Service::admit`]): one per call a face makes.
+    pub calls_admitted: Counter,
+    /// Look-ups of a sandbox by its owner, the check that a call's sandbox is its key's.
+    pub ownership_checks: Counter,
 }
 
 impl Default for Metrics {
@@ -128,6 +132,8 @@ impl Default for Metrics {
             audit_rows_pruned: Family::default(),
             blocking_threads_in_use: Gauge::default(),
             blocking_refusals: Family::default(),
+            calls_admitted: Counter::default(),
+            ownership_checks: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("sessions_live", "Sessions alive", m.sessions_live.clone());
@@ -240,6 +246,16 @@ impl Default for Metrics {
             "Calls refused a blocking thread at once, by the budget used up: key \
              (max_blocking_calls_per_key) or server (max_blocking_calls)",
             m.blocking_refusals.clone(),
+        );
+        registry.register(
+            "calls_admitted",
+            "Calls of keys admitted to the engine, each holding a blocking thread",
+            m.calls_admitted.clone(),
+        );
+        registry.register(
+            "ownership_checks",
+            "Look-ups of a sandbox for a call of its owner",
+            m.ownership_checks.clone(),
         );
         // Both series from the start, at 0.
         for scope in ["key", "server"] {

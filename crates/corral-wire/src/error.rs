@@ -4,8 +4,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::service::{Conflict, ServiceError, Unavailability};
 use corral_kernel::agent::{AgentError, AgentRefusal};
+use corral_service::service::{Conflict, ServiceError, Unavailability};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -16,12 +16,14 @@ pub struct ApiError {
 }
 
 /// The body of every error answer.
-#[derive(Serialize, utoipa::ToSchema)]
+#[derive(Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
-#[derive(Serialize, utoipa::ToSchema)]
+#[derive(Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorDetail {
     /// Machine-readable: `bad_request`, `invalid_path`, `unauthorized`, `forbidden`, `not_found`,
     /// `file_not_found`, `method_not_allowed`, `sandbox_dead`, `payload_too_large`,

@@ -48,6 +48,10 @@ pub struct KeyInfo {
     pub operator: bool,
 }
 
+/// The most audit-log lines one page holds, and the default.
+pub const AUDIT_LIMIT: usize = 1000;
+pub const AUDIT_DEFAULT: usize = 100;
+
 /// Which audit-log lines a query returns (docs/api.md, "Audit log"): every field narrows it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AuditQuery {
@@ -64,7 +68,8 @@ pub struct AuditQuery {
 }
 
 /// One stored audit-log line, as a query returns it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AuditRecord {
     pub id: i64,
     pub key_id: String,
@@ -113,7 +118,8 @@ pub struct EgressQuery {
 }
 
 /// One stored egress decision, as a query returns it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EgressRecord {
     pub id: i64,
     pub key_id: String,

@@ -3,7 +3,7 @@
 
 use corral_kernel::{ContextInfo, Language};
 
-use super::{Service, ServiceError, Tenant};
+use super::{Admitted, Service, ServiceError};
 
 impl Service {
     /// The language `name` if session `id`'s image has it.
@@ -28,13 +28,13 @@ impl Service {
     /// path inside the sandbox; none: `/workspace`).
     pub fn create_context(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         id: &str,
         language: &str,
         cwd: Option<String>,
     ) -> Result<ContextInfo, ServiceError> {
         self.check_running()?;
-        self.check_session(tenant, id)?;
+        self.check_session(call.tenant(), id)?;
         if let Some(cwd) = &cwd {
             if !cwd.starts_with('/') || cwd.contains('\0') {
                 return Err(ServiceError::BadRequest(
@@ -50,9 +50,10 @@ impl Service {
 
     pub fn list_contexts(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         id: &str,
     ) -> Result<Vec<ContextInfo>, ServiceError> {
+        let tenant = call.tenant();
         self.owned(tenant, id)?;
         self.manager
             .list_contexts(id)
@@ -61,12 +62,12 @@ impl Service {
 
     pub fn restart_context(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         id: &str,
         context: &str,
     ) -> Result<(), ServiceError> {
         self.check_running()?;
-        self.check_session(tenant, id)?;
+        self.check_session(call.tenant(), id)?;
         self.manager
             .restart_context(id, context)
             .map_err(|e| self.manager_error(id, e))
@@ -74,10 +75,11 @@ impl Service {
 
     pub fn remove_context(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         id: &str,
         context: &str,
     ) -> Result<(), ServiceError> {
+        let tenant = call.tenant();
         self.owned(tenant, id)?;
         self.manager
             .remove_context(id, context)

@@ -424,8 +424,21 @@ mod tests {
         Arc::new(a)
     }
 
+    /// The variant of a refusal, by the code the faces answer it with (corral-server's
+    /// `error.rs` maps each to its status).
     fn code(e: ServiceError) -> &'static str {
-        crate::error::ApiError::from(e).code
+        match e {
+            ServiceError::TooManySandboxes { .. } => "too_many_sandboxes",
+            ServiceError::KeyBusy { .. } => "key_busy",
+            ServiceError::BadRequest(_) => "bad_request",
+            ServiceError::Unavailable { reason, .. } => match reason {
+                Unavailability::Uploads => "uploads_busy",
+                Unavailability::MemoryBudget => "memory_budget_committed",
+                Unavailability::ServerBusy => "server_busy",
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
     }
 
     #[tokio::test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use corral_kernel::agent::{AgentError, ProcessAgent, ProcessSpec, Subscription};
 
-use super::{Service, ServiceError, Tenant};
+use super::{Admitted, Service, ServiceError};
 use crate::db::AuditEntry;
 
 impl Service {
@@ -14,11 +14,11 @@ impl Service {
     /// "not found", a paused one a conflict).
     pub fn process_agent(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         id: &str,
     ) -> Result<Arc<ProcessAgent>, ServiceError> {
         self.check_running()?;
-        self.check_session(tenant, id)?;
+        self.check_session(call.tenant(), id)?;
         self.manager
             .agent(id)
             .map_err(|e| self.manager_error(id, e))
@@ -29,11 +29,12 @@ impl Service {
     /// (kind `process`).
     pub fn start_process(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         id: &str,
         spec: ProcessSpec,
     ) -> Result<(Arc<ProcessAgent>, Subscription), ServiceError> {
-        let agent = self.process_agent(tenant, id)?;
+        let tenant = call.tenant();
+        let agent = self.process_agent(call, id)?;
         let line = spec.argv.join(" ");
         let started = agent.start(spec, &self.output_share(tenant));
         let entry = AuditEntry {

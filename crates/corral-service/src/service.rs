@@ -49,6 +49,33 @@ impl Tenant {
     }
 }
 
+/// A call of a tenant, admitted by [`Service::admit`]: the tenant's work methods take it, and
+/// it holds the call's blocking thread of the key's budget until it is dropped (when the work
+/// is done, however it ended).
+pub struct Admitted {
+    tenant: Tenant,
+    thread: ThreadPermit,
+}
+
+impl Admitted {
+    /// The tenant the call acts for.
+    pub fn tenant(&self) -> &Tenant {
+        &self.tenant
+    }
+
+    /// What makes, later, a call of the same tenant on a thread of no key's budget: for the
+    /// stop of the stream this call runs (one per admitted stream, so bounded by the
+    /// budgets). It is no admission.
+    pub fn unmetered_later(&self) -> impl FnOnce() -> Admitted + Send + 'static {
+        let tenant = self.tenant.clone();
+        let thread = self.thread.unmetered_later();
+        move || Admitted {
+            tenant,
+            thread: thread(),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
     #[error("{0}")]
@@ -177,7 +204,8 @@ impl From<WorkspaceError> for ServiceError {
 
 /// Resource limits as requests give them; absent fields take the defaults of `corral run`
 /// (docs/cli.md#corral-run).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LimitsRequest {
     /// Wall-clock limit in seconds (sessions: the default per-execution timeout).
@@ -271,7 +299,8 @@ fn limits_error(e: LimitError) -> ServiceError {
 
 /// What a sandbox may reach beyond its loopback (docs/network.md). Absent, or with nothing
 /// in it: nothing. Every item must lie within the server's `[network]` settings.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NetworkRequest {
     /// Host names, `NAME[:PORT]` or `*.SUFFIX[:PORT]` (ports 80 and 443 when none is given).
@@ -288,7 +317,8 @@ pub struct NetworkRequest {
 /// A code policy as requests and the server's settings give it (docs/code-policy.md): what
 /// the code may import and how long it may be. Defence in depth, never a boundary. A
 /// request's policy can only narrow its key's (403 otherwise); what it leaves out is the key's.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PolicyRequest {
     /// The only modules the code may import (with their submodules); absent: any module. An
@@ -357,7 +387,8 @@ impl CodePolicies {
 }
 
 /// A file for a one-shot run's workspace: text in `content`, or bytes in `content_base64`.
-#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct InputFileRequest {
     /// Relative to `/workspace`.
@@ -366,7 +397,8 @@ pub struct InputFileRequest {
     pub content_base64: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {
     pub code: String,
@@ -382,7 +414,8 @@ pub struct RunRequest {
     pub network: Option<NetworkRequest>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandboxRequest {
     pub image: Option<String>,
@@ -460,7 +493,8 @@ pub struct ListPage {
 }
 
 /// One reading of a session's usage, as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxMetric {
     /// RFC 3339, UTC.
     pub timestamp: String,
@@ -479,7 +513,8 @@ pub struct SandboxMetric {
     pub disk_total_bytes: u64,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ExecuteRequest {
     pub code: String,
@@ -496,7 +531,8 @@ pub struct ExecuteRequest {
     pub context: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CommandRequest {
     /// A shell command line (run by `bash -c`), or the program when `args` is given.
@@ -510,7 +546,8 @@ pub struct CommandRequest {
 }
 
 /// A session as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxInfo {
     pub id: String,
     pub image: String,
@@ -544,12 +581,26 @@ pub struct SandboxInfo {
     pub memory: String,
 }
 
-/// A checked command: what runs, with what, for how long.
+/// A checked execution of a session, made by [`Service::prepare_execute`] for the call that
+/// [`Service::execute`] then runs it for.
+#[derive(Debug)]
+pub struct PreparedExecution {
+    id: String,
+    req: ExecuteRequest,
+    /// The request's `env`, checked.
+    env: Vec<(String, String)>,
+    timeout: Duration,
+}
+
+/// A checked command of a session, made by [`Service::prepare_command`] for the call that
+/// [`Service::run_command`] then runs it for: what runs, where, with what, for how long.
 #[derive(Debug, Clone)]
 pub struct PreparedCommand {
-    pub argv: Vec<String>,
-    pub env: Vec<(String, String)>,
-    pub timeout: Duration,
+    id: String,
+    argv: Vec<String>,
+    cwd: Option<String>,
+    env: Vec<(String, String)>,
+    timeout: Duration,
 }
 
 /// How long an image resolved by name is reused: a newly built image is used at most this much
@@ -1082,6 +1133,7 @@ impl Service {
 
     /// The session `id` if `tenant` owns it; another tenant's session is "not found" too.
     fn owned(&self, tenant: &Tenant, id: &str) -> Result<Owned, ServiceError> {
+        self.metrics.ownership_checks.inc();
         let owned = self
             .sessions
             .lock()
@@ -1201,9 +1253,10 @@ impl Service {
 
     pub fn create_session(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         req: &CreateSandboxRequest,
     ) -> Result<SandboxInfo, ServiceError> {
+        let tenant = call.tenant();
         self.create_session_as(tenant, req, None)
     }
 
@@ -1440,6 +1493,8 @@ impl Service {
         Ok(info)
     }
 
+    /// Session `id` of `tenant`'s, described. A look-up that never waits for a sandbox: it
+    /// takes no admission, and faces answer it without a blocking thread.
     pub fn get(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ServiceError> {
         if let Some(saved) = self.saved.get(&self.db, tenant, id) {
             return Ok(self.saved_info(&saved));
@@ -1454,7 +1509,22 @@ impl Service {
 
     /// Samples of session `id`'s usage from the last ten minutes, one every five seconds, and
     /// one of now (docs/api.md, "Metrics").
-    pub fn metrics(&self, tenant: &Tenant, id: &str) -> Result<Vec<SandboxMetric>, ServiceError> {
+    pub fn metrics(&self, call: &Admitted, id: &str) -> Result<Vec<SandboxMetric>, ServiceError> {
+        self.samples(call.tenant(), id)
+    }
+
+    /// The latest usage sample of `owner`'s session `id`, for an operator's call (the face
+    /// checks that its key is an operator's); `None` when it has none.
+    pub fn latest_usage(
+        &self,
+        _operator: &Admitted,
+        owner: &Tenant,
+        id: &str,
+    ) -> Option<SandboxMetric> {
+        self.samples(owner, id).ok()?.pop()
+    }
+
+    fn samples(&self, tenant: &Tenant, id: &str) -> Result<Vec<SandboxMetric>, ServiceError> {
         let owned = self.owned(tenant, id)?;
         let samples = self
             .manager
@@ -1499,7 +1569,8 @@ impl Service {
     }
 
     /// Closes session `id`: its sandbox is torn down and nothing of it remains.
-    pub fn kill(&self, tenant: &Tenant, id: &str) -> Result<(), ServiceError> {
+    pub fn kill(&self, call: &Admitted, id: &str) -> Result<(), ServiceError> {
+        let tenant = call.tenant();
         if self.saved.remove(&self.db, tenant, id) {
             let _ = self.db.session_ended(id, "deleted");
             return Ok(());
@@ -1516,10 +1587,11 @@ impl Service {
     /// Sets session `id`'s idle timeout (the session then expires that long after its last use).
     pub fn set_idle_timeout(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         id: &str,
         seconds: u64,
     ) -> Result<SandboxInfo, ServiceError> {
+        let tenant = call.tenant();
         if seconds == 0 || seconds > self.config.max_idle_timeout_s {
             return Err(ServiceError::BadRequest(format!(
                 "the idle timeout must be between 1 and {} seconds",
@@ -1530,16 +1602,17 @@ impl Service {
         self.manager
             .set_idle_timeout(id, Duration::from_secs(seconds))
             .map_err(|e| self.manager_error(id, e))?;
-        self.get(tenant, id)
+        self.get(call.tenant(), id)
     }
 
-    /// Opens connections to the listeners of session `id` (the port proxy, crate::ports);
+    /// Opens connections to the listeners of session `id` (corral-server's port proxy);
     /// refused while it is paused.
     pub fn port_opener(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         id: &str,
     ) -> Result<corral_sandbox::ports::PortOpener, ServiceError> {
+        let tenant = call.tenant();
         self.owned(tenant, id)?;
         self.manager
             .port_opener(id)
@@ -1554,7 +1627,8 @@ impl Service {
 
     /// Pauses session `id`: every process of its sandbox is frozen, keeping its memory and
     /// files; its idle clock stops (docs/api.md, "Pause and resume").
-    pub fn pause(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ServiceError> {
+    pub fn pause(&self, call: &Admitted, id: &str) -> Result<SandboxInfo, ServiceError> {
+        let tenant = call.tenant();
         let owned = self.owned(tenant, id)?;
         let info = self
             .manager
@@ -1565,7 +1639,8 @@ impl Service {
     }
 
     /// Resumes session `id`, paused by [`Service::pause`].
-    pub fn resume(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ServiceError> {
+    pub fn resume(&self, call: &Admitted, id: &str) -> Result<SandboxInfo, ServiceError> {
+        let tenant = call.tenant();
         if let Some(saved) = self.saved.take(&self.db, tenant, id) {
             let info = self.resume_saved(saved)?;
             self.metrics.resumes.inc();
@@ -1582,7 +1657,8 @@ impl Service {
 
     /// Replaces the kernel of session `id`: its variables and processes are gone, its files
     /// stay (docs/api.md, "Restart").
-    pub fn restart(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ServiceError> {
+    pub fn restart(&self, call: &Admitted, id: &str) -> Result<SandboxInfo, ServiceError> {
+        let tenant = call.tenant();
         let owned = self.owned(tenant, id)?;
         let info = self
             .manager
@@ -1592,7 +1668,8 @@ impl Service {
     }
 
     /// Interrupts the running execution of session `id`, if any.
-    pub fn interrupt(&self, tenant: &Tenant, id: &str) -> Result<(), ServiceError> {
+    pub fn interrupt(&self, call: &Admitted, id: &str) -> Result<(), ServiceError> {
+        let tenant = call.tenant();
         self.owned(tenant, id)?;
         self.manager
             .interrupt(id)
@@ -1600,13 +1677,18 @@ impl Service {
     }
 
     /// Checks that `id` is `tenant`'s live, running session, before a stream is opened for it.
-    pub fn check_session(&self, tenant: &Tenant, id: &str) -> Result<(), ServiceError> {
+    pub(crate) fn check_session(&self, tenant: &Tenant, id: &str) -> Result<(), ServiceError> {
         self.owned(tenant, id)?;
         let info = self
             .manager
             .get(id)
             .map_err(|e| self.manager_error(id, e))?;
-        if let Some(why) = info.death {
+        self.check_live(id, &info)
+    }
+
+    /// Checks that session `id`, as the manager describes it, is neither dead nor paused.
+    fn check_live(&self, id: &str, info: &corral_kernel::SessionInfo) -> Result<(), ServiceError> {
+        if let Some(why) = &info.death {
             return Err(ServiceError::SandboxDead(format!(
                 "sandbox {id} is dead ({why}): delete it and create another"
             )));
@@ -1650,13 +1732,15 @@ impl Service {
     }
 
     /// Checks everything about an execution request that can be the caller's fault (so that
-    /// it is answered with an error status before any stream starts); returns its timeout.
+    /// it is answered with an error status before any stream starts): the execution that
+    /// [`Service::execute`] then runs, without checking it again.
     pub fn prepare_execute(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         id: &str,
-        req: &ExecuteRequest,
-    ) -> Result<Duration, ServiceError> {
+        req: ExecuteRequest,
+    ) -> Result<PreparedExecution, ServiceError> {
+        let tenant = call.tenant();
         self.check_running()?;
         let owned = self.owned(tenant, id)?;
         let info = self
@@ -1692,21 +1776,31 @@ impl Service {
                     .into(),
             ));
         }
-        check_env(req.env.as_ref())?;
-        self.check_session(tenant, id)?;
-        timeout_from(req.timeout_s, owned.default_timeout)
+        let env = check_env(req.env.as_ref())?;
+        self.check_live(id, &info)?;
+        Ok(PreparedExecution {
+            id: id.to_string(),
+            timeout: timeout_from(req.timeout_s, owned.default_timeout)?,
+            env,
+            req,
+        })
     }
 
-    /// Runs `req.code` in session `id`, streaming events to `on_event` (`End` included).
+    /// Runs a prepared execution's code in its session, streaming events to `on_event` (`End`
+    /// included).
     pub fn execute(
         &self,
-        tenant: &Tenant,
-        id: &str,
-        req: &ExecuteRequest,
+        call: &Admitted,
+        prepared: PreparedExecution,
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<ExecutionResult, ServiceError> {
-        let timeout = self.prepare_execute(tenant, id, req)?;
-        let env = check_env(req.env.as_ref())?;
+        let PreparedExecution {
+            id,
+            req,
+            env,
+            timeout,
+        } = prepared;
+        let id = id.as_str();
         let context =
             self.execution_context(id, req.context.as_deref(), req.language.as_deref())?;
         let result = match context {
@@ -1716,7 +1810,7 @@ impl Service {
                 .execute_in_context(id, &context, &req.code, &env, timeout, on_event),
         }
         .map_err(|e| self.manager_error(id, e))?;
-        self.audit(tenant, Some(id), "execute", &req.code, &result);
+        self.audit(call.tenant(), Some(id), "execute", &req.code, &result);
         if let Some(why) = self.manager.get(id).ok().and_then(|i| i.death) {
             self.release_dead(id);
             let _ = self.db.session_ended(id, &format!("died: {why}"));
@@ -1727,13 +1821,18 @@ impl Service {
     /// Checks a command request as [`Service::prepare_execute`] does an execution.
     pub fn prepare_command(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         id: &str,
-        req: &CommandRequest,
+        req: CommandRequest,
     ) -> Result<PreparedCommand, ServiceError> {
+        let tenant = call.tenant();
         self.check_running()?;
         let owned = self.owned(tenant, id)?;
-        self.check_session(tenant, id)?;
+        let info = self
+            .manager
+            .get(id)
+            .map_err(|e| self.manager_error(id, e))?;
+        self.check_live(id, &info)?;
         if req.cmd.is_empty() {
             return Err(ServiceError::BadRequest("cmd must not be empty".into()));
         }
@@ -1756,36 +1855,43 @@ impl Service {
             }
         }
         Ok(PreparedCommand {
+            id: id.to_string(),
             argv,
             env: check_env(req.env.as_ref())?,
             timeout: timeout_from(req.timeout_s, owned.default_timeout)?,
+            cwd: req.cwd,
         })
     }
 
-    /// Runs a command inside session `id`'s sandbox; the result's `exit_code` is the command's.
-    /// `stop` stops it (and only it), whether it waits for the session or runs.
+    /// Runs a prepared command inside its session's sandbox; the result's `exit_code` is the
+    /// command's. `stop` stops it (and only it), whether it waits for the session or runs.
     pub fn run_command(
         &self,
-        tenant: &Tenant,
-        id: &str,
-        req: &CommandRequest,
+        call: &Admitted,
+        prepared: PreparedCommand,
         stop: &Stopper,
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<ExecutionResult, ServiceError> {
-        let p = self.prepare_command(tenant, id, req)?;
+        let p = prepared;
         let result = self
             .manager
             .run_command(
-                id,
+                &p.id,
                 &p.argv,
-                req.cwd.as_deref(),
+                p.cwd.as_deref(),
                 &p.env,
                 p.timeout,
                 stop,
                 on_event,
             )
-            .map_err(|e| self.manager_error(id, e))?;
-        self.audit(tenant, Some(id), "command", &p.argv.join(" "), &result);
+            .map_err(|e| self.manager_error(&p.id, e))?;
+        self.audit(
+            call.tenant(),
+            Some(&p.id),
+            "command",
+            &p.argv.join(" "),
+            &result,
+        );
         Ok(result)
     }
 
@@ -1809,11 +1915,12 @@ impl Service {
     /// sandbox's disk limit) and `max_body_bytes`.
     pub fn prepare_upload(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         id: &str,
         path: &str,
         announced: Option<u64>,
     ) -> Result<Upload, ServiceError> {
+        let tenant = call.tenant();
         corral_sandbox::workspace::checked_components(Path::new(path))?;
         let workspace = self.with_workspace(tenant, id, |ws| Ok(ws.clone()))?;
         let capacity = workspace.capacity()?;
@@ -1834,87 +1941,113 @@ impl Service {
     /// Writes `data` to `path` in session `id` (an upload whose data is at hand).
     pub fn write_file(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         id: &str,
         path: &str,
         data: &[u8],
     ) -> Result<FileEntry, ServiceError> {
-        self.prepare_upload(tenant, id, path, Some(data.len() as u64))?
+        self.prepare_upload(call, id, path, Some(data.len() as u64))?
             .write(&mut &data[..])
     }
 
     /// Opens a workspace file for reading (regular files only, never through a link).
     pub fn open_file(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         id: &str,
         path: &str,
     ) -> Result<std::fs::File, ServiceError> {
+        let tenant = call.tenant();
         self.with_workspace(tenant, id, |ws| ws.open_file(Path::new(path)))
     }
 
-    pub fn remove_file(&self, tenant: &Tenant, id: &str, path: &str) -> Result<(), ServiceError> {
+    pub fn remove_file(&self, call: &Admitted, id: &str, path: &str) -> Result<(), ServiceError> {
+        let tenant = call.tenant();
         self.with_workspace(tenant, id, |ws| ws.remove_file(Path::new(path)))
     }
 
     pub fn list_files(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         id: &str,
         dir: Option<&str>,
     ) -> Result<Vec<FileEntry>, ServiceError> {
+        let tenant = call.tenant();
         let dir = dir.filter(|d| !d.is_empty() && *d != "." && *d != "/");
         self.with_workspace(tenant, id, |ws| ws.list_below(dir.map(Path::new)))
     }
 
     /// What is at `path` in session `id`'s workspace (the workspace itself when empty),
     /// never following a link.
-    pub fn stat(&self, tenant: &Tenant, id: &str, path: &str) -> Result<EntryInfo, ServiceError> {
+    pub fn stat(&self, call: &Admitted, id: &str, path: &str) -> Result<EntryInfo, ServiceError> {
+        let tenant = call.tenant();
         self.with_workspace(tenant, id, |ws| ws.stat(Path::new(path)))
     }
 
     /// The entries of directory `dir`, `depth` levels of them (see [`corral_sandbox::Workspace::list_dir`]).
     pub fn list_dir(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         id: &str,
         dir: &str,
         depth: usize,
     ) -> Result<Vec<EntryInfo>, ServiceError> {
+        let tenant = call.tenant();
         self.with_workspace(tenant, id, |ws| ws.list_dir(Path::new(dir), depth))
     }
 
     /// The host uid and gid of session `id`'s user, who its workspace files belong to.
-    pub fn sandbox_user(&self, tenant: &Tenant, id: &str) -> Result<(u32, u32), ServiceError> {
+    pub fn sandbox_user(&self, call: &Admitted, id: &str) -> Result<(u32, u32), ServiceError> {
+        let tenant = call.tenant();
         self.with_workspace(tenant, id, |ws| Ok(ws.sandbox_user()))
     }
 
     /// Makes directory `path` and its parents; false if it was already there.
-    pub fn make_dir(&self, tenant: &Tenant, id: &str, path: &str) -> Result<bool, ServiceError> {
+    pub fn make_dir(&self, call: &Admitted, id: &str, path: &str) -> Result<bool, ServiceError> {
+        let tenant = call.tenant();
         self.with_workspace(tenant, id, |ws| ws.make_dir(Path::new(path)))
     }
 
     /// Moves `from` to `to`, never replacing anything; what is at `to` afterwards.
     pub fn move_path(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         id: &str,
         from: &str,
         to: &str,
     ) -> Result<EntryInfo, ServiceError> {
+        let tenant = call.tenant();
         self.with_workspace(tenant, id, |ws| ws.rename(Path::new(from), Path::new(to)))
     }
 
     /// Removes `path`, a directory with everything in it (never through a link).
-    pub fn remove_path(&self, tenant: &Tenant, id: &str, path: &str) -> Result<(), ServiceError> {
+    pub fn remove_path(&self, call: &Admitted, id: &str, path: &str) -> Result<(), ServiceError> {
+        let tenant = call.tenant();
         self.with_workspace(tenant, id, |ws| ws.remove(Path::new(path)))
     }
 
-    /// A blocking thread for one engine call of `tenant`, or a refusal at once (429
-    /// `key_busy`, 503 `server_busy`); see [`Threads::admit`]. Hand it to
-    /// [`crate::threads::spawn`] (or `http::blocking`).
-    pub fn admit_thread(&self, tenant: &Tenant) -> Result<ThreadPermit, ServiceError> {
-        self.threads.admit(tenant)
+    /// Admits one call of `tenant`: a blocking thread of its key's budget, or a refusal at
+    /// once (429 `key_busy`, 503 `server_busy`; see [`Threads::admit`]). Every piece of a
+    /// tenant's work takes the [`Admitted`] call, so no face can do it unadmitted; a face
+    /// runs the work on a blocking thread of its own that holds the call until it is done.
+    pub fn admit(&self, tenant: &Tenant) -> Result<Admitted, ServiceError> {
+        let thread = self.threads.admit(tenant)?;
+        self.metrics.calls_admitted.inc();
+        Ok(Admitted {
+            tenant: tenant.clone(),
+            thread,
+        })
+    }
+
+    /// Admits a call of `tenant` that is never refused, on the threads above
+    /// `max_blocking_calls` ([`Threads::unmetered`]): closing a sandbox, which a key can do
+    /// even while its calls hold every thread of its budget.
+    pub fn admit_unmetered(&self, tenant: &Tenant) -> Admitted {
+        self.metrics.calls_admitted.inc();
+        Admitted {
+            tenant: tenant.clone(),
+            thread: self.threads.unmetered(),
+        }
     }
 
     /// `tenant`'s share of the bytes of programs' output held for clients: every output
@@ -1973,11 +2106,12 @@ impl Service {
     /// (including failing to start) is in the result.
     pub fn run(
         &self,
-        tenant: &Tenant,
+        call: &Admitted,
         req: &RunRequest,
         permit: RunPermit,
         on_output: &mut dyn FnMut(corral_sandbox::Stream, &[u8]),
     ) -> Result<ExecutionResult, ServiceError> {
+        let tenant = call.tenant();
         self.check_running()?;
         let language = parse_language(req.language.as_deref())?;
         let image = self.image(req.image.as_deref())?;
