@@ -22,8 +22,9 @@
 //! answers an operation it does not implement, with a message that says so: HTTP 501 on the
 //! REST routes, the Connect code `unimplemented` on the RPCs.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::body::{Body, Bytes};
@@ -139,34 +140,27 @@ impl Registry {
             token: token.clone(),
             template,
         };
-        self.sandboxes
-            .lock()
-            .expect("lock")
-            .insert(id.to_string(), entry);
+        self.sandboxes.lock().insert(id.to_string(), entry);
         token
     }
 
     fn forget(&self, id: &str) {
-        self.sandboxes.lock().expect("lock").remove(id);
-        self.watchers
-            .lock()
-            .expect("lock")
-            .retain(|_, w| w.sandbox != id);
+        self.sandboxes.lock().remove(id);
+        self.watchers.lock().retain(|_, w| w.sandbox != id);
     }
 
     /// Forgets every sandbox for which `alive(tenant, id)` is false, and its watchers.
     fn prune(&self, alive: impl Fn(&Tenant, &str) -> bool) {
-        let mut sandboxes = self.sandboxes.lock().expect("lock");
+        let mut sandboxes = self.sandboxes.lock();
         sandboxes.retain(|id, e| alive(&e.tenant, id));
         self.watchers
             .lock()
-            .expect("lock")
             .retain(|_, w| sandboxes.contains_key(&w.sandbox));
     }
 
     /// Keeps a new watcher: its id, unless its sandbox has [`MAX_WATCHERS`] already.
     fn add_watcher(&self, watcher: Watcher) -> Result<String, RpcError> {
-        let mut watchers = self.watchers.lock().expect("lock");
+        let mut watchers = self.watchers.lock();
         let of_sandbox = watchers
             .values()
             .filter(|w| w.sandbox == watcher.sandbox)
@@ -189,7 +183,6 @@ impl Registry {
     fn watcher(&self, id: &str, watcher_id: &str) -> Result<Arc<Watcher>, RpcError> {
         self.watchers
             .lock()
-            .expect("lock")
             .get(watcher_id)
             .filter(|w| w.sandbox == id)
             .cloned()
@@ -197,7 +190,7 @@ impl Registry {
     }
 
     fn remove_watcher(&self, id: &str, watcher_id: &str) -> Result<(), RpcError> {
-        let mut watchers = self.watchers.lock().expect("lock");
+        let mut watchers = self.watchers.lock();
         match watchers.get(watcher_id) {
             Some(w) if w.sandbox == id => {
                 watchers.remove(watcher_id);
@@ -211,7 +204,6 @@ impl Registry {
     fn lookup(&self, tenant: &Tenant, id: &str) -> Option<(String, String)> {
         self.sandboxes
             .lock()
-            .expect("lock")
             .get(id)
             .filter(|e| &e.tenant == tenant)
             .map(|e| (e.token.clone(), e.template.clone()))
@@ -234,7 +226,7 @@ impl Registry {
             .get(ACCESS_TOKEN_HEADER)
             .or_else(|| headers.get(TRAFFIC_TOKEN_HEADER))
             .map_or(&b""[..], HeaderValue::as_bytes);
-        let sandboxes = self.sandboxes.lock().expect("lock");
+        let sandboxes = self.sandboxes.lock();
         match sandboxes.get(id) {
             Some(entry) if tokens_match(entry.token.as_bytes(), presented) => {
                 Ok((id.to_string(), entry.tenant.clone()))

@@ -1,8 +1,9 @@
 //! The native HTTP API (docs/api.md) over [`Service`]: authentication, JSON bodies with clear
 //! errors, NDJSON event streams, files, metrics, the OpenAPI document and the API page.
 
+use parking_lot::Mutex;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 mod contexts;
@@ -368,7 +369,7 @@ pub fn stream_frames(
                 open = matches!(sent, Ok(Ok(())));
             }
         });
-        *held.lock().expect("lock") = reservation;
+        *held.lock() = reservation;
         drop(tx);
         let _ = done_tx.send(());
     });

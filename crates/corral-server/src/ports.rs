@@ -20,11 +20,12 @@
 //! connection is closed once idle for [`PortsConfig::idle_timeout_s`]. The credential that
 //! authenticated the request (`Authorization`, `X-API-KEY`) is never passed to the sandbox.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -77,7 +78,7 @@ impl Proxy {
     /// A slot for one more connection to sandbox `id`, or 429 when it has all it may have.
     fn slot(&self, id: &str) -> Result<OwnedSemaphorePermit, ApiError> {
         let max = self.config.max_connections_per_sandbox;
-        let mut open = self.open.lock().expect("lock");
+        let mut open = self.open.lock();
         // Sandboxes with no connection open need no entry.
         open.retain(|_, s| s.available_permits() < max);
         let semaphore = open

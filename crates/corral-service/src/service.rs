@@ -2,11 +2,12 @@
 //! commands in sessions, the audit log. Synchronous (the engine is); the HTTP layer and the
 //! in-process MCP server call it from blocking threads.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Seek, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use corral_egress::{Decision, EgressObserver, EgressPools};
@@ -970,7 +971,7 @@ impl Service {
     }
 
     pub fn sessions_live(&self) -> usize {
-        self.sessions.lock().expect("lock").len()
+        self.sessions.lock().len()
     }
 
     /// Gives back what a session that left `sessions` was promised.
@@ -985,7 +986,7 @@ impl Service {
     /// workspace stays promised until the session is closed.
     fn release_dead(&self, id: &str) {
         let freed = {
-            let mut sessions = self.sessions.lock().expect("lock");
+            let mut sessions = self.sessions.lock();
             match sessions.get_mut(id) {
                 Some(o) if o.promised_bytes > o.workspace_bytes => {
                     let freed = o.promised_bytes - o.workspace_bytes;
@@ -1093,7 +1094,7 @@ impl Service {
     /// costs a run more than a tenth of a millisecond.
     fn image(&self, name: Option<&str>) -> Result<Arc<ResolvedImage>, ServiceError> {
         let name = name.unwrap_or(&self.config.default_image);
-        if let Some((at, image)) = self.resolved.lock().expect("lock").get(name) {
+        if let Some((at, image)) = self.resolved.lock().get(name) {
             if at.elapsed() < RESOLVED_FOR {
                 return Ok(image.clone());
             }
@@ -1101,7 +1102,6 @@ impl Service {
         let image = Arc::new(self.resolve(name)?);
         self.resolved
             .lock()
-            .expect("lock")
             .insert(name.to_string(), (Instant::now(), image.clone()));
         Ok(image)
     }
@@ -1137,7 +1137,6 @@ impl Service {
         let owned = self
             .sessions
             .lock()
-            .expect("lock")
             .get(id)
             .filter(|o| &o.tenant == tenant)
             .cloned();
@@ -1204,8 +1203,8 @@ impl Service {
     }
 
     fn reserve_slot(&self, tenant: &Tenant) -> Result<(), ServiceError> {
-        let sessions = self.sessions.lock().expect("lock");
-        let mut reserved = self.reserved.lock().expect("lock");
+        let sessions = self.sessions.lock();
+        let mut reserved = self.reserved.lock();
         // Paused sandboxes saved across a restart count as live ones (crate::persist).
         let (saved, saved_mine) = self.saved.count(tenant);
         let total = sessions.len() + reserved.values().sum::<usize>() + saved;
@@ -1242,7 +1241,7 @@ impl Service {
     }
 
     fn release_slot(&self, tenant: &Tenant) {
-        let mut reserved = self.reserved.lock().expect("lock");
+        let mut reserved = self.reserved.lock();
         if let Some(n) = reserved.get_mut(&tenant.0) {
             *n -= 1;
             if *n == 0 {
@@ -1345,10 +1344,7 @@ impl Service {
             metadata,
             restored: false,
         };
-        self.sessions
-            .lock()
-            .expect("lock")
-            .insert(info.id.clone(), owned.clone());
+        self.sessions.lock().insert(info.id.clone(), owned.clone());
         self.release_slot(tenant);
         // A saved sandbox resumed under its id has its row already (crate::persist).
         let recorded = match id {
@@ -1463,7 +1459,7 @@ impl Service {
             Ok(restored) => restored.is_none(),
             Err(e) => {
                 // The saved files stay for another try; the fresh session goes.
-                let owned = self.sessions.lock().expect("lock").remove(&id);
+                let owned = self.sessions.lock().remove(&id);
                 let _ = self.manager.close(&id);
                 self.released(owned);
                 self.saved.put_back(saved);
@@ -1480,7 +1476,7 @@ impl Service {
         if let Err(e) = self.db.session_restored(&id) {
             eprintln!("corral: {e}");
         }
-        let mut sessions = self.sessions.lock().expect("lock");
+        let mut sessions = self.sessions.lock();
         let Some(owned) = sessions.get_mut(&id) else {
             return Ok(info);
         };
@@ -1576,7 +1572,7 @@ impl Service {
             return Ok(());
         }
         self.owned(tenant, id)?;
-        let owned = self.sessions.lock().expect("lock").remove(id);
+        let owned = self.sessions.lock().remove(id);
         let closed = self.manager.close(id);
         // Given back once the sandbox is torn down, not before.
         self.released(owned);
@@ -1621,7 +1617,7 @@ impl Service {
 
     /// The tenant that owns session `id` (for host-routed ports an operator made public).
     pub fn owner_of(&self, id: &str) -> Option<Tenant> {
-        let sessions = self.sessions.lock().expect("lock");
+        let sessions = self.sessions.lock();
         sessions.get(id).map(|o| o.tenant.clone())
     }
 
@@ -2191,7 +2187,6 @@ impl Service {
     fn bytecode_cache(&self, image: &ResolvedImage) -> Arc<BytecodeCache> {
         self.bytecode
             .lock()
-            .expect("lock")
             .entry(image.name.clone())
             .or_insert_with(|| Arc::new(BytecodeCache::new(self.store.data_dir(), &image.rootfs)))
             .clone()
@@ -2249,7 +2244,7 @@ impl Service {
     /// that neither one large workspace nor one key's many paused sandboxes can take the
     /// others' time.
     pub fn close_all(&self) {
-        let sessions: Vec<(String, Owned)> = self.sessions.lock().expect("lock").drain().collect();
+        let sessions: Vec<(String, Owned)> = self.sessions.lock().drain().collect();
         let paused: Vec<(String, (&str, &Owned, SystemTime))> = sessions
             .iter()
             .filter_map(|(id, owned)| {
@@ -2411,7 +2406,7 @@ fn reconcile(service: Weak<Service>) {
             return;
         };
         let gone: Vec<(String, Owned)> = {
-            let mut sessions = service.sessions.lock().expect("lock");
+            let mut sessions = service.sessions.lock();
             // Asked under the lock, not from an earlier listing, so that a session created
             // meanwhile is never taken for a gone one.
             let gone: Vec<String> = sessions

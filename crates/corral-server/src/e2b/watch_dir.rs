@@ -106,7 +106,7 @@ pub(super) fn poll_watcher(
     let Some(turn) = turn else {
         return Ok(Vec::new());
     };
-    let mut seen = watcher.seen.lock().expect("lock");
+    let mut seen = watcher.seen.lock();
     let entries = turn.scan(|| service.list_dir(call, id, &watcher.dir, watcher.depth))?;
     let now = Snapshot::of(std::path::Path::new(&watcher.dir), &entries);
     let events = seen.events_to(&now);

@@ -13,12 +13,7 @@ impl Service {
                 "unknown language `{name}` (python, javascript or bash)"
             ))
         })?;
-        let image = self
-            .sessions
-            .lock()
-            .expect("lock")
-            .get(id)
-            .map(|o| o.image.clone());
+        let image = self.sessions.lock().get(id).map(|o| o.image.clone());
         let image = self.image(image.as_deref())?;
         Self::check_language(&image, language)?;
         Ok(language)

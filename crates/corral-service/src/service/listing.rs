@@ -60,7 +60,6 @@ impl Service {
         let owned: HashMap<String, Owned> = self
             .sessions
             .lock()
-            .expect("lock")
             .iter()
             .filter(|(_, o)| tenant.is_none_or(|t| o.tenant == *t))
             .filter(|(_, o)| query.image.as_ref().is_none_or(|i| *i == o.image))
