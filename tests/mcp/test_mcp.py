@@ -218,6 +218,30 @@ async def test_http_refuses_an_authorization_it_cannot_read(tmp_path: Path, star
         assert twice.status_code == 401, twice.text
 
 
+def test_http_closes_connections_that_send_no_request_head(tmp_path: Path, start_listening: Any) -> None:
+    """A connection that sends nothing, or half a head, is closed after `header_timeout_s`, as
+    `corral serve` closes it: idle connections hold nothing of the server's for long."""
+    port = free_port()
+    config = tmp_path / "mcp.toml"
+    config.write_text("header_timeout_s = 1\n")
+    start_listening([*mcp_args(tmp_path), "--config", str(config), "--http", f"127.0.0.1:{port}"], port)
+    import socket
+    import time
+
+    for sent in [b"", b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n"]:
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            conn.sendall(sent)
+            conn.settimeout(10)
+            started = time.monotonic()
+            try:
+                rest = conn.recv(4096)
+                while rest and b"408" not in rest:
+                    rest = conn.recv(4096)
+            except (ConnectionResetError, socket.timeout) as e:
+                assert not isinstance(e, socket.timeout), f"still open after 10 s with {sent!r}"
+            assert time.monotonic() - started < 8, sent
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

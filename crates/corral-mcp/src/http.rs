@@ -93,11 +93,13 @@ async fn authenticate(State(auth): State<Auth>, mut req: Request, next: Next) ->
 }
 
 /// Serves the tools at `/mcp` on `listener` until `shutdown` completes; then ends every MCP
-/// session and closes the sandboxes they made.
+/// session and closes the sandboxes they made. A connection that sends no request head within
+/// `header_timeout` (of opening, or of its last answer) is closed.
 pub async fn serve(
     shared: Arc<Shared>,
     listener: tokio::net::TcpListener,
     auth: Auth,
+    header_timeout: std::time::Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let mut config = StreamableHttpServerConfig::default();
@@ -116,12 +118,11 @@ pub async fn serve(
         .nest_service("/mcp", mcp)
         .layer(axum::middleware::from_fn_with_state(auth, authenticate))
         .layer(axum::middleware::from_fn(corral_wire::close_if_body_unread));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            cancel.cancel();
-        })
-        .await?;
+    corral_wire::serve_app(listener, app, header_timeout, async move {
+        shutdown.await;
+        cancel.cancel();
+    })
+    .await;
     shared.close_stateless().await;
     Ok(())
 }

@@ -100,6 +100,8 @@ pub fn mcp(args: McpArgs) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     let policy = policy(&args)?;
+    // `header_timeout_s` of the config file (or its default), for `--http` in either mode.
+    let header_timeout = config(&args)?.header_timeout();
     runtime.block_on(async move {
         let listener = match args.http {
             Some(addr) => Some(
@@ -153,7 +155,7 @@ pub fn mcp(args: McpArgs) -> Result<()> {
                     }
                 );
                 let auth = Auth { required, check };
-                corral_mcp::http::serve(shared, listener, auth, shutdown_signal())
+                corral_mcp::http::serve(shared, listener, auth, header_timeout, shutdown_signal())
                     .await
                     .map_err(anyhow::Error::from)
             }
