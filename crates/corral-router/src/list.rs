@@ -112,6 +112,7 @@ pub(crate) async fn list(nodes: &Nodes, face: Face, request: Request) -> Respons
     let path = request.uri().path().to_string();
     let mut items: Vec<Value> = Vec::new();
     let mut next = None;
+    let mut answered = false;
     let first = start
         .as_ref()
         .map_or(0, |c| up.partition_point(|(name, _)| *name < c.node));
@@ -132,6 +133,7 @@ pub(crate) async fn list(nodes: &Nodes, face: Face, request: Request) -> Respons
             }
             Err(Missing::Answer(answer)) => return answer,
         };
+        answered = true;
         items.extend(page.items);
         if let Some(after) = page.next {
             next = Some(cursor(name, &after));
@@ -142,7 +144,7 @@ pub(crate) async fn list(nodes: &Nodes, face: Face, request: Request) -> Respons
             break;
         }
     }
-    match face {
+    let mut answer = match face {
         Face::Native => {
             let mut body = serde_json::json!({ "sandboxes": items });
             if let Some(next) = next {
@@ -157,7 +159,11 @@ pub(crate) async fn list(nodes: &Nodes, face: Face, request: Request) -> Respons
             }
             answer
         }
+    };
+    if answered {
+        answer.extensions_mut().insert(crate::route::NodeAnswered);
     }
+    answer
 }
 
 struct Page {

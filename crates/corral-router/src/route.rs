@@ -150,11 +150,15 @@ impl AcceptedKeys {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The key `headers` count against: their key's hash if a node has accepted it, else
-    /// the unverified one (`""`).
-    fn key_of(&self, headers: &HeaderMap) -> String {
+    /// The key a request to `target` with `headers` counts against: its key's hash if a node
+    /// has accepted it; else, for a sandbox's own routes (E2B's sandbox plane and host-routed
+    /// ports, which nodes answer by the sandbox's token or a public port, not by the key),
+    /// the one key [`SANDBOX_ROUTES`]; else the unverified one (`""`), which a new key's first
+    /// creation or list shares with requests that present no key.
+    fn key_of(&self, target: &Target, headers: &HeaderMap) -> String {
         match in_flight_key(headers) {
             Some(hash) if self.cache().get(&hash).is_some() => hash,
+            _ if matches!(target, Target::Sandbox { .. }) => SANDBOX_ROUTES.to_string(),
             _ => String::new(),
         }
     }
@@ -166,12 +170,22 @@ impl AcceptedKeys {
     }
 }
 
+/// The key that requests to a sandbox's own routes without an accepted key count against (a
+/// key hash is hex: no hash is this).
+const SANDBOX_ROUTES: &str = "sandbox routes";
+
 /// Whether a node answers `target` with a success only for a key it holds: a creation (or a
 /// run) and a list. Other routes may answer anyone (documents, a port's page), or be the
 /// router's own answers.
 fn checks_key(target: &Target) -> bool {
     matches!(target, Target::Place | Target::List(_))
 }
+
+/// Marks an answer of the router's that a node's success stands behind (a list that asked
+/// at least one node): only such an answer accepts the key it was made for. A list whose
+/// cursor is past every node is answered by the router alone, for any key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NodeAnswered;
 
 /// How requests in flight are shared between the keys that present them (a key's share is
 /// half of `max_in_flight`, and every key keeps a floor of 64 out of a reserve of a sixteenth
@@ -305,7 +319,7 @@ fn face_of(path: &str, headers: &HeaderMap) -> Face {
 async fn handle(State(state): State<AppState>, request: Request) -> Response {
     let face = face_of(request.uri().path(), request.headers());
     let target = target(request.method(), request.uri().path(), request.headers());
-    let key = state.accepted.key_of(request.headers());
+    let key = state.accepted.key_of(&target, request.headers());
     // A creation's body is read before the request takes its place in flight (under its
     // own bound and deadline), so a body that comes slowly, or never, holds no place.
     let (request, body) = match target {
@@ -323,9 +337,13 @@ async fn handle(State(state): State<AppState>, request: Request) -> Response {
         Err(refusal) => return busy(face, &refusal),
     };
     let headers = checks_key(&target).then(|| request.headers().clone());
+    // A placement's success is always a node's; a list's only when it asked one.
+    let places = matches!(target, Target::Place);
     let (creation, _held) = body.unzip();
     let answer = route(&state, target, request, creation).await;
-    if let Some(headers) = headers.filter(|_| answer.status().is_success()) {
+    let node_said_yes = answer.status().is_success()
+        && (places || answer.extensions().get::<NodeAnswered>().is_some());
+    if let Some(headers) = headers.filter(|_| node_said_yes) {
         state.accepted.accept(&headers);
     }
     // The permit is held until the answer's body has been sent (or dropped): a stream counts
@@ -559,21 +577,37 @@ mod tests {
         let accepted = AcceptedKeys::new();
         let a = headers(&[("authorization", "Bearer crl_a")]);
         let b = headers(&[("authorization", "Bearer crl_b")]);
-        assert_eq!(accepted.key_of(&a), "", "no node has accepted crl_a yet");
+        assert_eq!(
+            accepted.key_of(&Target::Any, &a),
+            "",
+            "no node has accepted crl_a yet"
+        );
+        let plane = Target::Sandbox {
+            id: "sbx-1".into(),
+            face: Face::E2bSandbox,
+        };
+        assert_eq!(
+            accepted.key_of(&plane, &a),
+            SANDBOX_ROUTES,
+            "a sandbox's own routes without an accepted key share a key of their own"
+        );
         accepted.accept(&a);
         accepted.accept(&b);
-        let hash = accepted.key_of(&a);
-        assert_eq!(hash, accepted.key_of(&headers(&[("x-api-key", "crl_a")])));
-        assert_ne!(hash, accepted.key_of(&b));
+        let hash = accepted.key_of(&Target::Any, &a);
+        assert_eq!(
+            hash,
+            accepted.key_of(&Target::Any, &headers(&[("x-api-key", "crl_a")]))
+        );
+        assert_ne!(hash, accepted.key_of(&Target::Any, &b));
         assert!(
             !hash.is_empty() && !hash.contains("crl_a"),
             "the key itself is not kept"
         );
-        assert_eq!(accepted.key_of(&headers(&[])), "");
+        assert_eq!(accepted.key_of(&Target::Any, &headers(&[])), "");
         let refused = headers(&[("authorization", "Basic crl_a")]);
         accepted.accept(&refused);
         assert_eq!(
-            accepted.key_of(&refused),
+            accepted.key_of(&Target::Any, &refused),
             "",
             "a key the nodes refuse counts as none"
         );
@@ -581,7 +615,7 @@ mod tests {
         for i in 0..ACCEPTED_KEYS {
             accepted.accept(&headers(&[("x-api-key", &format!("crl_{i}"))]));
         }
-        assert_eq!(accepted.key_of(&a), "", "crl_a was forgotten");
+        assert_eq!(accepted.key_of(&Target::Any, &a), "", "crl_a was forgotten");
         assert_eq!(accepted.cache().len(), ACCEPTED_KEYS);
     }
 

@@ -573,3 +573,57 @@ async fn made_up_keys_share_one_keys_places_in_flight() {
     }
     assert_eq!((ok, busy), (4, 8));
 }
+
+/// A list whose cursor is past every node is the router's own answer (no node checked the
+/// key), so it accepts no key; and a sandbox's own routes (E2B's sandbox plane, answered by
+/// the sandbox's token) that made-up keys hold share one key's places of their own, so a new
+/// real key's first request, which no node has accepted yet, is served.
+#[tokio::test]
+async fn a_list_no_node_answered_accepts_no_key_and_sandbox_routes_leave_new_keys_served() {
+    let release = Arc::new(Hold::default());
+    let (node, _n) = fake_node("fake-a", 1, release.clone()).await;
+    let (app, _) = router_for(&[node], |c| c.max_in_flight = 8).await;
+    for i in 0..12 {
+        let past_every_node = get_req("/v1/sandboxes?after=zzzz~");
+        let listed = call(&app, with_key(&format!("made-up-{i}"), past_every_node)).await;
+        assert_eq!(listed.0, StatusCode::OK, "{}", listed.2);
+    }
+    let held: Vec<_> = (0..12)
+        .map(|i| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let request = Request::post("/v1/sandboxes/sbx-1-fake-a/hold")
+                    .header("e2b-sandbox-id", "sbx-1-fake-a")
+                    .body(Body::empty())
+                    .unwrap();
+                call(&app, with_key(&format!("made-up-{i}"), request)).await
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while release.holding.load(std::sync::atomic::Ordering::SeqCst) < 4 {
+        assert!(Instant::now() < deadline, "the holds did not begin");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let first = call(&app, with_key("crl_new", get_req("/v1/sandboxes"))).await;
+    assert_eq!(
+        first.0,
+        StatusCode::OK,
+        "a new key's first list: {}",
+        first.2
+    );
+    assert_eq!(
+        release.holding.load(std::sync::atomic::Ordering::SeqCst),
+        4,
+        "made-up keys hold one key's share, however they listed"
+    );
+    release.release.notify_waiters();
+    for h in held {
+        let (status, _, body) = h.await.unwrap();
+        assert!(
+            status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
+            "{status}: {body}"
+        );
+    }
+}

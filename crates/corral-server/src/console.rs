@@ -129,16 +129,21 @@ fn keep_preview_headers(response: &mut Response) {
 }
 
 /// Whether a `Location` is a relative reference that stays on this origin: no scheme, and
-/// not `//host` (or `/\host`, which browsers read alike).
+/// not `//host`. A browser drops tabs and newlines from a URL, trims other controls and
+/// spaces, and reads `\` as `/` (`/\t/host` and `/\host` are `//host` to it): a value with
+/// any control character, space or backslash is not judged, it is dropped.
 fn same_origin_location(value: &HeaderValue) -> bool {
     let Ok(text) = value.to_str() else {
         return false;
     };
+    if text
+        .bytes()
+        .any(|b| b.is_ascii_control() || b == b' ' || b == b'\\')
+    {
+        return false;
+    }
     let before_path = text.split(['/', '?', '#']).next().unwrap_or("");
-    !text.starts_with("//")
-        && !text.starts_with("/\\")
-        && !text.starts_with('\\')
-        && !before_path.contains(':')
+    !text.starts_with("//") && !before_path.contains(':')
 }
 
 /// Drops from `response` (a sandbox's page on its own origin) what would reach beyond its
@@ -451,5 +456,30 @@ mod tests {
         assert!(!headers.contains_key("clear-site-data"));
         assert_eq!(headers["content-security-policy"], "script-src 'self'");
         assert_eq!(headers["x-app"], "1");
+    }
+
+    #[test]
+    fn a_location_is_kept_only_as_a_plain_relative_reference_on_this_origin() {
+        for kept in ["/", "/a/b?c#d", "a/b", "?x", "#y", "../up"] {
+            assert!(
+                same_origin_location(&HeaderValue::from_static(kept)),
+                "{kept}"
+            );
+        }
+        for dropped in [
+            "//evil.example/",
+            "/\\evil.example/",
+            "\\evil.example",
+            "/\t/evil.example/",
+            "/\t\\evil.example/",
+            "\t//evil.example",
+            "https://evil.example/",
+            "javascript:alert(1)",
+            " //evil.example",
+            "/a b",
+        ] {
+            let value = HeaderValue::from_str(dropped).unwrap();
+            assert!(!same_origin_location(&value), "{dropped:?}");
+        }
     }
 }
