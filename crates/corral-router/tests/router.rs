@@ -534,23 +534,7 @@ async fn made_up_keys_share_one_keys_places_in_flight() {
     let (app, _) = router_for(&[node], |c| c.max_in_flight = 8).await;
     let listed = call(&app, with_key("crl_c", get_req("/v1/sandboxes"))).await;
     assert_eq!(listed.0, StatusCode::OK, "{}", listed.2);
-    let held: Vec<_> = (0..12)
-        .map(|i| {
-            let app = app.clone();
-            tokio::spawn(async move {
-                let request = Request::post("/v1/sandboxes/sbx-1-fake-a/hold")
-                    .body(Body::empty())
-                    .unwrap();
-                call(&app, with_key(&format!("made-up-{i}"), request)).await
-            })
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while release.holding.load(std::sync::atomic::Ordering::SeqCst) < 4 {
-        assert!(Instant::now() < deadline, "the holds did not begin");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = made_up_keys_hold(&app, &release, false).await;
     let list = call(&app, with_key("crl_c", get_req("/v1/sandboxes"))).await;
     assert_eq!(list.0, StatusCode::OK, "{}", list.2);
     assert_eq!(
@@ -588,24 +572,7 @@ async fn a_list_no_node_answered_accepts_no_key_and_sandbox_routes_leave_new_key
         let listed = call(&app, with_key(&format!("made-up-{i}"), past_every_node)).await;
         assert_eq!(listed.0, StatusCode::OK, "{}", listed.2);
     }
-    let held: Vec<_> = (0..12)
-        .map(|i| {
-            let app = app.clone();
-            tokio::spawn(async move {
-                let request = Request::post("/v1/sandboxes/sbx-1-fake-a/hold")
-                    .header("e2b-sandbox-id", "sbx-1-fake-a")
-                    .body(Body::empty())
-                    .unwrap();
-                call(&app, with_key(&format!("made-up-{i}"), request)).await
-            })
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while release.holding.load(std::sync::atomic::Ordering::SeqCst) < 4 {
-        assert!(Instant::now() < deadline, "the holds did not begin");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = made_up_keys_hold(&app, &release, true).await;
     let first = call(&app, with_key("crl_new", get_req("/v1/sandboxes"))).await;
     assert_eq!(
         first.0,
@@ -626,4 +593,34 @@ async fn a_list_no_node_answered_accepts_no_key_and_sandbox_routes_leave_new_key
             "{status}: {body}"
         );
     }
+}
+
+/// Twelve made-up keys each ask the fake node to hold a request of sandbox `sbx-1-fake-a`
+/// (through E2B's sandbox plane when `plane`); returns once four are held and the rest have
+/// had time to be answered or held.
+async fn made_up_keys_hold(
+    app: &Router,
+    release: &Arc<Hold>,
+    plane: bool,
+) -> Vec<tokio::task::JoinHandle<(StatusCode, HeaderMap, Value)>> {
+    let held = (0..12)
+        .map(|i| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let mut request = Request::post("/v1/sandboxes/sbx-1-fake-a/hold");
+                if plane {
+                    request = request.header("e2b-sandbox-id", "sbx-1-fake-a");
+                }
+                let request = request.body(Body::empty()).unwrap();
+                call(&app, with_key(&format!("made-up-{i}"), request)).await
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while release.holding.load(std::sync::atomic::Ordering::SeqCst) < 4 {
+        assert!(Instant::now() < deadline, "the holds did not begin");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held
 }
